@@ -1,0 +1,120 @@
+"""Command line: `python -m rag_demo ask|index ...`.
+
+Owns argument parsing and plain-text rendering of an `Answer` (answer, passages, and an
+attribution table with tokens down and passages across). Progress goes to stderr, results to
+stdout, so `--json` output can be piped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .config import MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+
+EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
+
+
+def _progress(msg: str) -> None:
+    print(f"[rag-demo] {msg}", file=sys.stderr, flush=True)
+
+
+def _spec(args) -> StackSpec:
+    kw = {"name": args.stack}
+    if args.cache_dir:
+        kw["cache_dir"] = args.cache_dir
+    for name in ("rag_token", "rag_sequence", "ctx_encoder"):
+        if getattr(args, name, None):
+            kw[name] = getattr(args, name)
+    return StackSpec(**kw)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", default="offline", help=f"one of {', '.join(STACKS)} (default: offline)")
+    p.add_argument("--cache-dir", help="index cache folder (default: $RAG_DEMO_CACHE or the user cache dir)")
+    p.add_argument("--rag-token", help="paper stack: RAG-Token checkpoint (Hub id or folder)")
+    p.add_argument("--rag-sequence", help="paper stack: RAG-Sequence checkpoint (Hub id or folder)")
+    p.add_argument("--ctx-encoder", help="paper stack: DPR context encoder (Hub id or folder)")
+    p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rag_demo", description="Retrieval-Augmented Generation demo")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="answer a question")
+    ask.add_argument("question", nargs="?", default=EXAMPLE)
+    ask.add_argument("--mode", default="all", help=f"one of {', '.join(MODES)}, or all (default)")
+    ask.add_argument("--k", type=int, default=RagSettings.k, help=f"passages to retrieve, 1-{MAX_K} (default 5)")
+    ask.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
+    ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
+    ask.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
+    ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
+    _add_common(ask)
+    index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
+    _add_common(index)
+    return parser
+
+
+def format_answer(a) -> str:
+    """Human-readable rendering: answer, passages, attribution table."""
+    from .pipeline import MODE_TITLES
+
+    t = a.timings
+    lines = [
+        f"== {MODE_TITLES[a.mode]} ({a.decoding}) ==",
+        f"Answer: {a.text or '(empty)'}",
+        f"log p(y|x) = {a.sequence_logprob:.3f}   time: "
+        + ", ".join(f"{k} {1000 * v:.0f} ms" for k, v in t.items()),
+    ]
+    if not a.docs:
+        return "\n".join(lines)
+    lines.append("Passages:")
+    for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs)):
+        extra = f"  p(z|x,y)={post:.3f}" if post is not None else ""
+        lines.append(f"  [{d.rank}] {d.title}  score={d.score:.3f}  p(z|x)={d.prior:.3f}{extra}")
+        lines.append(f"      {d.text[:160]}{'...' if len(d.text) > 160 else ''}")
+    if a.tokens:
+        what = "p(z | x, y_<=i)" if a.mode == "sequence" else "p(z | x, y_i, y_<i)"
+        lines.append(f"Attribution {what}: tokens down, passages across")
+        width = max(12, max(len(repr(tok)) for tok in a.tokens) + 1)
+        lines.append(" " * width + "".join(f"  [{d.rank}]  " for d in a.docs))
+        for tok, row in zip(a.tokens, a.token_doc_posteriors):
+            best = max(range(len(row)), key=row.__getitem__)
+            cells = "".join(f" {'*' if j == best else ' '}{p:5.2f} " for j, p in enumerate(row))
+            lines.append(f"{tok!r:<{width}}{cells}")
+    return "\n".join(lines)
+
+
+def cmd_ask(args) -> int:
+    from .pipeline import RagPipeline
+
+    modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [args.mode]
+    settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
+                           sequence_decoding=args.decoding)
+    t0 = time.perf_counter()
+    pipe = RagPipeline.load(_spec(args), settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
+    _progress(f"Ready in {time.perf_counter() - t0:.1f} s ({pipe.stack.describe()})")
+    answers = pipe.answer_modes(args.question, modes)
+    if args.json:
+        print(json.dumps({m: a.to_dict() for m, a in answers.items()}, indent=2, ensure_ascii=False))
+    else:
+        print(f"Question: {args.question}\nCorpus: {pipe.index.corpus.name}\n")
+        print("\n\n".join(format_answer(a) for a in answers.values()))
+    return 0
+
+
+def cmd_index(args) -> int:
+    from .pipeline import RagPipeline
+
+    RagPipeline.load(_spec(args), progress=_progress, rebuild_index=args.rebuild_index)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"ask": cmd_ask, "index": cmd_index}[args.command](args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,123 @@
+"""Configuration: which models make up a stack, and the per-question RAG settings.
+
+Owns the two dataclasses every other module reads (`StackSpec`, `RagSettings`), their
+defaults (each with the reason it has that value) and their validation. Per-call overrides
+fall back to these: `settings.merged(k=10)` returns a validated copy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODES = ("sequence", "token", "closed-book")
+STACKS = ("offline", "paper")
+SEQUENCE_DECODINGS = ("thorough", "fast")
+
+MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
+MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
+MAX_BEAMS = 8
+MAX_NEW_TOKENS = 256
+
+
+def default_cache_dir() -> Path:
+    """Where indexes (and converted models) are cached: $RAG_DEMO_CACHE, else the user's cache dir."""
+    env = os.environ.get("RAG_DEMO_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rag-demo"))
+
+
+@dataclass
+class RagSettings:
+    """Per-question knobs. Every field has a default and a reason."""
+
+    # 5 docs: the paper's default at test time for RAG-Token/Sequence (it trains with 5-10);
+    # each extra doc is one more generator row per decoding step on a 2-core CPU.
+    k: int = 5
+    # Greedy by default: the paper's QA numbers use greedy for RAG-Token, and it is K x cheaper.
+    num_beams: int = 1
+    # Short factoid answers (NQ, TriviaQA) fit in 32 tokens; longer just burns CPU.
+    max_new_tokens: int = 32
+    # "thorough" is the paper's exact RAG-Sequence decoding; "fast" skips the extra passes.
+    sequence_decoding: str = "thorough"
+    # The paper uses no length normalisation in its math; HF's beam search defaults to 1.0
+    # (score / length). We keep HF's value so our beam search equals the reference.
+    length_penalty: float = 1.0
+    # Tokens of passage text fed to the generator per doc (the question is never cut):
+    # ~100-word passages are ~130-150 tokens, so 192 keeps them whole but bounds the worst case.
+    max_doc_tokens: int = 192
+    # Reproduce transformers' RAG-Sequence scoring quirk (BOS excluded, prior added at the
+    # second token; huggingface/transformers#9312). Off: the prior enters once, every
+    # generated token is scored. On only for parity tests.
+    hf_compat_sequence_score: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise ValueError(f"k={self.k!r} is out of range: choose a number of passages from 1 to {MAX_K}.")
+        if not isinstance(self.num_beams, int) or not 1 <= self.num_beams <= MAX_BEAMS:
+            raise ValueError(f"num_beams={self.num_beams!r} is out of range: use 1 (greedy) to {MAX_BEAMS}.")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens!r} is out of range: use 1 to {MAX_NEW_TOKENS}."
+            )
+        if self.sequence_decoding not in SEQUENCE_DECODINGS:
+            raise ValueError(
+                f"sequence_decoding={self.sequence_decoding!r} is unknown: use one of {', '.join(SEQUENCE_DECODINGS)}."
+            )
+        if not 16 <= int(self.max_doc_tokens) <= 1024:
+            raise ValueError(f"max_doc_tokens={self.max_doc_tokens!r} is out of range: use 16 to 1024.")
+
+    def merged(self, **overrides) -> "RagSettings":
+        """A validated copy with the non-None overrides applied (per-call args fall back to self)."""
+        clean = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(clean) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}: known are {[f.name for f in dataclasses.fields(self)]}.")
+        return dataclasses.replace(self, **clean)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is unknown: use one of {', '.join(MODES)} (or 'all' on the command line).")
+    return mode
+
+
+def check_question(question: object) -> str:
+    """The question stripped, or a ValueError naming the problem and the fix."""
+    if not isinstance(question, str):
+        raise ValueError(f"question must be text, got {type(question).__name__}: pass a string.")
+    q = question.strip()
+    if not q:
+        raise ValueError("question is empty: type a question, e.g. 'Who painted The Starry Night?'.")
+    if len(q) > MAX_QUESTION_CHARS:
+        raise ValueError(
+            f"question is {len(q)} characters, over the limit of {MAX_QUESTION_CHARS}: shorten it to one or two sentences."
+        )
+    return q
+
+
+@dataclass
+class StackSpec:
+    """Which encoders and generator make up a stack (DESIGN.md section 4)."""
+
+    name: str = "offline"
+    # Paper stack: Hub ids, or local folders saved in the same format (tests use tiny ones).
+    rag_sequence: str = "facebook/rag-sequence-nq"
+    rag_token: str = "facebook/rag-token-nq"
+    ctx_encoder: str = "facebook/dpr-ctx_encoder-single-nq-base"
+    # Offline stack: None means "find it in the installed PyPI package".
+    minilm_path: str | None = None
+    smollm_path: str | None = None  # a folder holding the GGUF file, or a Hub id
+    cache_dir: Path = field(default_factory=default_cache_dir)
+
+    def __post_init__(self) -> None:
+        if self.name not in STACKS:
+            raise ValueError(f"stack={self.name!r} is unknown: use one of {', '.join(STACKS)}.")
+        self.cache_dir = Path(self.cache_dir)

@@ -1,0 +1,202 @@
+"""Decoding: greedy and beam search over the RAG engine, and teacher-forced scoring.
+
+Owns the search loops. One loop serves every mode; what differs is how generator rows map
+to search beams:
+
+* RAG-Token: each beam owns K rows (one per doc); the K next-token distributions are mixed
+  by `marginalize.rag_token_next` before the search sees them. K KV caches advance together.
+* RAG-Sequence and closed-book: G independent groups (one per doc, or one with no doc),
+  each a plain beam search over its own rows.
+
+The beam search follows transformers' `GenerationMixin._beam_search` step for step
+(2B candidates, length-normalised finished scores, the `early_stopping=False` heuristic), so
+our outputs can be checked token for token against `RagTokenForGeneration.generate`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+
+from .generators import Generator, GenState
+from .marginalize import rag_token_next
+
+NEG = -1.0e9  # the reference's "impossible" score
+
+
+@dataclass
+class Hyp:
+    """One finished output of a search group."""
+
+    tokens: list[int]  # generated ids, EOS included when emitted, no start token
+    logprob: float  # sum of log-probs under the distribution the search used
+    group: int  # the group (doc) that produced it
+
+
+class Rows:
+    """How search beams map to generator rows, and how row log-probs become beam log-probs."""
+
+    def __init__(self, gen: Generator, state: GenState, per_beam: int, prior: torch.Tensor | None):
+        self.gen, self.state, self.per_beam, self.prior = gen, state, per_beam, prior
+
+    def mix(self, lp: torch.Tensor) -> torch.Tensor:
+        """lp (N*r, V) row log-probs -> (N, V) beam log-probs."""
+        if self.prior is None:
+            return lp  # (N, V)
+        k = self.per_beam
+        mixed = rag_token_next(lp.view(-1, k, lp.shape[-1]), self.prior)  # (N, V)
+        return F.log_softmax(mixed, dim=-1)  # (N, V) renormalise float drift, as the reference does
+
+    def rows_of(self, beams: torch.Tensor) -> torch.Tensor:
+        """Beam indices (N,) -> generator row indices (N*r,)."""
+        r = self.per_beam
+        return (beams.unsqueeze(1) * r + torch.arange(r)).reshape(-1)  # (N*r,)
+
+    def reorder(self, beams: torch.Tensor) -> None:
+        self.state = self.gen.select(self.state, self.rows_of(beams))
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N,) one per beam -> next beam log-probs (N, V)."""
+        rows_tok = tokens.repeat_interleave(self.per_beam).unsqueeze(1)  # (N*r, 1)
+        return self.mix(self.gen.advance(self.state, rows_tok)[:, -1])  # (N, V)
+
+
+def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int], pad: int) -> list[Hyp]:
+    """Argmax decoding for `groups` independent rows; lp (G, V) is the first step's log-probs."""
+    eos_t = torch.tensor(eos)
+    done = torch.zeros(groups, dtype=torch.bool)  # (G,)
+    score = torch.zeros(groups)  # (G,)
+    out: list[torch.Tensor] = []
+    for t in range(max_new_tokens):
+        tok = lp.argmax(-1)  # (G,)
+        tok = torch.where(done, torch.full_like(tok, pad), tok)  # (G,) finished rows emit padding
+        score += torch.where(done, 0.0, lp.gather(1, tok.unsqueeze(1)).squeeze(1))  # (G,)
+        out.append(tok)
+        done |= torch.isin(tok, eos_t)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        lp = rows.step(tok)  # (G, V)
+    seqs = torch.stack(out, dim=1)  # (G, T)
+    return [Hyp(_trim(seqs[g].tolist(), eos), float(score[g]), g) for g in range(groups)]
+
+
+def _trim(tokens: list[int], eos: list[int]) -> list[int]:
+    """Cut after the first EOS (what follows is padding)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def beam_search(
+    rows: Rows,
+    lp: torch.Tensor,
+    groups: int,
+    num_beams: int,
+    max_new_tokens: int,
+    eos: list[int],
+    pad: int,
+    length_penalty: float = 1.0,
+) -> list[list[Hyp]]:
+    """Beam search for G groups of B beams; lp (G*B, V) first-step log-probs (beams identical).
+
+    Finished hypotheses are ranked by sum_logprob / length**length_penalty (the reference's
+    rule); each group returns its B finished hypotheses, best first.
+    """
+    G, B, V = groups, num_beams, lp.shape[-1]
+    eos_t = torch.tensor(eos)
+    run_seq = torch.full((G, B, max_new_tokens), pad, dtype=torch.long)  # (G, B, T)
+    run_score = torch.full((G, B), NEG)  # (G, B)
+    run_score[:, 0] = 0.0  # only the first (identical) beam may expand at step 0
+    fin_seq = run_seq.clone()  # (G, B, T)
+    fin_score = torch.full((G, B), NEG)  # (G, B) length-normalised
+    fin_raw = torch.zeros((G, B))  # (G, B) sum of log-probs
+    fin_flag = torch.zeros((G, B), dtype=torch.bool)  # (G, B)
+    improvable = torch.ones((G, 1), dtype=torch.bool)  # (G, 1)
+    top_b = torch.arange(2 * B) < B  # (2B,) only the top B candidates may finish
+    group_off = (torch.arange(G) * B).unsqueeze(1)  # (G, 1)
+    for t in range(max_new_tokens):
+        acc = (lp.view(G, B, V) + run_score.unsqueeze(-1)).view(G, B * V)  # (G, B*V)
+        top_lp, top_idx = torch.topk(acc, 2 * B)  # (G, 2B)
+        parent, tok = top_idx // V, top_idx % V  # (G, 2B)
+        cand = torch.gather(run_seq, 1, parent.unsqueeze(-1).expand(-1, -1, max_new_tokens)).clone()  # (G, 2B, T)
+        cand[:, :, t] = tok
+        hits = torch.isin(tok, eos_t) | (t + 1 >= max_new_tokens)  # (G, 2B)
+        # running beams: the best B candidates that did not stop
+        run_lp = top_lp + hits.float() * NEG  # (G, 2B)
+        keep = torch.topk(run_lp, B).indices  # (G, B)
+        run_seq = torch.gather(cand, 1, keep.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
+        run_score = torch.gather(run_lp, 1, keep)  # (G, B)
+        run_parent = torch.gather(parent, 1, keep)  # (G, B)
+        # finished: merge the candidates that stopped among the top B into the finished set
+        just = hits & top_b  # (G, 2B)
+        norm = top_lp / ((t + 1) ** length_penalty)  # (G, 2B)
+        norm = norm + (~improvable).float() * NEG + (~just).float() * NEG  # (G, 2B)
+        m_seq, m_score = torch.cat([fin_seq, cand], 1), torch.cat([fin_score, norm], 1)  # (G, 3B, T), (G, 3B)
+        m_raw, m_flag = torch.cat([fin_raw, top_lp], 1), torch.cat([fin_flag, just], 1)  # (G, 3B)
+        best = torch.topk(m_score, B).indices  # (G, B)
+        fin_seq = torch.gather(m_seq, 1, best.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
+        fin_score, fin_raw, fin_flag = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag))  # (G, B)
+        # can a running beam still beat the worst finished one? (early_stopping=False heuristic)
+        best_running = run_score[:, :1] / ((t + 1) ** length_penalty)  # (G, 1)
+        worst_fin = torch.where(fin_flag, fin_score.min(1, keepdim=True).values, NEG)  # (G, B)
+        improvable = improvable & (best_running > worst_fin).any(-1, keepdim=True)  # (G, 1)
+        if not bool(improvable.any()) or bool(hits.all()):
+            break
+        rows.reorder((run_parent + group_off).reshape(-1))
+        lp = rows.step(run_seq[:, :, t].reshape(-1))  # (G*B, V)
+    return [
+        [Hyp(_strip(fin_seq[g, b].tolist(), eos, pad), float(fin_raw[g, b]), g) for b in range(B) if bool(fin_flag[g, b])]
+        for g in range(G)
+    ]
+
+
+def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
+    """A finished beam's tokens: up to its EOS, or up to trailing padding at max length."""
+    cut = _trim(tokens, eos)
+    if cut and cut[-1] in eos:
+        return cut
+    while cut and cut[-1] == pad:
+        cut = cut[:-1]
+    return cut
+
+
+def search(
+    rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
+    length_penalty: float,
+) -> list[list[Hyp]]:
+    """Greedy when num_beams == 1 (one hypothesis per group), else beam search."""
+    if num_beams == 1:
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, pad)]
+    rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
+    lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
+    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty)
+
+
+def score_candidates(
+    gen: Generator, state: GenState, first_lp: torch.Tensor, candidates: list[list[int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-force every candidate under every prefilled row (doc), reusing the prefill cache.
+
+    state: K prefilled rows, first_lp (K, V) their first-step log-probs, C candidates
+    -> lp (K, C, T) log p(y_t | x, z, y_<t) of each candidate token, mask (C, T).
+    """
+    K, C = first_lp.shape[0], len(candidates)
+    T = max(1, max(len(c) for c in candidates))
+    tgt = torch.full((C, T), pad, dtype=torch.long)  # (C, T)
+    mask = torch.zeros((C, T))  # (C, T)
+    for c, toks in enumerate(candidates):
+        tgt[c, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        mask[c, : len(toks)] = 1.0
+    rows = torch.arange(K).repeat_interleave(C)  # (K*C,) row k*C + c = candidate c under doc k
+    tgt_rows = tgt.repeat(K, 1)  # (K*C, T)
+    lp0 = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1])  # (K*C, 1)
+    if T > 1:
+        st = gen.select(state, rows)
+        rest = gen.advance(st, tgt_rows[:, :-1])  # (K*C, T-1, V)
+        lp_rest = rest.gather(2, tgt_rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (K*C, T-1)
+        lp = torch.cat([lp0, lp_rest], dim=1)  # (K*C, T)
+    else:
+        lp = lp0  # (K*C, 1)
+    return lp.view(K, C, T), mask  # (K, C, T), (C, T)
+

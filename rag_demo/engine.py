@@ -1,0 +1,148 @@
+"""The RAG engine: RAG-Token, RAG-Sequence (thorough and fast) and closed-book over any generator.
+
+Owns steps 3 (generate) and 4 (attribute) of the pipeline for one question whose K doc
+prompts and retrieval scores are already known. Works on token ids only, so the parity tests
+can feed it exactly what they feed transformers' RAG classes.
+
+Attribution (DESIGN.md section 3) comes from one teacher-forced pass of the final answer
+under each doc, reusing the prefill KV cache; thorough RAG-Sequence already has that pass
+(its rescoring) and reuses it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import RagSettings
+from .decoding import Hyp, Rows, score_candidates, search
+from .generators import Generator
+from .marginalize import (
+    doc_log_prior,
+    rag_sequence_logprob,
+    rag_sequence_logprob_hf,
+    rag_token_logprob,
+    sequence_posteriors,
+    token_posteriors,
+)
+
+
+@dataclass
+class Generation:
+    """What one mode produced for one question (token level; the pipeline adds text)."""
+
+    tokens: list[int]  # the answer's generated ids (EOS included if emitted, no start token)
+    logprob: float  # log p(y|x) under the mode's model
+    decoding: str  # what ran, e.g. "greedy", "beam=4", "thorough, greedy"
+    doc_lp: torch.Tensor | None = None  # (K, T) log p(y_t | x, z, y_<t)
+    posteriors: torch.Tensor | None = None  # (T, K) per-token doc posterior
+    doc_posterior: torch.Tensor | None = None  # (K,) RAG-Sequence: p(z | x, y)
+    candidates: list[tuple[list[int], float]] = field(default_factory=list)  # RAG-Sequence: (tokens, log p(y|x))
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
+
+
+def _decoding_name(s: RagSettings) -> str:
+    return "greedy" if s.num_beams == 1 else f"beam={s.num_beams}"
+
+
+def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings) -> Generation:
+    """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
+
+    prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores.
+    """
+    t0 = time.perf_counter()
+    prior = doc_log_prior(doc_scores)  # (K,)
+    K = len(prompts)
+    first_lp, state0 = gen.prefill(prompts)  # (K, V)
+    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=K, prior=prior)
+    lp = rows.mix(first_lp)  # (1, V)
+    best = _best(search(rows, lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    t1 = time.perf_counter()
+    doc_lp, mask = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)  # (K, 1, T)
+    doc_lp = doc_lp[:, 0]  # (K, T)
+    logprob = float(rag_token_logprob(doc_lp, prior, mask[0]))
+    out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior))
+    out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
+    return out
+
+
+def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings) -> Generation:
+    """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
+
+    Candidates come from a search under each doc. "thorough": every candidate is rescored
+    under every doc and marginalised. "fast" (paper 2.5): p(y|x,z) is taken as 0 for docs
+    whose search did not produce y, so no extra passes; the winner is then scored under all
+    docs once, for attribution only.
+    """
+    t0 = time.perf_counter()
+    prior = doc_log_prior(doc_scores)  # (K,)
+    K = len(prompts)
+    first_lp, state0 = gen.prefill(prompts)  # (K, V)
+    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
+    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)
+    cands = _dedupe([h for group in hyps for h in group])
+    name = f"{s.sequence_decoding}, {_decoding_name(s)}"
+    if s.sequence_decoding == "thorough":
+        lp, mask = score_candidates(gen, state0, first_lp, [h.tokens for h in cands], gen.pad_token_id)  # (K, C, T)
+        scores = _sequence_scores(lp, prior, mask, gen, cands, s)  # (C,)
+        win = int(torch.argmax(scores))
+        t1 = time.perf_counter()
+        doc_lp = lp[:, win, : len(cands[win].tokens)]  # (K, T)
+    else:
+        scores = _fast_scores(hyps, cands, prior)  # (C,)
+        win = int(torch.argmax(scores))
+        t1 = time.perf_counter()
+        lp, _ = score_candidates(gen, state0, first_lp, [cands[win].tokens], gen.pad_token_id)  # (K, 1, T)
+        doc_lp = lp[:, 0]  # (K, T)
+    post = sequence_posteriors(doc_lp, prior)  # (T, K)
+    out = Generation(
+        cands[win].tokens, float(scores[win]), name, doc_lp, post, post[-1],
+        [(h.tokens, float(sc)) for h, sc in zip(cands, scores)],
+    )
+    out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
+    return out
+
+
+def closed_book(gen: Generator, prompt: list[int], s: RagSettings) -> Generation:
+    """The generator alone, no documents (the paper's parametric-only baseline)."""
+    t0 = time.perf_counter()
+    first_lp, state = gen.prefill([prompt])  # (1, V)
+    rows = Rows(gen, state, per_beam=1, prior=None)
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    out = Generation(best.tokens, best.logprob, _decoding_name(s))
+    out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
+    return out
+
+
+def _best(hyps: list[Hyp]) -> Hyp:
+    """The search's top hypothesis (searches return best first)."""
+    return hyps[0]
+
+
+def _dedupe(hyps: list[Hyp]) -> list[Hyp]:
+    """Distinct candidates in first-seen order (the reference dedupes the same way)."""
+    seen: dict[tuple[int, ...], Hyp] = {}
+    for h in hyps:
+        seen.setdefault(tuple(h.tokens), h)
+    return list(seen.values())
+
+
+def _sequence_scores(lp, prior, mask, gen: Generator, cands: list[Hyp], s: RagSettings) -> torch.Tensor:
+    """log p(y|x) for each candidate (C,), ours or the reference's convention."""
+    lp_c = lp.permute(1, 0, 2)  # (C, K, T)
+    if not s.hf_compat_sequence_score:
+        return rag_sequence_logprob(lp_c, prior.expand(len(cands), -1), mask)  # (C,)
+    bos = getattr(gen.tokenizer, "bos_token_id", None)
+    first_is_bos = bos is not None and all(h.tokens and h.tokens[0] == bos for h in cands)
+    return rag_sequence_logprob_hf(lp_c, prior.expand(len(cands), -1), mask, first_is_bos)  # (C,)
+
+
+def _fast_scores(hyps: list[list[Hyp]], cands: list[Hyp], prior: torch.Tensor) -> torch.Tensor:
+    """Fast decoding: log sum_{z that produced y} p(z|x) p(y|x,z), from the searches' own scores."""
+    index = {tuple(h.tokens): i for i, h in enumerate(cands)}
+    terms: list[list[torch.Tensor]] = [[] for _ in cands]
+    for z, group in enumerate(hyps):
+        for h in group:
+            terms[index[tuple(h.tokens)]].append(prior[z] + h.logprob)
+    return torch.stack([torch.logsumexp(torch.stack(t), 0) for t in terms])  # (C,)

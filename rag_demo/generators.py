@@ -1,0 +1,244 @@
+"""Generator adapters: what the RAG engine needs from a language model, for both kinds.
+
+Owns turning (question, doc) into generator input ids, and running the model row-wise with a
+KV cache: `prefill` the K doc-conditioned inputs at once, `advance` every row by one or more
+tokens (one token while decoding, a whole answer when teacher-forcing), and `select` rows
+(beam reordering, or copying a prefilled state to score candidates). Two kinds:
+
+* `EncoderDecoderGenerator`: BART inside the paper's RAG checkpoints. Input
+  `title / text // question` as in transformers' RagRetriever, but the passage is cut
+  to its token budget first so truncation can never cut the question.
+* `DecoderOnlyGenerator`: SmolLM2-135M-Instruct (offline stack). One chat prompt per doc
+  holding that passage and the question; prompts are left-padded.
+
+Every method returns float32 log-probabilities (log_softmax of the logits).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+
+from .corpus import Passage
+
+ENCODER_DECODER = "encoder-decoder"
+DECODER_ONLY = "decoder-only"
+
+SYSTEM_PROMPT = "Answer the question with a short phrase, using the passage."
+CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
+
+
+@dataclass
+class GenState:
+    """Rows of generator state: one row per (beam, doc) pair, or per candidate x doc."""
+
+    cache: Cache
+    mask: torch.Tensor  # (R, S) encoder mask (enc-dec) or prompt+generated mask (dec-only)
+    encoder_hidden: torch.Tensor | None = None  # (R, S, H) enc-dec only
+    next_pos: torch.Tensor | None = None  # (R,) dec-only: position id of the next token
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+
+def _select_cache(cache: Cache, rows: torch.Tensor) -> Cache:
+    """A new cache holding `rows` of `cache` (copies: the source is never mutated)."""
+    if isinstance(cache, EncoderDecoderCache):
+        return EncoderDecoderCache(
+            _select_cache(cache.self_attention_cache, rows), _select_cache(cache.cross_attention_cache, rows)
+        )
+    data = [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in cache.layers]
+    return DynamicCache(data)
+
+
+class Generator:
+    """Interface shared by both kinds (see module docstring)."""
+
+    kind: str
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    eos_token_ids: list[int]
+    pad_token_id: int
+
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[int]:
+        raise NotImplementedError
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, GenState]:
+        """Run R prompts; -> next-token log-probs (R, V) and the state after them."""
+        raise NotImplementedError
+
+    def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> log-probs (R, L, V) of the next tokens."""
+        raise NotImplementedError
+
+    def select(self, state: GenState, rows: torch.Tensor) -> GenState:
+        """A new state made of `rows` of `state` (a row may repeat); `state` is left as it was."""
+        raise NotImplementedError
+
+    def start_tokens(self) -> list[int]:
+        """Tokens every output begins with that the model did not choose (BART's decoder start)."""
+        return []
+
+    # -- text ---------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+    def token_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The text each token adds (incremental decoding keeps leading spaces right)."""
+        pieces, prev = [], ""
+        for i in range(len(ids)):
+            text = self.tokenizer.decode(list(ids[: i + 1]), skip_special_tokens=True)
+            pieces.append(text[len(prev):] if text.startswith(prev) else self.tokenizer.decode([ids[i]]))
+            prev = text
+        return pieces
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.tokenizer.all_special_ids
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+class EncoderDecoderGenerator(Generator):
+    """BART (or any seq2seq LM) as in the paper's RAG checkpoints."""
+
+    kind = ENCODER_DECODER
+
+    def __init__(self, model, tokenizer, name: str = "bart", max_input_tokens: int = 300):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = model.config
+        self.decoder_start_token_id = cfg.decoder_start_token_id
+        self.pad_token_id = cfg.pad_token_id
+        self.eos_token_ids = [cfg.eos_token_id]
+        self.max_input_tokens = max_input_tokens  # the reference's max_combined_length
+
+    def start_tokens(self) -> list[int]:
+        return [self.decoder_start_token_id]
+
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[int]:
+        tok = self.tokenizer
+        if doc is None:
+            return tok(question, truncation=True, max_length=self.max_input_tokens)["input_ids"]
+        q_ids = tok(" // " + question, add_special_tokens=False)["input_ids"]
+        budget = max(8, min(max_doc_tokens, self.max_input_tokens - len(q_ids) - 2))
+        doc_ids = tok(f"{doc.title} / {doc.text}", add_special_tokens=False)["input_ids"]
+        if len(doc_ids) > budget:  # cut the passage, never the question
+            doc_ids = doc_ids[:budget]
+        text = (tok.decode(doc_ids) + " // " + question).replace("  ", " ")
+        return tok(text)["input_ids"]
+
+    @torch.inference_mode()
+    def prefill(self, prompts):
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # (R, S) right-padded
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (R, S)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)] = torch.tensor(p)
+            mask[r, : len(p)] = 1
+        return self.prefill_ids(ids, mask)
+
+    @torch.inference_mode()
+    def prefill_ids(self, ids: torch.Tensor, mask: torch.Tensor):
+        """Prefill from already-built input ids (R, S) and mask (R, S)."""
+        hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # (R, S, H)
+        state = GenState(
+            cache=EncoderDecoderCache(DynamicCache(), DynamicCache()), mask=mask, encoder_hidden=hidden
+        )
+        start = torch.full((ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long)  # (R, 1)
+        return self.advance(state, start)[:, -1], state  # (R, V)
+
+    @torch.inference_mode()
+    def advance(self, state, tokens):
+        out = self.model(
+            encoder_outputs=(state.encoder_hidden,),
+            attention_mask=state.mask,
+            decoder_input_ids=tokens,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        state.cache = out.past_key_values
+        return _log_softmax(out.logits)  # (R, L, V)
+
+    def select(self, state, rows):
+        return GenState(
+            cache=_select_cache(state.cache, rows),
+            mask=state.mask.index_select(0, rows),
+            encoder_hidden=state.encoder_hidden.index_select(0, rows),
+        )
+
+
+class DecoderOnlyGenerator(Generator):
+    """A chat LM (SmolLM2-135M-Instruct): the doc goes into the prompt."""
+
+    kind = DECODER_ONLY
+
+    def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+
+    def messages(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[dict]:
+        if doc is None:
+            return [
+                {"role": "system", "content": CLOSED_BOOK_SYSTEM_PROMPT},
+                {"role": "user", "content": f"Question: {question}"},
+            ]
+        text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+        text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Passage: {doc.title}: {text}\n\nQuestion: {question}"},
+        ]
+
+    def prompt(self, question, doc, max_doc_tokens):
+        ids = self.tokenizer.apply_chat_template(
+            self.messages(question, doc, max_doc_tokens), add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    @torch.inference_mode()
+    def prefill(self, prompts):
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # (R, S) left-padded
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (R, S)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, S) positions ignore the left padding
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+        state = GenState(cache=out.past_key_values, mask=mask, next_pos=mask.sum(-1))
+        return _log_softmax(out.logits[:, -1]), state  # (R, V)
+
+    @torch.inference_mode()
+    def advance(self, state, tokens):
+        rows, length = tokens.shape
+        state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
+        pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
+        out = self.model(
+            input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True
+        )
+        state.cache = out.past_key_values
+        state.next_pos = state.next_pos + length
+        return _log_softmax(out.logits)  # (R, L, V)
+
+    def select(self, state, rows):
+        return GenState(
+            cache=_select_cache(state.cache, rows),
+            mask=state.mask.index_select(0, rows),
+            next_pos=state.next_pos.index_select(0, rows),
+        )

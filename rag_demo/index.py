@@ -1,0 +1,229 @@
+"""The passage index: exact inner-product search over passage vectors, cached on disk.
+
+Owns `PassageIndex` (a corpus, its (N, D) embeddings and a FAISS `IndexFlatIP`; exact search
+is fast enough for demo-sized corpora), the per-session "edit a passage" copy, and the
+on-disk cache: `cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
+sha256(corpus fingerprint + encoder fingerprint)[:16]. A cache is written atomically (temp
+sibling folder, fsync, rename) and verified on load (key, sizes, format, file hashes);
+anything missing, corrupt or stale is logged and rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from rag_demo.corpus import Corpus, Passage
+from rag_demo.encoders import Encoder
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_FILES = ("index.faiss", "embeddings.npy")
+
+
+class PassageIndex:
+    """A corpus and its passage vectors; row i of `embeddings` is `corpus.passages[i]`."""
+
+    def __init__(self, corpus: Corpus, embeddings: np.ndarray, index: faiss.Index | None = None) -> None:
+        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(corpus):
+            raise ValueError(
+                f"embeddings have shape {embeddings.shape} but corpus {corpus.name!r} has {len(corpus)} passages: "
+                "embed every passage, one row each."
+            )
+        if index is None:
+            index = faiss.IndexFlatIP(embeddings.shape[1])
+            index.add(embeddings)
+        if (index.ntotal, index.d) != embeddings.shape:
+            raise ValueError(
+                f"the FAISS index holds {index.ntotal} x {index.d} vectors, not {embeddings.shape}: rebuild it."
+            )
+        self.corpus, self.embeddings, self.index = corpus, embeddings, index
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    @property
+    def dim(self) -> int:
+        return self.embeddings.shape[1]
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[Passage]]]:
+        """Top-k passages by inner product for each of B question vectors: scores (B, k), passages B x k."""
+        q = np.ascontiguousarray(q, dtype=np.float32)  # (B, D)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(
+                f"question vectors have shape {q.shape}, expected (B, {self.dim}): "
+                "encode questions with the encoder that built this index."
+            )
+        if not 1 <= k <= len(self):
+            raise ValueError(
+                f"k={k} is out of range for corpus {self.corpus.name!r} of {len(self)} passages: use 1 to {len(self)}."
+            )
+        scores, ids = self.index.search(q, k)  # (B, k), (B, k)
+        return scores, [[self.corpus.passages[i] for i in row] for row in ids]
+
+    def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder) -> PassageIndex:
+        """A new index with one passage's text replaced and re-embedded; self is untouched (sessions share it)."""
+        corpus = self.corpus.with_passage_text(passage_id, new_text)
+        i = corpus.position(passage_id)
+        vec = encoder.encode_passages([corpus.passages[i]])  # (1, D)
+        if vec.shape[1] != self.dim:
+            raise ValueError(
+                f"{encoder.name} gives {vec.shape[1]}-d vectors, this index holds {self.dim}-d: "
+                "use the encoder that built it."
+            )
+        embeddings = self.embeddings.copy()  # (N, D)
+        embeddings[i] = vec[0]
+        return PassageIndex(corpus, embeddings)
+
+
+@dataclass
+class IndexInfo:
+    source: str  # "cache" or "built"
+    seconds: float  # time to load or build
+    path: Path  # cache folder
+    n_passages: int
+    key: str  # the fingerprint
+
+
+def build_index(corpus: Corpus, encoder: Encoder, progress: Callable[[int, int], None] | None = None) -> PassageIndex:
+    """Embed every passage (tqdm bar + `progress(done, total)`) into an exact inner-product index."""
+    if not len(corpus):
+        raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
+    return PassageIndex(corpus, encoder.encode_passages(corpus.passages, progress=progress))
+
+
+def cache_key(corpus: Corpus, encoder: Encoder) -> str:
+    return hashlib.sha256((corpus.fingerprint() + encoder.fingerprint()).encode()).hexdigest()[:16]
+
+
+class _StaleCache(Exception):
+    """A cache folder that does not match what we expect."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _serialize(index: PassageIndex) -> dict[str, bytes]:
+    npy = io.BytesIO()
+    np.save(npy, index.embeddings, allow_pickle=False)
+    # serialize_index writes the same bytes as faiss.write_index, and we need them to hash anyway.
+    return {"index.faiss": faiss.serialize_index(index.index).tobytes(), "embeddings.npy": npy.getvalue()}
+
+
+def _meta(key: str, index: PassageIndex, encoder: Encoder, blobs: dict[str, bytes]) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "key": key,
+        "corpus": index.corpus.name,
+        "n": len(index),
+        "dim": index.dim,
+        "encoder": encoder.name,
+        "sha256": {name: _sha256(data) for name, data in blobs.items()},
+    }
+
+
+def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder) -> PassageIndex:
+    meta = json.loads((folder / "meta.json").read_text())
+    expected = {"format_version": FORMAT_VERSION, "key": key, "n": len(corpus), "dim": encoder.dim}
+    wrong = {k: meta.get(k) for k, v in expected.items() if meta.get(k) != v}
+    if wrong:
+        raise _StaleCache(f"meta.json has {wrong}, expected {expected}")
+    blobs = {name: (folder / name).read_bytes() for name in _FILES}
+    bad = [name for name, data in blobs.items() if _sha256(data) != meta["sha256"][name]]
+    if bad:
+        raise _StaleCache(f"{', '.join(bad)} do not match the sha256 in meta.json (truncated or corrupt)")
+    index = faiss.deserialize_index(np.frombuffer(blobs["index.faiss"], dtype=np.uint8))
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise _StaleCache("index.faiss does not use inner product")
+    embeddings = np.load(io.BytesIO(blobs["embeddings.npy"]), allow_pickle=False)
+    return PassageIndex(corpus, embeddings, index)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(folder: Path) -> None:
+    """Move a cache folder aside atomically (readers never see it half deleted), then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+    try:
+        os.replace(folder, trash / folder.name)
+    except FileNotFoundError:
+        pass  # another process removed it first
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _save(folder: Path, key: str, index: PassageIndex, encoder: Encoder) -> None:
+    """Write into a temp sibling folder, fsync, then rename into place; a concurrent winner is kept."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=folder.parent))
+    try:
+        blobs = _serialize(index)
+        for name, data in blobs.items():
+            _write_synced(tmp / name, data)
+        _write_synced(tmp / "meta.json", json.dumps(_meta(key, index, encoder, blobs), indent=1).encode())
+        _fsync_dir(tmp)
+        if folder.exists():
+            _remove(folder)  # the stale or corrupt copy we just rebuilt
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.exists():
+                raise
+            log.info("index cache %s was written by another process first; keeping that one", folder)
+        _fsync_dir(folder.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_or_build_index(
+    corpus: Corpus,
+    encoder: Encoder,
+    cache_dir: Path,
+    progress: Callable[[int, int], None] | None = None,
+    rebuild: bool = False,
+) -> tuple[PassageIndex, IndexInfo]:
+    """The index for (corpus, encoder) from the cache when it is intact, else built and cached."""
+    if not len(corpus):
+        raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
+    start = time.perf_counter()
+    key = cache_key(corpus, encoder)
+    folder = Path(cache_dir) / "indexes" / key
+    if folder.exists() and not rebuild:
+        try:
+            index = _load(folder, key, corpus, encoder)
+            return index, IndexInfo("cache", time.perf_counter() - start, folder, len(index), key)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, _StaleCache) as e:
+            log.warning("index cache %s is unusable (%s: %s); rebuilding it", folder, type(e).__name__, e)
+    index = build_index(corpus, encoder, progress)
+    try:
+        _save(folder, key, index, encoder)
+    except OSError as e:
+        log.warning("could not write the index cache %s (%s); the index works but will be rebuilt next time", folder, e)
+    return index, IndexInfo("built", time.perf_counter() - start, folder, len(index), key)

@@ -1,0 +1,100 @@
+"""The math of RAG (paper section 2): marginalising the generator over retrieved documents.
+
+Pure functions on log-probabilities, no models. Shapes: B beams or candidates, K docs,
+T tokens, V vocabulary. `lp` is always a generator log-probability log p(y_i | x, z, y_<i),
+`prior` the doc log-prior log p(z|x). Where the prior enters is the whole difference
+between the two models:
+
+* RAG-Sequence: once per sequence,   log p(y|x) = logsumexp_z [prior_z + sum_i lp_{z,i}]
+* RAG-Token:    once per token,      log p(y|x) = sum_i logsumexp_z [prior_z + lp_{z,i}]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def doc_log_prior(doc_scores: torch.Tensor) -> torch.Tensor:
+    """log p(z|x) = log_softmax_z(q(x)·d(z)) over the K retrieved docs only.
+
+    doc_scores (..., K) -> (..., K). E.g. scores [0, ln 3] give p = [1/4, 3/4].
+    """
+    return F.log_softmax(doc_scores.float(), dim=-1)  # (..., K)
+
+
+def rag_token_next(lp: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """RAG-Token next-token distribution, the prior entering at this token:
+
+    log p(y_i | x, y_<i) = logsumexp_z [ log p(z|x) + log p(y_i | x, z, y_<i) ]
+
+    lp (B, K, V) per-doc next-token log-probs, prior (K,) or (B, K) -> (B, V).
+    """
+    if prior.dim() == 1:
+        prior = prior.unsqueeze(0)  # (1, K)
+    mixed = lp + prior.unsqueeze(-1)  # (B, K, V)  <- doc log-prior enters at every token
+    return torch.logsumexp(mixed, dim=1)  # (B, V)
+
+
+def rag_token_logprob(lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(y|x) under RAG-Token: sum_i logsumexp_z [prior_z + lp_{z,i}].
+
+    lp (..., K, T) log-probs of the answer's own tokens under each doc, prior (..., K),
+    mask (..., T) 1 for real tokens -> (...).
+    """
+    per_token = torch.logsumexp(lp + prior.unsqueeze(-1), dim=-2)  # (..., T)  prior at every token
+    if mask is not None:
+        per_token = torch.where(mask.bool(), per_token, 0.0)  # (..., T)
+    return per_token.sum(-1)  # (...)
+
+
+def rag_sequence_logprob(lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(y|x) under RAG-Sequence: logsumexp_z [prior_z + sum_i lp_{z,i}].
+
+    lp (..., K, T), prior (..., K), mask (..., T) -> (...). The prior enters once per sequence,
+    every generated token (BOS included, if the generator emits one) is scored.
+    """
+    if mask is not None:
+        lp = torch.where(mask.unsqueeze(-2).bool(), lp, 0.0)  # (..., K, T)  pads score 0
+    per_doc = lp.sum(-1)  # (..., K)  log p(y | x, z)
+    return torch.logsumexp(prior + per_doc, dim=-1)  # (...)  prior once per sequence
+
+
+def rag_sequence_logprob_hf(
+    lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor, first_is_bos: bool
+) -> torch.Tensor:
+    """The reference's RAG-Sequence score (transformers `RagSequenceForGeneration.get_nll` with
+    `exclude_bos_score=True`), reproduced for parity tests only.
+
+    It adds the prior to the *second* token's log-prob, and if every candidate starts with
+    BOS it drops the first token's score. So a one-token answer, or one whose second position
+    is padding, silently loses its prior (huggingface/transformers#9312). Ours
+    (`rag_sequence_logprob`) always adds it once.
+
+    lp (..., K, T), prior (..., K), mask (..., T), first_is_bos: as the reference's
+    `target[:, 0].eq(bos).all()` over all candidates -> (...).
+    """
+    lp = lp.clone()
+    if lp.shape[-1] > 1:
+        lp[..., 1] = lp[..., 1] + prior  # (..., K)  prior at the second token
+    lp = torch.where(mask.unsqueeze(-2).bool(), lp, 0.0)  # (..., K, T)  masked after adding: a pad there loses the prior
+    if first_is_bos:
+        lp = lp[..., 1:]  # (..., K, T-1)
+    return torch.logsumexp(lp.sum(-1), dim=-1)  # (...)
+
+
+def token_posteriors(lp: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """RAG-Token attribution (paper Fig. 2): p(z | x, y_i, y_<i) ∝ p(z|x) p(y_i | x, z, y_<i).
+
+    lp (K, T), prior (K,) -> (T, K), each row sums to 1.
+    """
+    joint = lp + prior.unsqueeze(-1)  # (K, T)
+    return F.softmax(joint, dim=0).T  # (T, K)
+
+
+def sequence_posteriors(lp: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """RAG-Sequence running posterior: p(z | x, y_≤i) ∝ p(z|x) prod_{j≤i} p(y_j | x, z, y_<j).
+
+    lp (K, T), prior (K,) -> (T, K), rows sum to 1; the last row is the sequence's doc posterior.
+    """
+    joint = prior.unsqueeze(-1) + torch.cumsum(lp, dim=-1)  # (K, T)
+    return F.softmax(joint, dim=0).T  # (T, K)

@@ -1,0 +1,205 @@
+"""Encoders: MiniLM parity with sentence-transformers and a retrieval sanity check; DPR wrappers on
+tiny random models; the paper stack failing fast without the Hub."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from rag_demo.corpus import Passage, load_vital_articles
+from rag_demo.encoders import DPRContextEncoder, DPRQuestionEncoder, MiniLMEncoder, minilm_path
+
+GRANDE_JATTE = "A Sunday Afternoon on the Island of La Grande Jatte"
+VOCAB = "the a of is in who painted seurat paris capital france city river seine grande jatte island sunday".split()
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEncoder:
+    return MiniLMEncoder()
+
+
+@pytest.fixture(scope="module")
+def passages() -> list[Passage]:
+    return load_vital_articles(limit=40).passages[:30]
+
+
+# ---------------------------------------------------------------- MiniLM
+
+
+def test_minilm_matches_sentence_transformers(minilm: MiniLMEncoder, passages: list[Passage]):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(minilm_path()), device="cpu")
+    questions = ["Who painted A Sunday Afternoon on the Island of La Grande Jatte?", "What is jazz?", "word " * 400]
+    ours = minilm.encode_questions(questions)
+    assert ours.shape == (3, 384) and ours.dtype == np.float32 and ours.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(ours, st.encode(questions, normalize_embeddings=True), atol=1e-5)
+    texts = [f"{p.title}: {p.text}" for p in passages]
+    np.testing.assert_allclose(
+        minilm.encode_passages(passages, batch_size=8), st.encode(texts, normalize_embeddings=True), atol=1e-5
+    )
+
+
+def test_minilm_passages_keep_input_order_and_report_progress(minilm: MiniLMEncoder, passages: list[Passage]):
+    calls: list[tuple[int, int]] = []
+    batched = minilm.encode_passages(
+        passages[:10], batch_size=4, progress=lambda done, total: calls.append((done, total))
+    )
+    one_by_one = np.concatenate([minilm.encode_passages([p]) for p in passages[:10]])
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    assert calls == [(4, 10), (8, 10), (10, 10)]
+    assert minilm.encode_passages([]).shape == (0, 384)
+    assert minilm.encode_questions([]).shape == (0, 384)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        minilm.encode_passages(passages, batch_size=0)
+
+
+def test_minilm_retrieves_seurat_for_the_grande_jatte_question(minilm: MiniLMEncoder):
+    titles = [
+        GRANDE_JATTE,
+        "Georges Seurat",
+        "Mona Lisa",
+        "The Starry Night",
+        "Vincent van Gogh",
+        "Claude Monet",
+        "Impressionism",
+        "Pablo Picasso",
+        "Paris",
+        "Leonardo da Vinci",
+    ]
+    corpus = [p for p in load_vital_articles().passages if p.title in titles]
+    d = minilm.encode_passages(corpus)  # (N, D)
+    q = minilm.encode_questions(["Who painted A Sunday Afternoon on the Island of La Grande Jatte?"])  # (1, D)
+    ranked = [corpus[i].title for i in np.argsort(-(d @ q[0]))]
+    assert set(ranked[:2]) == {GRANDE_JATTE, "Georges Seurat"}, ranked
+
+
+def test_minilm_fingerprint(minilm: MiniLMEncoder, tmp_path: Path):
+    fp = minilm.fingerprint()
+    assert len(fp) == 64 and fp == MiniLMEncoder().fingerprint()
+    for f in minilm_path().iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "model.safetensors").symlink_to(minilm_path() / "model.safetensors")
+    copy = MiniLMEncoder(tmp_path)
+    assert copy.fingerprint() == fp  # same files, other place
+    (tmp_path / "config.json").write_text((tmp_path / "config.json").read_text().replace('"gelu"', '"gelu_new"'))
+    assert MiniLMEncoder(tmp_path).fingerprint() != fp
+
+
+def test_minilm_missing_folder(tmp_path: Path):
+    with pytest.raises(ValueError, match="holds no model"):
+        MiniLMEncoder(tmp_path)
+
+
+# ---------------------------------------------------------------- DPR on tiny random models
+
+
+def tiny_tokenizer(cls: type) -> transformers.PreTrainedTokenizerBase:
+    """A lower-casing word-level BERT-style tokenizer: [CLS] a [SEP] and [CLS] a [SEP] b [SEP] pairs."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + VOCAB)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return cls(tokenizer_object=tok, **{f"{s.strip('[]').lower()}_token": s for s in specials})
+
+
+def tiny_config() -> transformers.DPRConfig:
+    return transformers.DPRConfig(
+        vocab_size=5 + len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+
+
+@pytest.fixture(scope="module")
+def ctx_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-dpr-ctx")
+    transformers.DPRContextEncoder(tiny_config()).save_pretrained(folder)
+    tiny_tokenizer(transformers.DPRContextEncoderTokenizerFast).save_pretrained(folder)
+    return folder
+
+
+def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
+    enc = DPRContextEncoder.from_pretrained(ctx_folder)
+    ps = [
+        Passage("p#0", "Paris", "Paris is the capital of France."),
+        Passage("s#0", "Seurat", "Seurat painted the Grande Jatte."),
+    ]
+    d = enc.encode_passages(ps)
+    assert d.shape == (2, 32) and d.dtype == np.float32 and enc.dim == 32
+    np.testing.assert_array_equal(d, enc.encode_passages(ps))  # deterministic (eval mode, no dropout)
+    model = transformers.DPRContextEncoder.from_pretrained(ctx_folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(ctx_folder)
+    pair = tok("Paris", "Paris is the capital of France.", return_tensors="pt")
+    assert tok.convert_ids_to_tokens(pair["input_ids"][0])[:4] == ["[CLS]", "paris", "[SEP]", "paris"]
+    with torch.no_grad():
+        expected = model(**pair).pooler_output[0].numpy()
+        flat = model(**tok("Paris Paris is the capital of France.", return_tensors="pt")).pooler_output[0].numpy()
+    np.testing.assert_allclose(d[0], expected, atol=1e-5)
+    assert np.abs(d[0] - flat).max() > 1e-3  # the pair format matters
+    with pytest.raises(ValueError, match="encodes passages only"):
+        enc.encode_questions(["who painted it?"])
+
+
+def test_dpr_context_encoder_fingerprint(ctx_folder: Path, tmp_path: Path):
+    fp = DPRContextEncoder.from_pretrained(ctx_folder).fingerprint()
+    assert fp == DPRContextEncoder.from_pretrained(ctx_folder).fingerprint()
+    torch.manual_seed(1)
+    transformers.DPRContextEncoder(tiny_config()).save_pretrained(tmp_path)
+    tiny_tokenizer(transformers.DPRContextEncoderTokenizerFast).save_pretrained(tmp_path)
+    assert DPRContextEncoder.from_pretrained(tmp_path).fingerprint() != fp  # same config and file sizes, other weights
+
+
+def test_dpr_context_encoder_bad_folder(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no loadable DPR context encoder"):
+        DPRContextEncoder.from_pretrained(tmp_path)
+
+
+def test_dpr_question_encoder_wraps_a_loaded_model():
+    torch.manual_seed(0)
+    model = transformers.DPRQuestionEncoder(tiny_config())
+    tok = tiny_tokenizer(transformers.DPRQuestionEncoderTokenizerFast)
+    enc = DPRQuestionEncoder(model, tok, name="tiny-rag")
+    questions = ["Who painted the Grande Jatte?", "What is the capital of France?", "the " * 600]
+    q = enc.encode_questions(questions)
+    assert q.shape == (3, 32) and q.dtype == np.float32 and enc.dim == 32
+    np.testing.assert_array_equal(q, enc.encode_questions(questions))
+    with torch.no_grad():
+        expected = model(**tok(questions[:1], return_tensors="pt")).pooler_output.numpy()
+        cut = model(**tok(["the " * 254], return_tensors="pt")).pooler_output.numpy()  # 256 tokens with [CLS] [SEP]
+    np.testing.assert_allclose(q[:1], expected, atol=1e-5)
+    np.testing.assert_allclose(q[2:], cut, atol=1e-5)  # truncated to 256 tokens, not 602
+    assert np.abs(q).max() > 0 and not np.allclose(np.linalg.norm(q, axis=1), 1.0)  # raw, not normalised
+    other = DPRQuestionEncoder(transformers.DPRQuestionEncoder(tiny_config()), tok, name="tiny-rag")
+    assert enc.fingerprint() == DPRQuestionEncoder(model, tok, name="tiny-rag").fingerprint()
+    assert other.fingerprint() != enc.fingerprint()  # same name and config, other weights
+
+
+def test_dpr_context_encoder_fails_fast_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from huggingface_hub import try_to_load_from_cache
+
+    hub_id = "facebook/dpr-ctx_encoder-single-nq-base"
+    if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        pytest.skip(f"{hub_id} is in the local HF cache, so it loads without the Hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # so the Hub id cannot be mistaken for a local folder
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="paper stack needs the Hugging Face Hub.*--stack offline"):
+        DPRContextEncoder.from_pretrained(hub_id)
+    assert time.perf_counter() - start < 10

@@ -1,0 +1,227 @@
+"""The passage index: search, per-session edits, and the on-disk cache (hits, corruption, staleness, atomicity)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_demo.corpus import Corpus, corpus_from_documents
+from rag_demo.encoders import MiniLMEncoder
+from rag_demo.index import PassageIndex, build_index, cache_key, load_or_build_index
+
+DOCS = [
+    ("Seine", "The Seine is a river that flows through Paris into the English Channel.", None),
+    ("Georges Seurat", "Georges Seurat painted A Sunday Afternoon on the Island of La Grande Jatte.", None),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas.", None),
+]
+PAINTER_Q = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
+
+
+@pytest.fixture(scope="module")
+def encoder() -> MiniLMEncoder:
+    return MiniLMEncoder()
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    return corpus_from_documents("three", DOCS)
+
+
+@pytest.fixture(scope="module")
+def base(corpus: Corpus, encoder: MiniLMEncoder) -> PassageIndex:
+    return build_index(corpus, encoder)
+
+
+def top_titles(index: PassageIndex, encoder: MiniLMEncoder, question: str, k: int = 3) -> list[str]:
+    _, passages = index.search(encoder.encode_questions([question]), k)
+    return [p.title for p in passages[0]]
+
+
+def folder_files(cache: Path) -> list[str]:
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+
+
+# ---------------------------------------------------------------- search
+
+
+def test_search_returns_sorted_scores_and_passages(base: PassageIndex, encoder: MiniLMEncoder):
+    q = encoder.encode_questions([PAINTER_Q, "What is the tallest mountain on Earth?"])  # (2, D)
+    scores, passages = base.search(q, 2)
+    assert scores.shape == (2, 2) and scores.dtype == np.float32
+    assert [p.title for p in passages[0]][0] == "Georges Seurat"
+    assert [p.title for p in passages[1]][0] == "Mount Everest"
+    assert np.all(scores[:, 0] >= scores[:, 1])
+    np.testing.assert_allclose(scores[0, 0], base.embeddings[1] @ q[0], rtol=1e-5)
+    assert len(base) == 3 and base.embeddings.shape == (3, 384) and base.index.ntotal == 3
+
+
+@pytest.mark.parametrize("k", [0, 4, -1])
+def test_search_k_out_of_range(base: PassageIndex, encoder: MiniLMEncoder, k: int):
+    with pytest.raises(ValueError, match=f"k={k} is out of range for corpus 'three' of 3 passages: use 1 to 3"):
+        base.search(encoder.encode_questions(["x"]), k)
+
+
+def test_search_rejects_vectors_of_another_encoder(base: PassageIndex):
+    with pytest.raises(ValueError, match=r"shape \(1, 768\), expected \(B, 384\)"):
+        base.search(np.zeros((1, 768), np.float32), 1)
+
+
+def test_build_rejects_mismatched_embeddings(corpus: Corpus):
+    with pytest.raises(ValueError, match=r"embeddings have shape \(2, 384\) but corpus 'three' has 3 passages"):
+        PassageIndex(corpus, np.zeros((2, 384), np.float32))
+
+
+# ---------------------------------------------------------------- edits
+
+
+def test_edited_passage_changes_retrieval_and_leaves_the_base_alone(base: PassageIndex, encoder: MiniLMEncoder):
+    before = base.embeddings.copy()
+    assert top_titles(base, encoder, "Which river is polluted by plastic waste?")[0] != "Mount Everest"
+    edited = base.with_edited_passage("Mount Everest#0", "Mount Everest is a river polluted by plastic waste.", encoder)
+    assert top_titles(edited, encoder, "Which river is polluted by plastic waste?")[0] == "Mount Everest"
+    assert edited.corpus.passages[2].text == "Mount Everest is a river polluted by plastic waste."
+    np.testing.assert_array_equal(edited.embeddings[:2], before[:2])  # the others are reused
+    np.testing.assert_array_equal(base.embeddings, before)
+    assert base.corpus.passages[2].text == DOCS[2][1]
+    assert top_titles(base, encoder, "What is the tallest mountain on Earth?")[0] == "Mount Everest"
+    with pytest.raises(ValueError, match="'Nope#0' is not in corpus"):
+        base.with_edited_passage("Nope#0", "text", encoder)
+
+
+# ---------------------------------------------------------------- cache
+
+
+def test_cache_is_written_then_loaded(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path):
+    calls: list[tuple[int, int]] = []
+    built, info = load_or_build_index(corpus, encoder, tmp_path, progress=lambda d, t: calls.append((d, t)))
+    assert (info.source, info.n_passages, info.key) == ("built", 3, cache_key(corpus, encoder))
+    assert info.path == tmp_path / "indexes" / info.key and len(info.key) == 16 and info.seconds > 0
+    assert calls == [(3, 3)]
+    assert folder_files(tmp_path) == [
+        "indexes",
+        f"indexes/{info.key}",
+        f"indexes/{info.key}/embeddings.npy",
+        f"indexes/{info.key}/index.faiss",
+        f"indexes/{info.key}/meta.json",
+    ]  # no temp folders left behind
+    meta = json.loads((info.path / "meta.json").read_text())
+    assert (meta["key"], meta["n"], meta["dim"], meta["corpus"], meta["encoder"]) == (
+        info.key,
+        3,
+        384,
+        "three",
+        "all-MiniLM-L6-v2",
+    )
+
+    loaded, info2 = load_or_build_index(corpus, encoder, tmp_path)
+    assert (info2.source, info2.key, info2.path) == ("cache", info.key, info.path)
+    np.testing.assert_array_equal(loaded.embeddings, built.embeddings)
+    q = encoder.encode_questions([PAINTER_Q])
+    s1, p1 = built.search(q, 3)
+    s2, p2 = loaded.search(q, 3)
+    np.testing.assert_array_equal(s1, s2)
+    assert p1 == p2
+
+
+def test_rebuild_flag_replaces_a_good_cache(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path):
+    load_or_build_index(corpus, encoder, tmp_path)
+    _, info = load_or_build_index(corpus, encoder, tmp_path, rebuild=True)
+    assert info.source == "built"
+    assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "cache"
+    assert len(folder_files(tmp_path)) == 5
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: (f / "index.faiss").write_bytes((f / "index.faiss").read_bytes()[:100]),  # truncated
+        lambda f: (f / "index.faiss").write_bytes(b"\x00garbage" * 64),
+        lambda f: (f / "embeddings.npy").unlink(),
+        lambda f: (f / "meta.json").write_text("{not json"),
+        lambda f: (f / "meta.json").write_text(
+            json.dumps(
+                {
+                    **json.loads((f / "meta.json").read_text()),
+                    "sha256": {"index.faiss": "0" * 64, "embeddings.npy": "0" * 64},
+                }
+            )
+        ),
+        lambda f: (f / "meta.json").write_text(
+            json.dumps({**json.loads((f / "meta.json").read_text()), "format_version": 0})
+        ),
+    ],
+    ids=["truncated-index", "garbage-index", "missing-embeddings", "bad-json", "wrong-hash", "old-format"],
+)
+def test_damaged_cache_is_rebuilt_not_trusted(
+    corpus, encoder, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage
+):
+    built, info = load_or_build_index(corpus, encoder, tmp_path)
+    damage(info.path)
+    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+        rebuilt, info2 = load_or_build_index(corpus, encoder, tmp_path)
+    assert info2.source == "built"
+    assert any("unusable" in r.message and "rebuilding" in r.message for r in caplog.records)
+    np.testing.assert_allclose(rebuilt.embeddings, built.embeddings, atol=1e-6)
+    assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "cache"  # the rebuilt cache is good
+    assert len(folder_files(tmp_path)) == 5  # the damaged copy and the temp folders are gone
+
+
+def test_concurrent_writer_that_finishes_first_wins(corpus, encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import shutil
+
+    import rag_demo.index as index_module
+
+    _, info = load_or_build_index(corpus, encoder, tmp_path)
+    winner = tmp_path / "winner"
+    shutil.copytree(info.path, winner)
+    (winner / "meta.json").write_text((winner / "meta.json").read_text().replace('"three"', '"three (other process)"'))
+    remove = index_module._remove
+
+    def remove_then_other_process_renames(folder: Path) -> None:
+        remove(folder)
+        winner.rename(folder)  # lands between our delete and our rename
+
+    monkeypatch.setattr(index_module, "_remove", remove_then_other_process_renames)
+    index, info2 = load_or_build_index(corpus, encoder, tmp_path, rebuild=True)
+    assert info2.source == "built" and len(index) == 3
+    assert json.loads((info.path / "meta.json").read_text())["corpus"] == "three (other process)"
+    assert folder_files(tmp_path / "indexes") == sorted(
+        [info.key] + [f"{info.key}/{n}" for n in ("embeddings.npy", "index.faiss", "meta.json")]
+    )
+
+
+def test_changed_passage_gets_another_key(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path):
+    _, info = load_or_build_index(corpus, encoder, tmp_path)
+    changed = corpus.with_passage_text("Seine#0", "The Seine flows through Rouen and Le Havre.")
+    index, info2 = load_or_build_index(changed, encoder, tmp_path)
+    assert info2.source == "built" and info2.key != info.key
+    assert index.corpus.passages[0].text == "The Seine flows through Rouen and Le Havre."
+
+
+def test_meta_for_another_corpus_is_stale(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path, caplog):
+    _, info = load_or_build_index(corpus, encoder, tmp_path)
+    meta = json.loads((info.path / "meta.json").read_text())
+    (info.path / "meta.json").write_text(json.dumps({**meta, "n": 4}))
+    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+        assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "built"
+    assert "'n': 4" in caplog.text
+
+
+def test_unwritable_cache_still_returns_an_index(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder should be")
+    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+        index, info = load_or_build_index(corpus, encoder, blocker)
+    assert info.source == "built" and len(index) == 3
+    assert "could not write the index cache" in caplog.text
+
+
+def test_empty_corpus_is_rejected(encoder: MiniLMEncoder, tmp_path: Path):
+    with pytest.raises(ValueError, match="the corpus is empty"):
+        load_or_build_index(Corpus("none", []), encoder, tmp_path)
+    with pytest.raises(ValueError, match="the corpus is empty"):
+        build_index(Corpus("none", []), encoder)
