@@ -27,7 +27,7 @@ from .corpus import Passage
 ENCODER_DECODER = "encoder-decoder"
 DECODER_ONLY = "decoder-only"
 
-SYSTEM_PROMPT = "Answer the question with a short phrase, using the passage."
+SYSTEM_PROMPT = "Answer the question in a few words, using the passage."
 CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 
 
@@ -200,7 +200,7 @@ class DecoderOnlyGenerator(Generator):
         text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Passage: {doc.title}: {text}\n\nQuestion: {question}"},
+            {"role": "user", "content": f"{doc.title}: {text}\n\nQuestion: {question}\nAnswer in a few words."},
         ]
 
     def prompt(self, question, doc, max_doc_tokens):

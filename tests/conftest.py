@@ -1,0 +1,21 @@
+"""Shared test set-up: offline Hub, quiet thread spinning, the `slow` marker, tiny RAG checkpoints."""
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests must never reach the Hub
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2 shared cores: don't spin waiting threads
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: real-model or browser tests (run in CI too)")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpts(tmp_path_factory):
+    """Random DPR+BART RAG checkpoints (Hub format) with n_docs=3: token, sequence, ctx encoder."""
+    from rag_demo.random_models import make_random_rag_checkpoints
+
+    return make_random_rag_checkpoints(tmp_path_factory.mktemp("tiny_rag"), size="tiny", seed=0, n_docs=3)

@@ -1,0 +1,41 @@
+"""End to end on the real offline stack: MiniLM + SmolLM2-135M over all Vital Articles.
+
+Slow: the first run embeds ~11.5k passages (minutes on 2 cores) into the index cache.
+"""
+from __future__ import annotations
+
+import pytest
+
+from rag_demo.pipeline import RagPipeline
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    # question, articles that support the answer (one must be in the top 5), expected entity
+    ("Who painted A Sunday Afternoon on the Island of La Grande Jatte?",
+     {"A Sunday Afternoon on the Island of La Grande Jatte", "Georges Seurat"}, "Seurat"),
+    ("What is the capital of Australia?", {"Canberra", "Australia"}, "Canberra"),
+]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return RagPipeline.load(progress=print)
+
+
+@pytest.mark.parametrize("question, articles, entity", CASES)
+def test_answer_and_support_for_both_modes(pipe, question, articles, entity):
+    answers = pipe.answer_modes(question, ["sequence", "token"], k=5)
+    for mode, a in answers.items():
+        titles = {d.title for d in a.docs}
+        assert titles & articles, f"{mode}: none of {articles} in top 5 {titles}"
+        assert entity.lower() in a.text.lower(), f"{mode}: {a.text!r} lacks {entity!r}"
+        assert len(a.token_doc_posteriors) == len(a.tokens) > 0
+        # the supporting passage is the one the answer leans on most
+        best = max(range(len(a.docs)), key=lambda j: a.doc_posterior[j])
+        assert a.docs[best].title in articles
+
+
+def test_index_is_cached_after_first_load(pipe):
+    again = RagPipeline(pipe.stack, None).build_index(pipe.index.corpus)[1]
+    assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000

@@ -1,0 +1,167 @@
+"""RagPipeline end to end on the paper stack's loading code with tiny random checkpoints,
+bad input, and the command line. (Real offline models: test_e2e.py.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rag_demo.config import MAX_QUESTION_CHARS, RagSettings, StackSpec
+from rag_demo.corpus import Corpus, corpus_from_documents
+from rag_demo.pipeline import RagPipeline
+from rag_demo.random_models import fixture_passages
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(tiny_ckpts, cache: Path) -> StackSpec:
+    return StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
+                     ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=cache)
+
+
+def _corpus() -> Corpus:
+    return corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpts, tmp_path_factory):
+    return RagPipeline.load(_spec(tiny_ckpts, tmp_path_factory.mktemp("cache")), corpus=_corpus(),
+                            settings=RagSettings(k=3, max_new_tokens=6))
+
+
+def test_answer_structure_all_modes(pipe):
+    out = pipe.answer_modes("who painted the starry night", ["sequence", "token", "closed-book"])
+    for mode in ("sequence", "token"):
+        a = out[mode]
+        assert a.mode == mode and a.stack == "paper" and a.corpus == "fixture"
+        assert len(a.docs) == 3 and [d.rank for d in a.docs] == [1, 2, 3]
+        assert sum(d.prior for d in a.docs) == pytest.approx(1.0, abs=1e-5)
+        assert a.docs[0].score >= a.docs[1].score >= a.docs[2].score
+        assert len(a.token_doc_posteriors) == len(a.tokens) == len(a.token_ids)
+        for row in a.token_doc_posteriors:
+            assert len(row) == 3 and sum(row) == pytest.approx(1.0, abs=1e-5)
+        assert sum(a.doc_posterior) == pytest.approx(1.0, abs=1e-5)
+        assert set(a.timings) == {"encode", "retrieve", "generate", "attribute", "total"}
+        assert a.sequence_logprob < 0
+        json.dumps(a.to_dict())  # serialisable as the CLI's --json
+    assert out["sequence"].candidates  # thorough decoding lists its candidates
+    cb = out["closed-book"]
+    assert cb.docs == [] and cb.token_doc_posteriors == [] and cb.timings["retrieve"] == 0.0
+
+
+def test_each_paper_mode_uses_its_own_question_encoder(pipe):
+    m = pipe.stack.modes
+    assert m["token"].question_encoder is not m["sequence"].question_encoder
+    assert m["token"].generator is not m["sequence"].generator
+
+
+def test_per_call_overrides_fall_back_to_settings(pipe):
+    a = pipe.answer("what is the capital of france", "token", k=2)
+    assert len(a.docs) == 2
+    b = pipe.answer("what is the capital of france", "token")
+    assert len(b.docs) == pipe.settings.k == 3
+
+
+def test_second_load_reuses_cached_index(tiny_ckpts, tmp_path):
+    spec = _spec(tiny_ckpts, tmp_path)
+    first = RagPipeline.load(spec, corpus=_corpus())
+    second = RagPipeline.load(spec, corpus=_corpus())
+    assert first.index_info.source == "built" and second.index_info.source == "cache"
+
+
+def test_hot_swap_changes_the_passages_not_the_models(pipe):
+    other = corpus_from_documents("swap", [("Mars", "Mars is the fourth planet from the sun.", None),
+                                          ("Venus", "Venus is the second planet from the sun.", None)])
+    swapped = pipe.with_corpus(other)
+    a = swapped.answer("what is the fourth planet", "token", k=2)
+    assert {d.title for d in a.docs} == {"Mars", "Venus"} and a.corpus == "swap"
+    assert swapped.stack is pipe.stack and pipe.index.corpus.name == "fixture"
+
+
+@pytest.mark.parametrize("question, fragment", [
+    ("", "question is empty"),
+    ("   \n\t ", "question is empty"),
+    ("x" * (MAX_QUESTION_CHARS + 1), f"limit of {MAX_QUESTION_CHARS}"),
+])
+def test_bad_questions(pipe, question, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        pipe.answer(question, "token")
+
+
+@pytest.mark.parametrize("k", [0, -1, 21])
+def test_k_out_of_range(pipe, k):
+    with pytest.raises(ValueError, match=r"k=.*out of range.*1 to 20"):
+        pipe.answer("who painted the starry night", "token", k=k)
+
+
+def test_k_larger_than_corpus(pipe):
+    with pytest.raises(ValueError, match=r"k=5 is more than the 3 passages.*choose k from 1 to 3"):
+        pipe.answer("who painted the starry night", "token", k=5)
+
+
+def test_unknown_mode(pipe):
+    with pytest.raises(ValueError, match=r"mode='tokens' is unknown: use one of sequence, token, closed-book"):
+        pipe.answer("who painted the starry night", "tokens")
+
+
+def test_unknown_stack():
+    with pytest.raises(ValueError, match=r"stack='gpt' is unknown: use one of offline, paper"):
+        StackSpec(name="gpt")
+
+
+def test_unknown_setting(pipe):
+    with pytest.raises(ValueError, match="unknown setting"):
+        pipe.answer("who painted the starry night", "token", beams=2)
+
+
+def test_empty_corpus(pipe):
+    with pytest.raises(ValueError, match="the corpus is empty"):
+        pipe.with_corpus(Corpus("nothing", []))
+    with pytest.raises(ValueError, match="the corpus is empty"):
+        corpus_from_documents("blank", [("t", "   ", None)])
+
+
+def test_paper_stack_without_hub_fails_fast(tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"needs the Hugging Face Hub.*--stack offline"):
+        RagPipeline.load(StackSpec(name="paper", cache_dir=tmp_path), corpus=_corpus())
+    assert time.perf_counter() - t0 < 10
+
+
+def _cli(*args, cache: Path):
+    env = {"HF_HUB_OFFLINE": "1", "RAG_DEMO_CACHE": str(cache), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "rag_demo", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+
+
+def test_cli_paper_stack_json_and_table(tiny_ckpts, tmp_path):
+    """The CLI on the tiny paper checkpoints: `ask --json` is an Answer per mode; the text
+    output has the attribution table; the second run loads the index from cache."""
+    corpus_file = tmp_path / "docs.jsonl"
+    corpus_file.write_text("\n".join(json.dumps({"title": t, "text": x}) for t, x in fixture_passages()))
+    common = ["--stack", "paper", "--rag-token", str(tiny_ckpts["rag_token"]), "--rag-sequence",
+              str(tiny_ckpts["rag_sequence"]), "--ctx-encoder", str(tiny_ckpts["ctx_encoder"]),
+              "--corpus-file", str(corpus_file), "--k", "2", "--max-new-tokens", "4"]
+    r = _cli("ask", "who painted the starry night", "--mode", "all", "--json", *common, cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data) == {"sequence", "token", "closed-book"}
+    assert len(data["token"]["docs"]) == 2 and "token_doc_posteriors" in data["token"]
+    assert "built and cached" in r.stderr
+    r = _cli("ask", "who painted the starry night", "--mode", "token", *common, cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loaded from cache" in r.stderr
+    assert "Passages:" in r.stdout and "Attribution p(z | x, y_i, y_<i)" in r.stdout
+
+
+def test_cli_bad_input_exits_2_with_message(tmp_path):
+    r = _cli("ask", "  ", "--mode", "token", cache=tmp_path)
+    assert r.returncode == 2 and "question is empty" in r.stderr
+    r = _cli("ask", "hi", "--mode", "tokenz", cache=tmp_path)
+    assert r.returncode == 2 and "mode='tokenz' is unknown" in r.stderr
+    r = _cli("ask", "hi", "--k", "0", cache=tmp_path)
+    assert r.returncode == 2 and "k=0 is out of range" in r.stderr
