@@ -14,18 +14,16 @@ from __future__ import annotations
 import abc
 import hashlib
 import importlib.util
-import os
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from rag_demo.corpus import Passage
+from rag_demo.hub import resolve_pretrained
 
 MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained with 256; ~100-word passages are ~130-150 tokens
 _CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
@@ -195,27 +193,6 @@ class DPRQuestionEncoder(Encoder):
         raise ValueError(f"{self.name} encodes questions only: encode passages with DPRContextEncoder.")
 
 
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """One quick TCP connect to the Hub (huggingface_hub itself retries for ~25 s when it is down)."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _hub_error(path_or_id: str, why: str) -> ValueError:
-    return ValueError(
-        f"cannot load {path_or_id!r}: {why}. The paper stack needs the Hugging Face Hub (or its models already "
-        "in the local HF cache); use --stack offline, or pass a local folder."
-    )
-
-
 class DPRContextEncoder(Encoder):
     """The paper's passage encoder: [CLS] title [SEP] text [SEP] -> pooler_output, not normalised."""
 
@@ -226,25 +203,13 @@ class DPRContextEncoder(Encoder):
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path) -> DPRContextEncoder:
         """From a local folder or a Hub id; fails fast with a ValueError when the Hub is needed but unreachable."""
-        source = str(path_or_id)
-        if Path(source).exists():
-            try:
-                return cls._load(source, local_files_only=True)
-            except OSError as e:
-                raise ValueError(
-                    f"{source} holds no loadable DPR context encoder ({e}): pass a folder written by save_pretrained()."
-                ) from e
+        source = resolve_pretrained(path_or_id, "DPR context encoder")
         try:
-            return cls._load(source, local_files_only=True)  # already in the HF cache
+            return cls._load(source, local_files_only=True)
         except OSError as e:
-            if _hub_offline():
-                raise _hub_error(source, "it is not in the local cache and HF_HUB_OFFLINE is set") from e
-        if not _hub_reachable():
-            raise _hub_error(source, "the Hub is unreachable and it is not in the local cache")
-        try:
-            return cls._load(source, local_files_only=False)
-        except OSError as e:
-            raise _hub_error(source, str(e)) from e
+            raise ValueError(
+                f"{source} holds no loadable DPR context encoder ({e}): pass a folder written by save_pretrained()."
+            ) from e
 
     @classmethod
     def _load(cls, source: str, local_files_only: bool) -> DPRContextEncoder:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 from .config import StackSpec
 from .encoders import DPRContextEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
 from .generators import DecoderOnlyGenerator, EncoderDecoderGenerator, Generator
+from .hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
 
 log = logging.getLogger(__name__)
 
@@ -65,38 +64,6 @@ def _say(progress: Progress | None, msg: str) -> None:
     log.info(msg)
     if progress:
         progress(msg)
-
-
-def hub_unavailable_reason(timeout: float = 3.0) -> str | None:
-    """Why the Hugging Face Hub cannot be used now, or None if it looks reachable."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        return "HF_HUB_OFFLINE is set"
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
-            return None
-    except OSError as e:
-        return f"huggingface.co is unreachable ({e})"
-
-
-def resolve_pretrained(name_or_path: str, what: str) -> str:
-    """A local folder for `name_or_path`: itself if it is one, else the Hub snapshot
-    (the local HF cache first; a download only when the Hub is reachable)."""
-    if Path(name_or_path).expanduser().is_dir():
-        return str(Path(name_or_path).expanduser())
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(name_or_path, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not cached: decide below whether a download can work
-        pass
-    reason = hub_unavailable_reason()
-    if reason:
-        raise ValueError(
-            f"{what} {name_or_path!r} needs the Hugging Face Hub, and {reason}. "
-            "Run offline with --stack offline (the default), or download it once on a machine with "
-            "network access and point to the local folder."
-        )
-    return snapshot_download(name_or_path)
 
 
 def load_rag_checkpoint(name_or_path: str, kind: str) -> tuple[DPRQuestionEncoder, EncoderDecoderGenerator]:

@@ -127,7 +127,7 @@ def test_empty_corpus(pipe):
 
 def test_paper_stack_without_hub_fails_fast(tmp_path):
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match=r"needs the Hugging Face Hub.*--stack offline"):
+    with pytest.raises(ValueError, match=r"paper stack needs the Hugging Face Hub.*--stack offline"):
         RagPipeline.load(StackSpec(name="paper", cache_dir=tmp_path), corpus=_corpus())
     assert time.perf_counter() - t0 < 10
 
