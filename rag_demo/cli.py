@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from .config import MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -30,6 +30,15 @@ def _spec(args) -> StackSpec:
     return StackSpec(**kw)
 
 
+def _corpus(args):
+    """The documents given with --corpus-file, or None for the built-in corpus."""
+    if not getattr(args, "corpus_file", None):
+        return None
+    from .corpus import load_documents
+
+    return load_documents(args.corpus_file)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default="offline", help=f"one of {', '.join(STACKS)} (default: offline)")
     p.add_argument("--cache-dir", help="index cache folder (default: $RAG_DEMO_CACHE or the user cache dir)")
@@ -37,6 +46,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rag-sequence", help="paper stack: RAG-Sequence checkpoint (Hub id or folder)")
     p.add_argument("--ctx-encoder", help="paper stack: DPR context encoder (Hub id or folder)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
+    p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
+                   "instead of Wikipedia Vital Articles; repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +64,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(ask)
     index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
     _add_common(index)
+    ev = sub.add_parser("eval", help="score retrieval (recall@1/5/20) and answers (EM, F1) on a QA file")
+    ev.add_argument("--qa", default="assets/qa_dev.jsonl", help='JSONL, one {"question": ..., "answers": [...]} per line')
+    ev.add_argument("--modes", default="closed-book,sequence,token", help="comma-separated modes (default: all three)")
+    ev.add_argument("--retrievers", default="dense,bm25", help="whose passages the RAG modes read: dense, bm25 or both")
+    ev.add_argument("--k", type=int, default=RagSettings.k, help=f"passages per answer, 1-{MAX_K} (default 5)")
+    ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
+    ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help="beam size (default 1: greedy)")
+    ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
+    ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
+    ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
+    _add_common(ev)
+    be = sub.add_parser("bench", help="latency per stage, memory, index throughput, cold start, reference ratios")
+    be.add_argument("--n", type=int, default=20, help="questions per mode (default 20)")
+    be.add_argument("--qa", default="assets/qa_dev.jsonl", help="questions are taken from this QA file")
+    be.add_argument("--modes", default="token,sequence,closed-book", help="comma-separated modes")
+    be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
+    be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
+    be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
+    be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
+    _add_common(be)
     return parser
 
 
@@ -74,9 +105,11 @@ def format_answer(a) -> str:
         extra = f"  p(z|x,y)={post:.3f}" if post is not None else ""
         lines.append(f"  [{d.rank}] {d.title}  score={d.score:.3f}  p(z|x)={d.prior:.3f}{extra}")
         lines.append(f"      {d.text[:160]}{'...' if len(d.text) > 160 else ''}")
-    if a.tokens:
-        what = "p(z | x, y_<=i)" if a.mode == "sequence" else "p(z | x, y_i, y_<i)"
-        lines.append(f"Attribution {what}: tokens down, passages across")
+    what = "p(z | x, y_<=i)" if a.mode == "sequence" else "p(z | x, y_i, y_<i)"
+    lines.append(f"Attribution {what}: tokens down, passages across")
+    if not a.tokens:
+        lines.append("  (no answer tokens to attribute)")
+    else:
         width = max(12, max(len(repr(tok)) for tok in a.tokens) + 1)
         lines.append(" " * width + "".join(f"  [{d.rank}]  " for d in a.docs))
         for tok, row in zip(a.tokens, a.token_doc_posteriors):
@@ -89,11 +122,13 @@ def format_answer(a) -> str:
 def cmd_ask(args) -> int:
     from .pipeline import RagPipeline
 
-    modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [args.mode]
+    modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [check_mode(args.mode)]
+    check_question(args.question)  # fail before loading models, not after
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
                            sequence_decoding=args.decoding)
+    spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
-    pipe = RagPipeline.load(_spec(args), settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
     _progress(f"Ready in {time.perf_counter() - t0:.1f} s ({pipe.stack.describe()})")
     answers = pipe.answer_modes(args.question, modes)
     if args.json:
@@ -107,14 +142,36 @@ def cmd_ask(args) -> int:
 def cmd_index(args) -> int:
     from .pipeline import RagPipeline
 
-    RagPipeline.load(_spec(args), progress=_progress, rebuild_index=args.rebuild_index)
+    RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_progress, rebuild_index=args.rebuild_index)
     return 0
+
+
+def cmd_eval(args) -> int:
+    from .evaluate import evaluate, format_report, load_qa, parse_modes, parse_retrievers, save_report
+    from .pipeline import RagPipeline
+
+    items = load_qa(args.qa, args.limit)
+    modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
+    settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
+                           sequence_decoding=args.decoding)
+    pipe = RagPipeline.load(_spec(args), settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
+    report = evaluate(pipe, items, modes, settings, retrievers, say=_progress)
+    report["args"] = {k: str(v) for k, v in vars(args).items()}
+    print(format_report(report))
+    _progress(f"Saved {save_report(report, args.out)}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    return run_bench(args, _spec(args), _progress)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"ask": cmd_ask, "index": cmd_index}[args.command](args)
+        return {"ask": cmd_ask, "index": cmd_index, "eval": cmd_eval, "bench": cmd_bench}[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,449 @@
+"""Evaluation: answer a QA file with every mode and score answers and retrieval.
+
+Owns the metrics (SQuAD normalisation, exact match, token F1, DPR-style has_answer and
+recall@k), the QA file format and its loader, the evaluation loop behind
+`python -m rag_demo eval`, and its report (markdown tables on stdout, JSON on disk).
+
+QA file: JSON Lines, one object per line, `{"question": str, "answers": [str, ...]}`; other
+fields (type, topic, source) are kept and used to break results down by question type.
+
+Two retrievers are scored the same way: the stack's dense retriever (FAISS over the
+passage encoder's vectors) and BM25 (bm25.py). For RAG answers from BM25's passages the doc
+prior p(z|x) is the dense question encoder's softmax over those K passages, so the two rows
+differ only in which passages the generator sees.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import string
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import MODES, RagSettings
+
+RECALL_KS = (1, 5, 20)
+RETRIEVERS = ("dense", "bm25")
+
+# ---------------------------------------------------------------- metrics
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD v1.1 normalisation: lowercase, delete punctuation, drop the articles a/an/the,
+    collapse whitespace.
+
+    >>> normalize_answer("The  Eiffel-Tower!")
+    'eiffeltower'
+    >>> normalize_answer("A Sunday Afternoon")
+    'sunday afternoon'
+    """
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    """EM = max over gold answers g of [normalize(prediction) == normalize(g)], 1.0 or 0.0.
+
+    >>> exact_match("The Seurat.", ["Georges Seurat", "Seurat"])
+    1.0
+    """
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)  # both empty: 1, one empty: 0 (SQuAD v2 rule)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, golds: list[str]) -> float:
+    """F1 = max over gold answers g of 2PR/(P+R), where, on normalised whitespace tokens,
+    common = |multiset(pred) ∩ multiset(g)|, P = common/|pred|, R = common/|g|.
+
+    >>> round(f1_score("by Georges Seurat", ["Georges Seurat"]), 4)  # P=2/3, R=1
+    0.8
+    """
+    p = normalize_answer(prediction).split()
+    return max(_f1(p, normalize_answer(g).split()) for g in golds)
+
+
+def match_tokens(text: str) -> list[str]:
+    """Tokens for has_answer: lowercase, punctuation turned into spaces (not deleted), articles
+    dropped, split on whitespace. Like DPR's tokenizer, which splits punctuation off, so
+    "Seurat's" holds the token "seurat" (SQuAD's deletion would make it "seurats").
+
+    >>> match_tokens("Georges Seurat's most famous work")
+    ['georges', 'seurat', 's', 'most', 'famous', 'work']
+    """
+    s = "".join(" " if ch in _PUNCT else ch for ch in text.lower())
+    return _ARTICLES.sub(" ", s).split()
+
+
+def _contains(hay: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    return n > 0 and any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
+
+
+def has_answer(text: str, golds: list[str]) -> bool:
+    """True when some gold answer's tokens occur as a contiguous token sequence in `text`
+    (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
+    "19612", nor "art" in "party".
+
+    >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
+    (True, False)
+    """
+    hay = match_tokens(text)
+    return any(_contains(hay, match_tokens(g)) for g in golds)
+
+
+def contains_answer(prediction: str, golds: list[str]) -> float:
+    """A lenient accuracy for chatty generators: 1.0 if has_answer(prediction, golds), else 0.0.
+
+    >>> contains_answer("It was painted by Georges Seurat.", ["Seurat"])
+    1.0
+    """
+    return float(has_answer(prediction, golds))
+
+
+def first_hit(passage_texts: list[str], golds: list[str]) -> int | None:
+    """1-based rank of the first passage that has an answer, or None."""
+    return next((r for r, t in enumerate(passage_texts, 1) if has_answer(t, golds)), None)
+
+
+def recall_at_k(hit_ranks: list[int | None], k: int) -> float:
+    """recall@k = (1/N) * #{questions whose first answer-bearing passage has rank <= k}.
+
+    hit_ranks: per question, `first_hit` over its ranked passages (None = no hit).
+    >>> recall_at_k([1, 3, None, 7], 5)  # 2 of 4 questions have a hit in their top 5
+    0.5
+    """
+    if not hit_ranks:
+        raise ValueError("recall@k of zero questions is undefined: evaluate at least one question.")
+    return sum(r is not None and r <= k for r in hit_ranks) / len(hit_ranks)
+
+
+def passage_text(p) -> str:
+    """What has_answer searches: the title and the text, as the generator sees them."""
+    return f"{p.title}. {p.text}"
+
+
+# ---------------------------------------------------------------- QA files
+
+
+@dataclass
+class QAItem:
+    question: str
+    answers: list[str]
+    meta: dict = field(default_factory=dict)  # any other fields of the line (type, topic, source)
+
+    @property
+    def type(self) -> str:
+        return str(self.meta.get("type", "?"))
+
+
+def parse_qa_line(line: str, where: str) -> QAItem:
+    """One JSONL line -> QAItem, or a ValueError naming `where` (file:line) and the fix."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON ({e.msg}): write one JSON object per line.") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f'{where} is a JSON {type(obj).__name__}, not an object: write {{"question": ..., "answers": [...]}}.')
+    missing = [k for k in ("question", "answers") if k not in obj]
+    if missing:
+        raise ValueError(
+            f'{where} is missing {" and ".join(repr(m) for m in missing)}: each line needs '
+            '{"question": "...", "answers": ["...", ...]}.'
+        )
+    q, answers = obj.pop("question"), obj.pop("answers")
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f'{where}: "question" must be a non-empty string.')
+    if isinstance(answers, str):
+        raise ValueError(f'{where}: "answers" must be a list of strings, e.g. ["{answers}"], not a string.')
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise ValueError(f'{where}: "answers" must be a non-empty list of non-empty strings.')
+    if not all(normalize_answer(a) for a in answers):
+        raise ValueError(f'{where}: an answer in {answers} is empty after normalisation (only punctuation or articles).')
+    return QAItem(q.strip(), answers, obj)
+
+
+def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
+    """Read a QA JSONL file; blank lines are skipped; `limit` keeps the first N questions."""
+    path = Path(path)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit!r} is out of range: use a positive number of questions.")
+    if not path.is_file():
+        raise ValueError(f"QA file {path} not found: pass --qa with a JSONL file (e.g. assets/qa_dev.jsonl).")
+    items = [
+        parse_qa_line(line, f"{path.name} line {n}")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if line.strip()
+    ]
+    if not items:
+        raise ValueError(f"{path} holds no questions: write one JSON object per line.")
+    return items[:limit]
+
+
+def parse_modes(text: str) -> list[str]:
+    """"closed-book,sequence,token" (or "all") -> a list of known modes, in the order given."""
+    modes = list(MODES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"unknown mode(s) {unknown or [text]}: use a comma-separated list of {', '.join(MODES)}, or all.")
+    return list(dict.fromkeys(modes))
+
+
+def parse_retrievers(text: str) -> list[str]:
+    names = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = [r for r in names if r not in RETRIEVERS]
+    if unknown or not names:
+        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of {', '.join(RETRIEVERS)}.")
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def machine_info() -> dict:
+    import os
+
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_name()}
+    try:
+        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _answer_with_passages(pipe, question: str, mode: str, passages, scores, timings: dict, s: RagSettings):
+    """A RAG answer from given passages (BM25's). Uses RagPipeline._rag: pipeline.py has no
+    public "answer from these passages" entry point yet."""
+    return pipe._rag(question, mode, pipe.stack.modes[mode], passages, scores, timings, s)
+
+
+def _dense_scores(pipe, mode: str, question: str, passages):
+    """Dense retrieval scores q(x)·d(z) of given passages under `mode`'s question encoder (K,)."""
+    import numpy as np
+    import torch
+
+    qv = pipe.stack.modes[mode].question_encoder.encode_questions([question])  # (1, D)
+    rows = [pipe.index.corpus.position(p.id) for p in passages]
+    return torch.from_numpy((pipe.index.embeddings[rows] @ qv[0]).astype(np.float32))  # (K,)
+
+
+def evaluate(
+    pipe,
+    items: list[QAItem],
+    modes: list[str],
+    settings: RagSettings,
+    retrievers: list[str] = ("dense", "bm25"),
+    bm25=None,
+    progress: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> dict:
+    """Answer every question in every mode (RAG modes once per retriever in `retrievers`),
+    score recall@1/5/20 of both retrievers, EM / F1 / contains per (mode, retriever).
+
+    Returns the report dict that `format_report` prints and the CLI saves as JSON.
+    """
+    from tqdm import tqdm
+
+    from .bm25 import BM25Retriever
+
+    if not items:
+        raise ValueError("no questions to evaluate: pass a QA file with at least one question.")
+    n_pass = len(pipe.index)
+    if settings.k > n_pass:
+        raise ValueError(f"k={settings.k} is more than the {n_pass} passages of the corpus: choose k from 1 to {n_pass}.")
+    if bm25 is None:
+        if say:
+            say(f"Building the BM25 index of {n_pass} passages ...")
+        bm25 = BM25Retriever(pipe.index.corpus)
+    depth = min(max(max(RECALL_KS), settings.k), n_pass)
+    rag_modes = [m for m in modes if m != "closed-book"]
+    enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses
+    dense_name = f"dense ({pipe.stack.modes[enc_mode].question_encoder.name})"
+    ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)"}
+    rows = [("closed-book", "-")] if "closed-book" in modes else []
+    rows += [(m, r) for r in retrievers for m in rag_modes]
+    records = []
+    hits: dict[str, list] = {"dense": [], "bm25": []}
+    ret_ms: dict[str, list] = {"dense": [], "bm25": []}
+    bar = tqdm(items, desc="eval", unit="q", file=sys.stderr, disable=not progress)
+    em_running: dict[str, list] = {}
+    for item in bar:
+        q = item.question
+        rec = {"question": q, "answers": item.answers, **item.meta, "retrieval": {}, "answers_by_row": {}}
+        # retrieval, both retrievers, to depth 20
+        ranked = {}
+        mm = pipe.stack.modes[enc_mode]
+        t0 = time.perf_counter()
+        qv = mm.question_encoder.encode_questions([q])  # (1, D)
+        d_scores, d_pass = pipe.index.search(qv, depth)
+        ret_ms["dense"].append(1000 * (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        b_scores, b_pass = bm25.search([q], depth)
+        ret_ms["bm25"].append(1000 * (time.perf_counter() - t0))
+        ranked["dense"], ranked["bm25"] = d_pass[0], b_pass[0]
+        for r, passages in ranked.items():
+            rank = first_hit([passage_text(p) for p in passages], item.answers)
+            hits[r].append(rank)
+            rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in passages[: settings.k]]}
+        # generation
+        for mode, r in rows:
+            if mode == "closed-book":
+                a = pipe.answer(q, "closed-book", settings)
+            elif r == "dense":
+                a = pipe.answer(q, mode, settings)
+            else:
+                passages = ranked["bm25"][: settings.k]
+                scores = _dense_scores(pipe, mode, q, passages)
+                a = _answer_with_passages(pipe, q, mode, passages, scores, {"encode": 0.0, "retrieve": 0.0}, settings)
+            key = f"{mode}|{r}"
+            rec["answers_by_row"][key] = {
+                "text": a.text, "em": exact_match(a.text, item.answers), "f1": f1_score(a.text, item.answers),
+                "contains": contains_answer(a.text, item.answers), "seconds": a.timings["total"],
+                "n_tokens": len(a.token_ids), "docs": [d.id for d in a.docs],
+            }
+            em_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
+        records.append(rec)
+        bar.set_postfix({k.split("|")[0][:3] + ("/bm25" if k.endswith("bm25") else ""): f"{sum(v) / len(v):.2f}"
+                         for k, v in em_running.items()}, refresh=False)
+    bar.close()
+    return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth) -> dict:
+    retrieval = {
+        ret_names[r]: {
+            **{f"recall@{k}": recall_at_k(hits[r], min(k, depth)) for k in RECALL_KS},
+            "ms_per_question_p50": statistics.median(ret_ms[r]),
+        }
+        for r in ("dense", "bm25")
+    }
+    generation = []
+    types = sorted({it.type for it in items})
+    for mode, r in rows:
+        key = f"{mode}|{r}"
+        res = [rec["answers_by_row"][key] for rec in records]
+        row = {
+            "mode": mode, "retriever": r if r == "-" else ret_names[r],
+            "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
+            "contains": _mean(x["contains"] for x in res), "n": len(res),
+            "seconds_p50": statistics.median(x["seconds"] for x in res),
+            "tokens_mean": _mean(x["n_tokens"] for x in res),
+            "by_type": {
+                t: {"n": sum(rec.get("type", "?") == t for rec in records),
+                    "f1": _mean(x["f1"] for x, rec in zip(res, records) if rec.get("type", "?") == t),
+                    "contains": _mean(x["contains"] for x, rec in zip(res, records) if rec.get("type", "?") == t)}
+                for t in types
+            },
+        }
+        generation.append(row)
+    return {
+        "n_questions": len(items),
+        "stack": pipe.stack.describe(),
+        "corpus": {"name": pipe.index.corpus.name, "passages": len(pipe.index)},
+        "settings": {"k": settings.k, "num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens,
+                     "sequence_decoding": settings.sequence_decoding, "modes": modes, "retrievers": list(retrievers)},
+        "retrieval": retrieval,
+        "generation": generation,
+        "machine": machine_info(),
+        "questions": records,
+        "notes": [
+            "recall@k: a gold answer's tokens occur contiguously in the title + text of a top-k passage "
+            "(DPR has_answer; punctuation split off, articles dropped).",
+            "EM/F1: SQuAD v1.1 normalisation, max over gold answers. contains: a gold answer's tokens occur "
+            "in the prediction (lenient; for chatty generators).",
+            "BM25 rows: BM25 picks the K passages; p(z|x) is the dense question encoder's softmax over them.",
+        ],
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}"
+
+
+def format_report(report: dict) -> str:
+    """Markdown: a retrieval table, an answer table, and answer F1 by question type."""
+    s = report["settings"]
+    c = report["corpus"]
+    lines = [
+        f"### Retrieval ({report['n_questions']} questions, {c['name']}, {c['passages']} passages)",
+        "",
+        "| retriever | recall@1 | recall@5 | recall@20 | retrieve p50 (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in report["retrieval"].items():
+        lines.append(f"| {name} | {_pct(r['recall@1'])} | {_pct(r['recall@5'])} | {_pct(r['recall@20'])} "
+                     f"| {r['ms_per_question_p50']:.0f} |")
+    lines += [
+        "",
+        f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
+        f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']})",
+        "",
+        "| mode | passages from | EM | F1 | contains | s/answer p50 | tokens/answer |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    titles = {"closed-book": "Closed-book", "sequence": "RAG-Sequence", "token": "RAG-Token"}
+    for g in report["generation"]:
+        lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {_pct(g['em'])} | {_pct(g['f1'])} "
+                     f"| {_pct(g['contains'])} | {g['seconds_p50']:.1f} | {g['tokens_mean']:.1f} |")
+    gens = report["generation"]
+    if gens:
+        types = list(gens[0]["by_type"])
+        counts = {t: gens[0]["by_type"][t]["n"] for t in types}
+        lines += ["", "### F1 / contains by question type", "",
+                  "| mode | passages from | " + " | ".join(f"{t} (n={counts[t]})" for t in types) + " |",
+                  "|---|---|" + "---:|" * len(types)]
+        for g in gens:
+            cells = " | ".join(f"{_pct(g['by_type'][t]['f1'])} / {_pct(g['by_type'][t]['contains'])}" for t in types)
+            lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {cells} |")
+    m = report["machine"]
+    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['threads']} threads), "
+              f"load average at the end {m.get('load_avg', '?')}. Scores in %."]
+    lines += [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines)
+
+
+def save_report(report: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+    return path

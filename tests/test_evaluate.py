@@ -1,0 +1,260 @@
+"""Evaluation: the metrics on worked examples, the QA file checks, both retrievers on a
+3-passage corpus, and one small end-to-end run on tiny random RAG checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
+
+from rag_demo import evaluate as ev  # noqa: E402
+from rag_demo.corpus import corpus_from_documents  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------- normalisation, EM, F1
+
+
+def test_docstring_examples_hold():
+    """The worked examples in the metric docstrings are run, so they cannot drift."""
+    import doctest
+
+    result = doctest.testmod(ev)
+    assert result.attempted >= 8 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The Starry Night", "starry night"),  # lowercase, article dropped
+        ("  A  Sunday\tAfternoon! ", "sunday afternoon"),  # whitespace collapsed, punctuation deleted
+        ("Seurat's", "seurats"),  # SQuAD deletes punctuation (no space)
+        ("299,792,458", "299792458"),
+        ("Theatre and anthem", "theatre and anthem"),  # 'the'/'an' inside words stay
+        ("an apple, the pear", "apple pear"),
+    ],
+)
+def test_normalize_answer(text, expected):
+    assert ev.normalize_answer(text) == expected
+
+
+def test_exact_match_is_max_over_golds():
+    """EM("Seurat", ["Georges Seurat", "Seurat"]) = max(0, 1) = 1; "Georges" matches neither."""
+    assert ev.exact_match("Seurat.", ["Georges Seurat", "Seurat"]) == 1.0
+    assert ev.exact_match("the Seurat", ["Georges Seurat"]) == 0.0
+    assert ev.exact_match("Georges", ["Georges Seurat", "Seurat"]) == 0.0
+
+
+def test_f1_worked_examples():
+    """pred "by Georges Seurat" vs gold "Georges Seurat": common 2, P = 2/3, R = 2/2,
+    F1 = 2*(2/3)*1/(2/3+1) = 0.8. Against gold "Seurat": common 1, P = 1/3, R = 1, F1 = 0.5.
+    Max over golds = 0.8."""
+    assert ev.f1_score("by Georges Seurat", ["Georges Seurat"]) == pytest.approx(0.8)
+    assert ev.f1_score("by Georges Seurat", ["Seurat"]) == pytest.approx(0.5)
+    assert ev.f1_score("by Georges Seurat", ["Seurat", "Georges Seurat"]) == pytest.approx(0.8)
+
+
+def test_f1_counts_repeated_tokens_once_per_match():
+    """pred "paris paris" vs gold "paris": multiset overlap 1, P = 1/2, R = 1, F1 = 2/3."""
+    assert ev.f1_score("Paris Paris", ["Paris"]) == pytest.approx(2 / 3)
+
+
+def test_f1_edge_cases():
+    assert ev.f1_score("", ["Paris"]) == 0.0
+    assert ev.f1_score("London", ["Paris"]) == 0.0
+    assert ev.f1_score("The Paris.", ["paris"]) == 1.0
+
+
+# ---------------------------------------------------------------- has_answer, recall@k
+
+
+def test_has_answer_is_token_sequence_match():
+    assert ev.has_answer("Georges Seurat's most famous work", ["Seurat"])  # punctuation split off
+    assert ev.has_answer("built on 13 August 1961 by the GDR", ["13 August 1961"])
+    assert not ev.has_answer("19612 people", ["1961"])  # no partial-token match
+    assert not ev.has_answer("a party in Paris", ["art"])
+    assert not ev.has_answer("August 13, 1961", ["13 August 1961"])  # order matters
+    assert ev.has_answer("The speed is 299,792,458 m/s", ["299,792,458"])
+
+
+def test_recall_at_k_worked_example():
+    """first hits at ranks [1, 3, None, 7]: recall@1 = 1/4, recall@5 = 2/4, recall@20 = 3/4."""
+    ranks = [1, 3, None, 7]
+    assert ev.recall_at_k(ranks, 1) == 0.25
+    assert ev.recall_at_k(ranks, 5) == 0.5
+    assert ev.recall_at_k(ranks, 20) == 0.75
+    with pytest.raises(ValueError, match="zero questions"):
+        ev.recall_at_k([], 5)
+
+
+def test_first_hit():
+    texts = ["Paris is in France.", "The Nile is long.", "Paris again."]
+    assert ev.first_hit(texts, ["Nile"]) == 2
+    assert ev.first_hit(texts, ["paris"]) == 1
+    assert ev.first_hit(texts, ["Seine"]) is None
+
+
+# ---------------------------------------------------------------- QA files
+
+
+def _write(tmp_path, lines: list[str]) -> Path:
+    p = tmp_path / "qa.jsonl"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def test_load_qa_keeps_extra_fields_and_skips_blank_lines(tmp_path):
+    p = _write(tmp_path, ['{"question": "Q1?", "answers": ["a1"], "type": "who"}', "", '{"question": "Q2?", "answers": ["x", "y"]}'])
+    items = ev.load_qa(p)
+    assert [i.question for i in items] == ["Q1?", "Q2?"]
+    assert items[0].type == "who" and items[1].answers == ["x", "y"]
+    assert len(ev.load_qa(p, limit=1)) == 1
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"question": "Q?", "answers": ["a"]', r"qa.jsonl line 2 is not valid JSON"),
+        ('{"question": "Q?"}', r"line 2 is missing 'answers'"),
+        ('{"answers": ["a"]}', r"line 2 is missing 'question'"),
+        ('{"question": "Q?", "answers": "a"}', r"list of strings"),
+        ('{"question": "Q?", "answers": []}', r"non-empty list"),
+        ('["Q?", ["a"]]', r"not an object"),
+        ('{"question": "Q?", "answers": ["the"]}', r"empty after normalisation"),
+    ],
+)
+def test_load_qa_errors_name_the_line_and_the_fix(tmp_path, line, message):
+    p = _write(tmp_path, ['{"question": "ok?", "answers": ["ok"]}', line])
+    with pytest.raises(ValueError, match=message):
+        ev.load_qa(p)
+
+
+def test_load_qa_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="not found: pass --qa"):
+        ev.load_qa(tmp_path / "nope.jsonl")
+
+
+def test_parse_modes_and_retrievers():
+    assert ev.parse_modes("closed-book, token") == ["closed-book", "token"]
+    assert ev.parse_modes("all") == ["sequence", "token", "closed-book"]
+    with pytest.raises(ValueError, match="unknown mode.*'tokens'.*closed-book"):
+        ev.parse_modes("tokens")
+    with pytest.raises(ValueError, match="unknown retriever"):
+        ev.parse_retrievers("dense,tfidf")
+
+
+def test_dev_set_is_well_formed_and_answerable_from_the_corpus():
+    """assets/qa_dev.jsonl: >= 60 varied questions; each has an answer stated in its source article's summary."""
+    from rag_demo.corpus import vital_articles_path
+
+    items = ev.load_qa(ROOT / "assets" / "qa_dev.jsonl")
+    assert len(items) >= 60
+    assert {"who", "when", "where", "what"} <= {i.type for i in items}
+    assert len({i.meta["topic"] for i in items}) >= 5
+    assert len({i.question for i in items}) == len(items)
+    articles = json.loads(vital_articles_path().read_text(encoding="utf-8"))
+    for i in items:
+        assert ev.has_answer(articles[i.meta["source"]]["extract"], i.answers), i.question
+
+
+# ---------------------------------------------------------------- retrievers on a 3-passage corpus
+
+DOCS = [
+    ("The Starry Night", "The Starry Night is an oil painting by the Dutch painter Vincent van Gogh, painted in June 1889.", None),
+    ("Paris", "Paris is the capital and largest city of France, on the river Seine.", None),
+    ("Apollo 11", "Apollo 11 was the spaceflight that first landed humans on the Moon, on July 20, 1969.", None),
+]
+QUESTIONS = [
+    ev.QAItem("Who painted The Starry Night?", ["Vincent van Gogh", "van Gogh"], {"type": "who"}),
+    ev.QAItem("Which river flows through Paris?", ["Seine"], {"type": "what"}),
+    ev.QAItem("When did Apollo 11 land on the Moon?", ["July 20, 1969", "1969"], {"type": "when"}),
+]
+
+
+def test_bm25_recall_at_k_on_three_passages():
+    """BM25 ranks each question's own passage first: recall@1 = 3/3. A question whose answer is
+    in no passage never counts."""
+    from rag_demo.bm25 import BM25Retriever
+
+    corpus = corpus_from_documents("three", DOCS)
+    bm25 = BM25Retriever(corpus)
+    scores, passages = bm25.search([q.question for q in QUESTIONS], 3)
+    assert scores.shape == (3, 3)
+    assert [row[0].title for row in passages] == ["The Starry Night", "Paris", "Apollo 11"]
+    ranks = [ev.first_hit([ev.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
+    assert ranks == [1, 1, 1]
+    assert ev.recall_at_k(ranks, 1) == 1.0
+    _, none = bm25.search(["Who wrote Hamlet?"], 3)
+    assert ev.first_hit([ev.passage_text(p) for p in none[0]], ["Shakespeare"]) is None
+    with pytest.raises(ValueError, match="k=4 is out of range"):
+        bm25.search(["x"], 4)
+
+
+def test_bm25_question_without_words_does_not_crash():
+    from rag_demo.bm25 import BM25Retriever
+
+    bm25 = BM25Retriever(corpus_from_documents("three", DOCS))
+    scores, passages = bm25.search(["?!", "xyzzy qwerty"], 2)
+    assert scores.shape == (2, 2) and len(passages[1]) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_pipe(tmp_path_factory):
+    """The paper stack built from tiny random checkpoints, over the 3-passage corpus."""
+    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.random_models import make_random_rag_checkpoints
+
+    root = tmp_path_factory.mktemp("evalrag")
+    paths = make_random_rag_checkpoints(root / "ckpt", size="tiny")
+    spec = StackSpec(name="paper", rag_token=str(paths["rag_token"]), rag_sequence=str(paths["rag_sequence"]),
+                     ctx_encoder=str(paths["ctx_encoder"]), cache_dir=root / "cache")
+    settings = RagSettings(k=2, max_new_tokens=4)
+    return RagPipeline.load(spec, corpus=corpus_from_documents("three", DOCS), settings=settings)
+
+
+def test_dense_recall_at_k_on_three_passages(tiny_pipe):
+    """With every passage retrieved (k = 3 = corpus size), recall is 1 whatever the (random)
+    encoder ranks first; at k = 1 it is the fraction whose own passage came first."""
+    qv = tiny_pipe.stack.modes["token"].question_encoder.encode_questions([q.question for q in QUESTIONS])
+    _, passages = tiny_pipe.index.search(qv, 3)
+    ranks = [ev.first_hit([ev.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
+    assert all(r is not None for r in ranks)
+    assert ev.recall_at_k(ranks, 3) == 1.0
+    assert ev.recall_at_k(ranks, 1) == sum(row[0].title == d[0] for row, d in zip(passages, DOCS)) / 3
+
+
+def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
+    """Two questions, three modes, both retrievers: every row is scored, recall is right for
+    the 3-passage corpus, and the report prints and round-trips through JSON."""
+    from rag_demo.config import RagSettings
+
+    settings = RagSettings(k=2, max_new_tokens=4)
+    report = ev.evaluate(tiny_pipe, QUESTIONS[:2], ["closed-book", "sequence", "token"], settings,
+                         ["dense", "bm25"], progress=False)
+    rows = [(g["mode"], g["retriever"].split(" ")[0]) for g in report["generation"]]
+    assert rows == [("closed-book", "-"), ("sequence", "dense"), ("token", "dense"), ("sequence", "BM25"), ("token", "BM25")]
+    bm25 = next(v for k, v in report["retrieval"].items() if k.startswith("BM25"))
+    assert bm25["recall@1"] == 1.0 and bm25["recall@20"] == 1.0  # depth is capped at the 3 passages
+    dense = next(v for k, v in report["retrieval"].items() if k.startswith("dense"))
+    assert dense["recall@20"] == 1.0
+    for g in report["generation"]:
+        assert g["n"] == 2 and 0.0 <= g["em"] <= g["f1"] + 1e-9 <= 1.0 + 1e-9
+    for rec in report["questions"]:
+        assert len(rec["answers_by_row"]) == 5
+        assert rec["answers_by_row"]["token|bm25"]["docs"] == rec["retrieval"]["bm25"]["top"]
+    text = ev.format_report(report)
+    assert "| RAG-Token | BM25" in text and "recall@20" in text
+    saved = ev.save_report(report, tmp_path / "r.json")
+    assert json.loads(saved.read_text())["n_questions"] == 2
+
+
+def test_cli_eval_rejects_bad_modes(tmp_path, capsys):
+    from rag_demo.cli import main
+
+    qa = _write(tmp_path, ['{"question": "Q?", "answers": ["x1"]}'])
+    assert main(["eval", "--qa", str(qa), "--modes", "token,rag"]) == 2
+    assert "unknown mode" in capsys.readouterr().err
