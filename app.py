@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from rag_demo.config import STACKS
-from rag_demo.ui import PipelinePool, build_app, launch, stack_factory
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage pings from a demo
+
+from rag_demo.config import STACKS  # noqa: E402
+from rag_demo.ui import PipelinePool, build_app, launch, stack_factory  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,8 +36,13 @@ def main(argv: list[str] | None = None) -> None:
         files = list(args.corpus_file)
         corpus_fn = lambda: load_documents(files, name="Demo documents")  # noqa: E731
     pool = PipelinePool(stack_factory(corpus_fn))
-    pool.start(args.stack)  # load in the background; the page shows the progress
-    demo = build_app(pool, default_stack=args.stack)
+    stack = args.stack
+    reason = pool.unavailable(stack)
+    if reason:
+        print(f"[rag-demo] the {stack} stack is unavailable ({reason}); serving the offline stack", file=sys.stderr)
+        stack = "offline"
+    pool.start(stack)  # load in the background; the page shows the progress
+    demo = build_app(pool, default_stack=stack)
     launch(demo, server_name=args.host, server_port=args.port)
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ ATTRIBUTION = {  # what a heatmap row means (DESIGN.md section 3)
     "token": "row i is p(z | x, y_i, y_<i) ∝ p(z|x)·p(y_i | x, z, y_<i): which passage token i came from "
     "(the paper's Fig. 2).",
 }
+POSTERIOR_HEADS = {  # (column head, hover text) of each mode's passage posterior in the passage table
+    "sequence": ("p(z|x,y)",
+                 "RAG-Sequence: p(z | x, y) ∝ p(z|x) Π_i p(y_i | x, z, y_<i), the answer's passage posterior"),
+    "token": ("mean p(z|x,y_i)", "RAG-Token: p(z | x, y_i, y_<i) averaged over the answer's tokens"),
+}
 STAGES = ("encode", "retrieve", "generate", "attribute")
 STACK_BLURB = {
     "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
@@ -80,6 +86,7 @@ VITAL_EXAMPLES = (
 MAX_UPLOAD_FILES = 20
 QUEUE_CONCURRENCY = 1  # the models are not shared across threads mid-forward: one model call at a time
 QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
+HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
 STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -94,12 +101,16 @@ def _log(msg: str) -> None:
 
 def default_unavailable(stack: str) -> str | None:
     """Why `stack` cannot be loaded here, or None. The paper stack needs the Hub unless its three
-    checkpoints are in the local Hugging Face cache; the check is a 3 s socket probe at most."""
+    checkpoints are in the local Hugging Face cache; the probe takes HUB_PROBE_S at most."""
     if stack != "paper":
         return None
     from .stacks import hub_unavailable_reason
 
-    reason = hub_unavailable_reason()
+    found: list[str | None] = []
+    probe = threading.Thread(target=lambda: found.append(hub_unavailable_reason()), daemon=True)
+    probe.start()
+    probe.join(HUB_PROBE_S)  # a stuck DNS lookup is not covered by the socket timeout
+    reason = found[0] if found else f"huggingface.co did not answer within {HUB_PROBE_S:.0f} s"
     if reason is None:
         return None
     try:
@@ -147,7 +158,8 @@ class PipelinePool:
     """One loaded pipeline per stack, loaded lazily in a background thread on first use.
 
     `get` waits for the load and relays its progress; `lock` serialises model calls (the queue
-    already runs one model event at a time; the lock keeps it safe under any queue setting).
+    already runs one model event at a time; the lock keeps it safe under any queue setting, and
+    for events outside that group, such as switching stacks, which may wait minutes for a load).
     """
 
     def __init__(
@@ -174,7 +186,8 @@ class PipelinePool:
             return pipelines
         if hasattr(pipelines, "answer_modes"):
             corpus = pipelines.index.corpus
-            return cls(stack_factory(lambda: corpus, pipelines.settings), {pipelines.stack.name: pipelines}, unavailable)
+            factory = stack_factory(lambda: corpus, pipelines.settings)
+            return cls(factory, {pipelines.stack.name: pipelines}, unavailable)
         return cls(pipelines, None, unavailable)
 
     def unavailable(self, stack: str) -> str | None:
@@ -188,9 +201,16 @@ class PipelinePool:
     def loaded(self, stack: str) -> Any | None:
         return self._pipes.get(stack)
 
+    def loaded_stacks(self) -> list[str]:
+        return list(self._pipes)
+
     def loading(self, stack: str) -> bool:
         t = self._threads.get(stack)
         return stack not in self._pipes and t is not None and t.is_alive()
+
+    def error(self, stack: str) -> str | None:
+        """Why the last load of `stack` failed (None: it did not)."""
+        return self._errors.get(stack)
 
     def progress(self, stack: str) -> tuple[float | None, str]:
         return self._progress.get(stack, (None, "waiting to load"))
@@ -213,9 +233,8 @@ class PipelinePool:
             _log(msg)
 
         t0 = time.perf_counter()
-        try:
-            with self.lock:
-                pipe = self._factory(stack, report)
+        try:  # not under `lock`: loading a stack touches only its own models, others keep answering
+            pipe = self._factory(stack, report)
             self._pipes[stack] = pipe
             report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
         except Exception as e:  # noqa: BLE001 - shown to the user, the app keeps serving
@@ -322,10 +341,9 @@ def badge(rank: int, title: str | None = None) -> str:
 
 
 def show_token(tok: str) -> str:
-    """A token piece as it reads in a heatmap row: newlines and bare spaces made visible."""
-    if tok == "":
-        return "∅"
-    return tok.replace("\n", "↵").replace("\t", "⇥") if tok.strip() else tok.replace("\n", "↵") or "␣"
+    """A token piece as a heatmap row label: newlines, tabs and all-space pieces made visible."""
+    shown = tok.replace("\n", "↵").replace("\t", "⇥")
+    return shown if shown.strip() else (shown.replace(" ", "␣") or "∅")
 
 
 def plural(n: int, word: str) -> str:
@@ -422,10 +440,11 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
     )
     if a is None:
-        return f'<div class="rag-card rag-card-{mode}">{head}<div class="rag-placeholder">Ask a question to see this answer.</div></div>'
+        wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
+        return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
     text = a["text"].strip()
-    answer = (
-        f'<div class="rag-answer">{esc(text)}</div>' if text else '<div class="rag-answer rag-empty">(empty answer)</div>'
+    answer = f'<div class="rag-answer">{esc(text)}</div>' if text else (
+        '<div class="rag-answer rag-empty">(empty answer)</div>'
     )
     lp_s = _fmt_lp(a["sequence_logprob"])
     k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""
@@ -485,7 +504,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
         corpus = answers[modes[0]]["corpus"]
         who = "" if g == "all" else f" for {' and '.join(MODE_TITLES[m] for m in modes)}"
         post_heads = "".join(
-            f'<th title="{esc(ATTRIBUTION[m])}">{MODE_TITLES[m]}<br>p(z|x,y)</th>' for m in modes
+            f'<th title="{esc(POSTERIOR_HEADS[m][1])}">{MODE_TITLES[m]}<br>{POSTERIOR_HEADS[m][0]}</th>' for m in modes
         )
         rows = []
         for i, d in enumerate(docs):
@@ -500,7 +519,8 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
                 f'<td class="rag-num">{d["score"]:.3f}</td>{_prob_cell(d["prior"])}{posts}</tr>'
             )
         out.append(
-            f'<div class="rag-passages"><h3>Retrieved passages{who} <small>(top {len(docs)} of {esc(corpus)})</small></h3>'
+            f'<div class="rag-passages"><h3>Retrieved passages{who} '
+            f'<small>(top {len(docs)} of {esc(corpus)})</small></h3>'
             f'<table class="rag-ptable"><thead><tr><th>#</th><th>passage</th><th title="retrieval inner product '
             f'q(x)·d(z)">score<br>q(x)·d(z)</th><th title="softmax of the scores over the K passages">prior<br>p(z|x)'
             f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
@@ -520,7 +540,7 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None) -> st
         pipe = pool.loaded(s.stack)
     if pipe is None:
         frac, msg = pool.progress(s.stack)
-        err = pool._errors.get(s.stack)
+        err = pool.error(s.stack)
         if err:
             return f'<div class="rag-status rag-error">Could not load the <b>{esc(s.stack)}</b> stack: {esc(err)}</div>'
         pct = 100 * (frac or 0.0)
@@ -529,7 +549,7 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None) -> st
             f'<div class="rag-bar"><div style="width:{pct:.0f}%"></div></div></div>'
         )
     index = active_index(s, pipe) if s.stack == pipe.stack.name else pipe.index
-    edits = f'<span class="rag-tag">{len(s.edits)} passage(s) edited in your copy</span>' if s.edits else ""
+    edits = f'<span class="rag-tag">{plural(len(s.edits), "passage")} edited in your copy</span>' if s.edits else ""
     return (
         f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}">'
         f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
@@ -538,18 +558,18 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None) -> st
 
 
 def example_questions(corpus: Any, n: int = 6) -> list[str]:
-    """Clickable questions for the live corpus: a curated list for Vital Articles (kept only when
-    their article is there), template questions over document titles otherwise."""
-    titles = list(dict.fromkeys(p.title for p in corpus.passages))
+    """Clickable questions for the live corpus: a curated list for Vital Articles (a test checks
+    their articles are in it), template questions over document titles otherwise (titles made up
+    for untitled CSV rows / JSONL lines are skipped)."""
     if corpus.name == VITAL_ARTICLES_NAME:
         return list(VITAL_EXAMPLES)
-    titles = [t for t in titles if not re.search(r" (row|line) \d+$", t)]
+    titles = [t for t in dict.fromkeys(p.title for p in corpus.passages) if not re.search(r" (row|line) \d+$", t)]
     templates = ("What is {}?", "What do the documents say about {}?", "Tell me about {}.")
     return [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]
 
 
 def corpus_choices(pool: PipelinePool, s: Session) -> list[tuple[str, str]]:
-    pipe = pool.loaded(s.stack) or next(iter(pool._pipes.values()), None)
+    pipe = pool.loaded(s.stack) or next((pool.loaded(n) for n in pool.loaded_stacks()), None)
     builtin = pipe.index.corpus.name if pipe else VITAL_ARTICLES_NAME
     out = [(f"{builtin} (built in)", "builtin")]
     if s.upload is not None:
@@ -573,36 +593,41 @@ def passage_choices(s: Session) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- handlers
 
 
-def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
+@contextmanager
+def user_errors():
+    """Library ValueErrors become gr.Error: a visible message, and the app keeps serving."""
     try:
-        return RagSettings(
-            k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
-            sequence_decoding=str(sequence_decoding),
-        )
-    except (TypeError, ValueError) as e:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as e:
         raise gr.Error(str(e)) from e
+
+
+def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
+    with user_errors():
+        try:
+            return RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
+                               sequence_decoding=str(sequence_decoding))
+        except TypeError as e:
+            raise ValueError(f"settings must be numbers: {e}") from e
 
 
 def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None) -> dict:
     """The three answers, one mode at a time (so the progress bar can say which), as the JSON-able
     {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}."""
-    try:
+    with user_errors():
         q = check_question(question)
-    except ValueError as e:
-        raise gr.Error(str(e)) from e
     n = len(pipe.index)
     if settings.k > n:
-        gr.Warning(f"This corpus has only {n} passage(s): using K = {n} instead of {settings.k}.")
+        gr.Warning(f"This corpus has only {plural(n, 'passage')}: using K = {n} instead of {settings.k}.")
         settings = settings.merged(k=n)
     answers = {}
     for i, mode in enumerate(MODES):
         if progress:
             progress(i / len(MODES), desc=f"{MODE_TITLES[mode]}: retrieve, generate, attribute")
-        try:
-            with pool.lock:
-                answers[mode] = _finite(pipe.answer(q, mode, settings).to_dict())
-        except ValueError as e:
-            raise gr.Error(str(e)) from e
+        with user_errors(), pool.lock:
+            answers[mode] = _finite(pipe.answer(q, mode, settings).to_dict())
     return {
         "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
         "settings": dataclasses.asdict(settings), "answers": answers,
@@ -610,23 +635,24 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
 
 
 def _ask_outputs(result: dict, s: Session) -> tuple:
+    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, session) for an answer."""
     answers = result["answers"]
     anc = anchors(answers)
     docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
     s = dataclasses.replace(s, last_docs=tuple((d["id"], d["title"], d["text"]) for d in docs))
     choices = passage_choices(s)
-    first = choices[0][1] if choices else None
     return (
         *(render_answer(answers[m], anc.get(m, "rag-p-all-")) for m in MODES),
         render_passages(answers, s.edits),
         result,
-        gr.Dropdown(choices=choices, value=first),
+        gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),
         docs[0]["text"] if docs else "",
         s,
     )
 
 
 def _empty_outputs(s: Session) -> tuple:
+    """The same outputs, cleared (after the corpus or the stack changed)."""
     return (
         *(render_answer(None, mode=m) for m in MODES),
         render_passages({}),
@@ -637,22 +663,8 @@ def _empty_outputs(s: Session) -> tuple:
     )
 
 
-def _user_errors(fn):
-    """Library ValueErrors become gr.Error (a visible message; the app keeps serving)."""
-
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except ValueError as e:
-            raise gr.Error(str(e)) from e
-
-    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = fn.__name__, fn.__doc__, fn
-    import inspect
-
-    wrapped.__signature__ = inspect.signature(fn)
-    return wrapped
+def _examples(index: Any) -> gr.Dataset:
+    return gr.Dataset(samples=[[q] for q in example_questions(index.corpus)])
 
 
 def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[str, Callable]:
@@ -671,18 +683,18 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
             while pool.loading(s.stack):
                 now = render_status(pool, s)
                 if now != last:
-                    yield now, gr.Dataset(), gr.Dropdown(), gr.Dropdown(), s
+                    yield now, gr.skip(), gr.skip(), gr.skip(), s
                     last = now
                 time.sleep(0.3)
         try:
             pipe, s = session_pipeline(pool, s)
         except ValueError as e:
             gr.Warning(str(e))
-            yield render_status(pool, s), gr.Dataset(samples=[]), gr.Dropdown(), gr.Dropdown(), s
+            yield render_status(pool, s), gr.skip(), gr.skip(), gr.skip(), s
             return
         yield (
             render_status(pool, s, pipe),
-            gr.Dataset(samples=[[q] for q in example_questions(pipe.index.corpus)]),
+            _examples(active_index(s, pipe)),
             gr.Dropdown(choices=corpus_choices(pool, s), value=s.corpus),
             gr.Dropdown(choices=stack_choices(pool), value=s.stack),
             s,
@@ -692,9 +704,9 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         """Answer in all three modes from this session's corpus (upload and edits included)."""
         s = fresh(s)
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
-        check = _user_errors(check_question)
-        check(question)
-        pipe, s = _user_errors(session_pipeline)(pool, s, progress)
+        with user_errors():
+            check_question(question)
+            pipe, s = session_pipeline(pool, s, progress)
         result = _answer_all(pool, pipe, question, settings, progress)
         return (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
@@ -712,7 +724,8 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
-        pipe = _user_errors(pool.get)(stack)
+        with user_errors():
+            pipe = pool.get(stack)
         return _answer_all(pool, pipe, question, settings)
 
     def upload(files, s, progress=gr.Progress()):
@@ -723,31 +736,29 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
             raise gr.Error(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
         if len(paths) > MAX_UPLOAD_FILES:
             raise gr.Error(f"{len(paths)} files uploaded, over the limit of {MAX_UPLOAD_FILES}: upload fewer files.")
-        sizes = [Path(p).stat().st_size for p in paths]
-        if sum(sizes) > MAX_UPLOAD_BYTES:
+        total = sum(Path(p).stat().st_size for p in paths)
+        if total > MAX_UPLOAD_BYTES:
             raise gr.Error(
-                f"The upload is {sum(sizes) / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
+                f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
                 "in all: upload smaller or fewer files."
             )
         names = [Path(p).name for p in paths]
-        name = "Your documents: " + (", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}")
+        shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
         progress(0.0, desc="Reading and splitting the files")
-        try:
-            corpus = load_documents(paths, name=name)
-        except ValueError as e:
-            raise gr.Error(str(e)) from e
-        base = _user_errors(pool.get)(s.stack, lambda f, m: progress(f, desc=m))
+        with user_errors():
+            corpus = load_documents(paths, name=f"Your documents: {shown}")
+            base = pool.get(s.stack, lambda f, m: progress(f, desc=m))
         t0 = time.perf_counter()
         index = _embed(pool, base, corpus, progress)
         s = dataclasses.replace(
             s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
         )
-        gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(len(paths), 'file')} in {time.perf_counter() - t0:.1f} s: "
-                "questions are now answered from your documents.")
+        gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(len(paths), 'file')} in "
+                f"{time.perf_counter() - t0:.1f} s: questions are now answered from your documents.")
         return (
             render_status(pool, s, base),
             gr.Dropdown(choices=corpus_choices(pool, s), value="upload"),
-            gr.Dataset(samples=[[q] for q in example_questions(corpus)]),
+            _examples(index),
             *_empty_outputs(s),
         )
 
@@ -762,61 +773,61 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         if s.edits and choice != s.corpus:
             gr.Info("Your passage edits were dropped with the corpus switch.")
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
-        pipe, s = _user_errors(session_pipeline)(pool, s, progress)
+        with user_errors():
+            pipe, s = session_pipeline(pool, s, progress)
         return (
             render_status(pool, s, pipe),
             gr.Dropdown(choices=corpus_choices(pool, s), value=choice),
-            gr.Dataset(samples=[[q] for q in example_questions(active_index(s, pipe).corpus)]),
+            _examples(active_index(s, pipe)),
             *_empty_outputs(s),
         )
 
     def choose_stack(stack, s, progress=gr.Progress()):
-        """Switch this session's stack (loading it once, lazily); unavailable stacks are refused."""
+        """Switch this session's stack, loading it once (lazily, with progress). An unavailable
+        stack is refused at once with the reason, and the session stays where it was."""
         s = fresh(s)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
+        stay = (render_status(pool, s), gr.Dropdown(choices=stack_choices(pool), value=s.stack),
+                gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
         reason = pool.unavailable(stack)
         if reason:
             gr.Warning(f"The {stack} stack is unavailable here: {reason}. Staying on the {s.stack} stack.")
-            pipe, s = _user_errors(session_pipeline)(pool, s, progress)
-            return (render_status(pool, s, pipe), gr.Dropdown(value=s.stack),
-                    gr.Dataset(), *_empty_outputs(s))
+            return stay
+        if stack == s.stack:
+            return stay
         if s.edits:
             gr.Info("Your passage edits were dropped with the stack switch (the new retriever re-embeds passages).")
-        new = dataclasses.replace(s, stack=stack, edited=None, edits=())
         try:
-            pipe, new = session_pipeline(pool, new, progress)
+            pipe, new = session_pipeline(pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
         except ValueError as e:
-            gr.Warning(str(e))
-            pipe, s = _user_errors(session_pipeline)(pool, s, progress)
-            return (render_status(pool, s, pipe), gr.Dropdown(value=s.stack), gr.Dataset(), *_empty_outputs(s))
+            gr.Warning(f"{e} Staying on the {s.stack} stack.")
+            return stay
         return (
             render_status(pool, new, pipe),
-            gr.Dropdown(value=stack),
-            gr.Dataset(samples=[[q] for q in example_questions(active_index(new, pipe).corpus)]),
+            gr.Dropdown(choices=stack_choices(pool), value=stack),
+            _examples(active_index(new, pipe)),
             *_empty_outputs(new),
         )
 
     def pick_passage(pid, s):
         """Put the chosen passage's text into the edit box."""
-        s = fresh(s)
-        return next((text for i, _, text in s.last_docs if i == pid), "")
+        return next((text for i, _, text in fresh(s).last_docs if i == pid), "")
 
-    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, progress=gr.Progress()):
+    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s,
+                     progress=gr.Progress()):
         """Replace one passage's text in this session's copy of the index (re-embedded), then ask
         again: the answer follows the document, the models are unchanged."""
         s = fresh(s)
         if not pid:
             raise gr.Error("No passage chosen: ask a question first, then pick one of its passages to edit.")
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
-        _user_errors(check_question)(question)
-        pipe, s = _user_errors(session_pipeline)(pool, s, progress)
-        progress(0.0, desc="Re-embedding the edited passage")
-        try:
+        with user_errors():
+            check_question(question)
+            pipe, s = session_pipeline(pool, s, progress)
+            progress(0.0, desc="Re-embedding the edited passage")
             with pool.lock:
                 edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder)
-        except ValueError as e:
-            raise gr.Error(str(e)) from e
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
         result = _answer_all(pool, pipe, question, settings, progress)
@@ -841,7 +852,8 @@ INTRO = """<div class="rag-header"><h1>Retrieval-Augmented Generation, step by s
 <p>Ask a question. A retriever finds the <i>K</i> passages closest to it; a small generator reads each one and
 answers (<b>RAG-Sequence</b>: one passage per answer; <b>RAG-Token</b>: a new passage mix at every token). The
 closed-book answer uses no passages at all. Every answer token is coloured by the passage it leans on most
-(Lewis et al. 2020, <a href="https://arxiv.org/abs/2005.11401" target="_blank" rel="noopener">arXiv:2005.11401</a>).</p></div>"""
+(Lewis et al. 2020,
+<a href="https://arxiv.org/abs/2005.11401" target="_blank" rel="noopener">arXiv:2005.11401</a>).</p></div>"""
 
 HOW_IT_WORKS = r"""
 ### Retrieve, then generate
@@ -905,7 +917,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
     `launch(demo, ...)` (theme and CSS are launch() arguments in gradio 6)."""
     pool = PipelinePool.of(pipelines if pipelines is not None else stack_factory(), unavailable)
     if default_stack is None:
-        default_stack = next(iter(pool._pipes), "offline")
+        default_stack = next(iter(pool.loaded_stacks()), "offline")
     h = make_handlers(pool, default_stack)
     settings0 = RagSettings()
 
@@ -945,8 +957,8 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                             upload_btn = gr.Button("Split, embed and use these documents", elem_id="rag-upload")
                         with gr.Accordion("Settings", open=False, elem_id="rag-settings"):
                             k = gr.Slider(1, MAX_K, value=settings0.k, step=1, label="Passages K", elem_id="rag-k")
-                            beams = gr.Slider(1, MAX_BEAMS, value=settings0.num_beams, step=1, label="Beam size (1 = greedy)",
-                                              elem_id="rag-beams")
+                            beams = gr.Slider(1, MAX_BEAMS, value=settings0.num_beams, step=1,
+                                              label="Beam size (1 = greedy)", elem_id="rag-beams")
                             max_new = gr.Slider(1, MAX_NEW_TOKENS, value=settings0.max_new_tokens, step=1,
                                                 label="Max new tokens", elem_id="rag-max-new")
                             decoding = gr.Radio(list(SEQUENCE_DECODINGS), value=settings0.sequence_decoding,
@@ -1002,9 +1014,9 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
             h["choose_corpus"], inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="choose_corpus", **model,
         )
-        stack_dd.input(
+        stack_dd.input(  # not in the model group: a first load takes minutes and must not block questions
             h["choose_stack"], inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
-            api_name="choose_stack", **model,
+            api_name="choose_stack", concurrency_limit=None,
         )
         edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text],
                         api_visibility="private", queue=False)

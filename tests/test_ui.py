@@ -122,7 +122,7 @@ def test_passages_table_one_table_when_modes_share_docs():
     html = ui.render_passages(answers, edits=("b#0",))
     assert html.count("<table") == 1
     assert html.count("<tr id=") == 2 and 'id="rag-p-all-1"' in html
-    assert "RAG-Sequence<br>p(z|x,y)" in html and "RAG-Token<br>p(z|x,y)" in html
+    assert "RAG-Sequence<br>p(z|x,y)" in html and "RAG-Token<br>mean p(z|x,y_i)" in html
     assert 'href="https://en.wikipedia.org/wiki/The_Starry_Night"' in html  # linked title
     assert "0.800" in html and "0.700" in html  # retrieval score, prior
     assert html.count("edited by you") == 1
@@ -135,6 +135,11 @@ def test_passages_table_splits_when_modes_retrieved_differently():
     html = ui.render_passages(answers)
     assert html.count("<table") == 2 and "for RAG-Sequence" in html and "for RAG-Token" in html
     assert ui.anchors(answers) == {"sequence": "rag-p-sequence-", "token": "rag-p-token-"}
+
+
+def test_heatmap_labels_make_whitespace_visible():
+    assert [ui.show_token(t) for t in ("\n", " ", "", " Gogh", "\t")] == ["↵", "␣", "∅", " Gogh", "⇥"]
+    assert ui.plural(1, "passage") == "1 passage" and ui.plural(11485, "passage") == "11,485 passages"
 
 
 def test_example_questions():
@@ -163,6 +168,7 @@ def test_vital_examples_name_articles_in_the_corpus():
 class FakePipe:
     def __init__(self, name):
         self.stack = type("S", (), {"name": name, "describe": lambda self: f"{name}: fake"})()
+        self.index = type("I", (), {"corpus": Corpus("Fake corpus", [Passage("Mars#0", "Mars", "red")])})()
 
     def answer_modes(self, *a, **k):  # marks it as a pipeline for PipelinePool.of
         raise NotImplementedError
@@ -214,6 +220,24 @@ def test_pool_reports_a_failed_load_and_can_retry():
         pool.get("offline")
     assert "disk on fire" in ui.render_status(pool, ui.Session())
     assert pool.get("offline").stack.name == "offline"
+
+
+def test_page_load_streams_loading_progress_then_says_what_is_live():
+    def factory(stack, progress):
+        for i in range(3):
+            progress(i / 3, f"step {i}")
+            time.sleep(0.4)
+        return FakePipe(stack)
+
+    pool = ui.PipelinePool(factory, unavailable=fake_unavailable)
+    steps = list(ui.make_handlers(pool)["on_load"](None))
+    statuses = [step[0] for step in steps]
+    assert len(statuses) >= 3
+    assert all("Loading the <b>offline</b> stack" in st and "rag-bar" in st for st in statuses[:-1])
+    assert any("step 1" in st or "step 2" in st for st in statuses)
+    assert 'data-stack="offline"' in statuses[-1] and "Fake corpus" in statuses[-1] and "1 passage)" in statuses[-1]
+    assert steps[-1][1].raw_samples == [["What is Mars?"]]  # examples from the live corpus
+    assert isinstance(steps[-1][-1], ui.Session)
 
 
 def test_default_unavailable_names_the_reason_offline(monkeypatch):
@@ -286,12 +310,14 @@ def upload(c, *paths):
     return c.predict([handle_file(p) for p in paths], api_name="/upload")
 
 
+@pytest.mark.slow
 def test_named_endpoints_are_listed(app):
     names = set(client(app[1]).view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert {"/ask", "/ask_session", "/upload", "/choose_corpus", "/choose_stack", "/edit_passage",
             "/reset_edits", "/status"} <= names
 
 
+@pytest.mark.slow
 def test_ask_endpoint_returns_three_answers(app, small_pipe):
     r = client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask")
     assert set(r) == {"question", "stack", "corpus", "settings", "answers"}
@@ -314,6 +340,7 @@ def test_ask_endpoint_returns_three_answers(app, small_pipe):
     assert small_pipe.settings.k == 2  # the API left the shared pipeline's settings alone
 
 
+@pytest.mark.slow
 def test_ask_session_renders_answers_passages_tokens_heatmap(app):
     out = ask_session(client(app[1]), "Who painted The Starry Night?")
     status, seq, tok, cb, passages, raw, pick, text = out
@@ -327,6 +354,7 @@ def test_ask_session_renders_answers_passages_tokens_heatmap(app):
     assert val(pick) == "The Starry Night#0" and "Vincent van Gogh" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("question, message", [
     ("", "question is empty"),
     ("   ", "question is empty"),
@@ -343,6 +371,7 @@ def test_bad_questions_get_a_message_and_the_app_keeps_serving(app, question, me
     assert c.predict("What is Mars?", 1, 1, 2, "fast", "offline", api_name="/ask")["answers"]["token"]["text"]
 
 
+@pytest.mark.slow
 def test_bad_settings_get_a_message(app):
     from gradio_client.exceptions import AppError
 
@@ -355,11 +384,13 @@ def test_bad_settings_get_a_message(app):
         c.predict("What is Mars?", 2, 1, 4, "thorough", "paper", api_name="/ask")
 
 
+@pytest.mark.slow
 def test_k_over_the_corpus_size_is_clamped(app):
     r = client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask")
     assert len(r["answers"]["token"]["docs"]) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, data, message", [
     ("big.txt", b"word " * (MAX_UPLOAD_BYTES // 5 + 1), "over the limit of 5 MB"),
     ("binary.txt", bytes(range(256)) * 8, "looks binary"),
@@ -380,6 +411,15 @@ def test_bad_uploads_get_a_message_and_the_app_keeps_serving(app, tmp_path, name
     assert "Test corpus" in out[0]  # still on the built-in corpus, still answering
 
 
+@pytest.mark.slow
+def test_upload_with_no_file_gets_a_message(app):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="No file uploaded"):
+        client(app[1]).predict(None, api_name="/upload")
+
+
+@pytest.mark.slow
 def test_two_sessions_with_different_uploads_do_not_see_each_other(app, tmp_path):
     a, b, fresh = client(app[1]), client(app[1]), client(app[1])
     pa = write(tmp_path, "zorblax.txt", "The Zorblax Festival is held every spring in the mountain town of Quillmere.")
@@ -407,6 +447,7 @@ def test_two_sessions_with_different_uploads_do_not_see_each_other(app, tmp_path
     assert again[5]["answers"]["token"]["docs"][0]["title"] in {d[0] for d in DOCS}
 
 
+@pytest.mark.slow
 def test_upload_formats_pdf_csv_jsonl_md(app):
     fixtures = ROOT / "tests" / "fixtures"
     c = client(app[1])
@@ -416,6 +457,7 @@ def test_upload_formats_pdf_csv_jsonl_md(app):
     assert r[5]["answers"]["token"]["docs"][0]["title"] == "pointillism"
 
 
+@pytest.mark.slow
 def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app, small_pipe):
     c = client(app[1])
     first = ask_session(c, "Who painted The Starry Night?", k=1, max_new_tokens=12)
@@ -425,7 +467,7 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
     new_text = "The Starry Night is an oil-on-canvas painting by Claude Monet, painted in June 1889."
     out = c.predict(pid, new_text, "Who painted The Starry Night?", 1, 1, 12, "thorough", api_name="/edit_passage")
     status, seq, tok, cb, passages, raw, *_ = out
-    assert "1 passage(s) edited" in status and "edited by you" in passages and "Claude Monet" in passages
+    assert "1 passage edited in your copy" in status and "edited by you" in passages and "Claude Monet" in passages
     assert raw["answers"]["token"]["docs"][0]["text"] == new_text
     assert "Monet" in raw["answers"]["token"]["text"] or "Monet" in raw["answers"]["sequence"]["text"]
     # the shared base index and the other sessions are untouched
@@ -440,6 +482,7 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
     assert "Vincent van Gogh" in again[4]
 
 
+@pytest.mark.slow
 def test_edit_without_a_passage_or_with_empty_text_gets_a_message(app):
     from gradio_client.exceptions import AppError
 
@@ -451,6 +494,7 @@ def test_edit_without_a_passage_or_with_empty_text_gets_a_message(app):
         c.predict("Mars#0", "   ", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
 
 
+@pytest.mark.slow
 def test_unavailable_stack_is_refused_without_hanging(app):
     c = client(app[1])
     t0 = time.perf_counter()
@@ -461,14 +505,17 @@ def test_unavailable_stack_is_refused_without_hanging(app):
     assert "offline" in status[0] and "Test corpus" in status[0]
 
 
+@pytest.mark.slow
 def test_queue_is_one_model_call_at_a_time(app):
     demo = app[0]
     assert demo._queue.default_concurrency_limit == 1 and demo._queue.max_size == ui.QUEUE_MAX_SIZE
     model_fns = [f for f in demo.fns.values() if f.name in ("ask_session", "upload", "edit_passage", "ask",
-                                                            "choose_corpus", "choose_stack")]
-    assert len(model_fns) >= 6
+                                                            "choose_corpus")]
+    assert len(model_fns) >= 5
     assert {f.concurrency_id for f in model_fns} == {"model"}
     assert {f.concurrency_limit for f in model_fns} <= {1, "default"}
+    # switching stacks may wait minutes for a first load: outside the group, serialised by the pool's lock
+    assert [f.concurrency_limit for f in demo.fns.values() if f.name == "choose_stack"] == [None]
 
 
 @pytest.mark.slow
@@ -479,3 +526,39 @@ def test_burst_of_ten_concurrent_questions_all_get_answers(app):
     results = burst.run(app[1], n=10, k=2, max_new_tokens=4)
     assert len(results) == 10 and all(r["ok"] for r in results), results
     assert all(r["answer"] for r in results)
+
+
+def noprogress(*args, **kwargs):
+    return None
+
+
+@pytest.mark.slow
+def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_path):
+    import dataclasses
+
+    from rag_demo.config import StackSpec
+    from rag_demo.pipeline import RagPipeline
+
+    calls = []
+
+    def factory(stack, progress):  # a second "stack": the same models under another name
+        calls.append(stack)
+        progress(0.5, f"loading {stack}")
+        return RagPipeline(dataclasses.replace(small_pipe.stack, spec=StackSpec(name=stack)), small_pipe.index,
+                           small_pipe.settings)
+
+    pool = ui.PipelinePool(factory, preloaded={"offline": small_pipe}, unavailable=lambda s: None)
+    h = ui.make_handlers(pool)
+    doc = write(tmp_path, "zorblax.txt", "The Zorblax Festival is held every spring in the town of Quillmere.")
+    s = h["upload"]([doc], None, progress=noprogress)[-1]
+    assert s.corpus == "upload" and s.upload_stack == "offline" and calls == []
+    out = h["choose_stack"]("paper", s, progress=noprogress)
+    s2 = out[-1]
+    assert calls == ["paper"] and s2.stack == "paper" and s2.upload_stack == "paper"
+    assert s2.upload_index is not s.upload_index  # re-embedded with the new stack's passage encoder
+    assert 'data-stack="paper"' in out[0] and "zorblax.txt" in out[0]
+    r = h["ask_session"]("Where is the Zorblax Festival held?", 1, 1, 2, "fast", s2, progress=noprogress)
+    assert r[5]["stack"] == "paper" and r[5]["answers"]["token"]["docs"][0]["title"] == "zorblax"
+    back = h["choose_stack"]("offline", r[-1], progress=noprogress)
+    assert calls == ["paper"] and back[-1].stack == "offline"  # loaded once, kept
+    assert set(pool.loaded_stacks()) == {"offline", "paper"}

@@ -1,0 +1,259 @@
+"""The app in a real browser: `python app.py` on a small corpus, driven by Playwright + Debian's
+chromium. Asks a question and checks the rendered answers, passages, coloured tokens and
+heatmaps; then uploads a document, asks what only it answers, and checks the answer and
+passages come from it. Screenshots go to artifacts/screenshots/ (gitignored).
+
+Needs /usr/bin/chromium (`apt-get install -y chromium`; never `playwright install`) and
+`pip install playwright`. Skipped, with the reason, when they are missing, except under CI
+(`CI` set), where that is a failure.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+FIXTURES = ROOT / "tests" / "fixtures"
+CORPUS_FILES = [FIXTURES / "seurat.txt", FIXTURES / "paintings.csv", FIXTURES / "planets.jsonl"]
+LOAD_TIMEOUT_MS = 240_000  # models load in ~20-90 s on 2 busy cores
+ANSWER_TIMEOUT_MS = 180_000
+
+pytestmark = pytest.mark.slow
+
+
+def _require_browser() -> None:
+    missing = []
+    if not CHROMIUM.exists():
+        missing.append(f"{CHROMIUM} (apt-get install -y chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package (pip install playwright)")
+    if missing:
+        msg = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(f"{msg}; CI is set, so this fails instead of skipping")
+        pytest.skip(msg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`python app.py` on the 3-file fixture corpus, on a free port; yields its URL."""
+    _require_browser()
+    port = _free_port()
+    tmp = tmp_path_factory.mktemp("app")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+           "RAG_DEMO_CACHE": str(tmp / "cache")}
+    cmd = [sys.executable, "app.py", "--port", str(port)]
+    for f in CORPUS_FILES:
+        cmd += ["--corpus-file", str(f)]
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    log = open(SHOTS.parent / "browser_app.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the page is served before the models have loaded
+            if proc.poll() is not None:
+                pytest.fail(f"app.py exited with {proc.returncode}; see {log.name}")
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"app.py did not serve {url} within 120 s; see {log.name}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server, request):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    yield pg
+    try:  # the page as the test left it: what to look at when a test fails in CI
+        pg.screenshot(path=str(SHOTS / f"end-{request.node.name}.png"), full_page=True)
+    finally:
+        ctx.close()
+
+
+def shot(pg, name: str) -> None:
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def wait_ready(pg, url: str) -> None:
+    pg.goto(url)
+    pg.wait_for_selector("#rag-status .rag-status", state="attached")
+    shot(pg, "01-start")  # while loading: the progress banner, if the models are not loaded yet
+    pg.wait_for_selector(".rag-status[data-stack='offline']", timeout=LOAD_TIMEOUT_MS)
+
+
+def set_number(pg, elem_id: str, value: int) -> None:
+    box = pg.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def small_settings(pg, k: int = 2, max_new: int = 12) -> None:
+    pg.locator("#rag-settings").get_by_text("Settings").click()
+    set_number(pg, "rag-k", k)
+    set_number(pg, "rag-max-new", max_new)
+    pg.locator("#rag-decoding").get_by_text("fast", exact=True).click()
+
+
+def ask(pg, question: str) -> None:
+    box = pg.locator("#rag-question textarea, #rag-question input").first
+    box.fill(question)
+    pg.click("#rag-ask")
+    for mode in ("sequence", "token", "closed-book"):
+        pg.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=ANSWER_TIMEOUT_MS)
+
+
+def card_checks(pg, mode: str, k: int) -> str:
+    """Asserts the card of a RAG mode is fully rendered; returns its answer text."""
+    card = pg.locator(f"#rag-answer-{mode}")
+    text = card.locator(".rag-answer").inner_text().strip()
+    assert text and text != "(empty answer)", f"{mode}: empty answer"
+    assert "log p(y|x) =" in card.inner_text()
+    for stage in ("encode", "retrieve", "generate", "attribute", "total"):
+        assert stage in card.locator(".rag-timings").inner_text()
+    tokens = card.locator("a.rag-tok")
+    n = tokens.count()
+    assert n >= 1, f"{mode}: no coloured tokens"
+    bg = tokens.first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert bg not in ("rgba(0, 0, 0, 0)", "transparent"), f"{mode}: token not coloured ({bg})"
+    assert tokens.first.get_attribute("title").count("←") == 1  # hover names the passage
+    assert card.locator(".rag-legend .rag-badge").count() >= 1
+    heat = card.locator("table.rag-heat")
+    assert heat.count() == 1, f"{mode}: no heatmap"
+    assert heat.locator("tbody tr").count() == n  # a row per token
+    assert heat.locator("thead th").count() == k + 1  # a column per passage (+ the token column)
+    return text
+
+
+def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
+    wait_ready(page, server)
+    status = page.locator(".rag-status").inner_text()
+    assert "offline" in status and "Demo documents" in status  # the page says what is live
+    page.locator("#rag-examples").get_by_text("What is Mars?", exact=True).wait_for()  # examples from the corpus
+    small_settings(page, k=2, max_new=12)
+    ask(page, "Who devised pointillism?")
+    answers = {m: card_checks(page, m, k=2) for m in ("sequence", "token")}
+    closed = page.locator("#rag-answer-closed-book .rag-answer").inner_text().strip()
+    assert closed and page.locator("#rag-answer-closed-book a.rag-tok").count() == 0
+    rows = page.locator("#rag-passages table.rag-ptable tbody tr")
+    assert rows.count() == 2
+    assert rows.first.locator(".rag-ptitle").inner_text().strip() == "seurat"
+    assert "pointillism" in rows.first.locator(".rag-ptext").inner_text()
+    assert any("Seurat" in a for a in answers.values()), answers
+    shot(page, "02-answer")
+
+
+def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):
+    wait_ready(page, server)
+    page.click("#rag-ask")  # empty question
+    page.get_by_text("question is empty", exact=False).first.wait_for(timeout=30_000)
+    shot(page, "03-error-empty-question")
+    small_settings(page, k=1, max_new=4)
+    page.locator("#rag-examples").get_by_text("What is Mars?", exact=True).click()  # an example asks itself
+    for mode in ("sequence", "token", "closed-book"):
+        page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=ANSWER_TIMEOUT_MS)
+    assert page.locator("#rag-question textarea, #rag-question input").first.input_value() == "What is Mars?"
+    rows = page.locator("#rag-passages table.rag-ptable tbody tr")
+    assert rows.count() == 1 and rows.first.locator(".rag-ptitle").inner_text().strip() == "Mars"
+
+
+def test_upload_a_document_and_ask_what_only_it_answers(page, server, tmp_path):
+    from playwright.sync_api import expect
+
+    doc = tmp_path / "zorblax.txt"
+    doc.write_text("The Zorblax Festival is held every spring in the mountain town of Quillmere. "
+                   "Visitors eat blue pancakes and race wooden ducks on the river.")
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=16)
+    page.locator("#rag-upload-acc").get_by_text("Upload your own documents").click()
+    page.locator("#rag-files input[type=file]").set_input_files(str(doc))
+    expect(page.locator("#rag-files")).to_contain_text("zorblax", timeout=30_000)  # uploaded (name, ext split)
+    page.click("#rag-upload")
+    page.wait_for_selector(".rag-status[data-corpus^='Your documents']", timeout=ANSWER_TIMEOUT_MS)
+    assert "zorblax.txt" in page.locator(".rag-status").inner_text()
+    assert "zorblax" in page.locator("#rag-corpus").inner_text().lower() or "zorblax" in page.locator(
+        "#rag-corpus input").input_value().lower()
+    ask(page, "Where is the Zorblax Festival held?")
+    rows = page.locator("#rag-passages table.rag-ptable tbody tr")
+    assert rows.count() == 1  # K clamped to the single passage of the upload
+    assert rows.first.locator(".rag-ptitle").inner_text().strip() == "zorblax"
+    assert "Quillmere" in rows.first.locator(".rag-ptext").inner_text()
+    answers = {m: card_checks(page, m, k=1) for m in ("sequence", "token")}
+    assert any("Quillmere" in a for a in answers.values()), answers
+    shot(page, "04-upload-answer")
+
+
+def test_how_it_works_tab_and_dark_mode(page, server):
+    page.emulate_media(color_scheme="dark")
+    wait_ready(page, server + "?__theme=dark")
+    page.get_by_role("tab", name="How it works").click()
+    page.wait_for_selector(".rag-diagram svg")
+    page.wait_for_selector(".katex-display", timeout=30_000)  # KaTeX typesets after the tab renders
+    assert page.locator(".katex-display").count() >= 2  # the two formulas
+    text = page.locator("body").inner_text()
+    assert "RAG-Sequence" in text and "RAG-Token" in text and "Reading the heatmap" in text
+    shot(page, "05-how-it-works-dark")
+
+
+def test_edit_a_passage_and_ask_again_the_answer_follows(page, server):
+    wait_ready(page, server)
+    small_settings(page, k=1, max_new=12)
+    ask(page, "Who painted The Starry Night?")
+    row = page.locator("#rag-passages table.rag-ptable tbody tr").first
+    assert row.locator(".rag-ptitle").inner_text().strip() == "The Starry Night"
+    page.locator("#rag-edit-acc").get_by_text("Edit a retrieved passage").click()
+    box = page.locator("#rag-edit-text textarea")
+    assert "Vincent van Gogh" in box.input_value()  # the first retrieved passage, ready to edit
+    box.fill("The Starry Night is an oil-on-canvas painting by Claude Monet, painted in June 1889.")
+    page.click("#rag-edit")
+    page.wait_for_selector("#rag-passages .rag-edited", timeout=ANSWER_TIMEOUT_MS)
+    for mode in ("sequence", "token", "closed-book"):
+        page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=ANSWER_TIMEOUT_MS)
+    assert "Claude Monet" in page.locator("#rag-passages").inner_text()
+    assert "edited in your copy" in page.locator(".rag-status").inner_text()
+    answers = [page.locator(f"#rag-answer-{m} .rag-answer").inner_text() for m in ("sequence", "token")]
+    assert any("Monet" in a for a in answers), answers
+    shot(page, "06-edited-passage")
