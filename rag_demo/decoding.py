@@ -31,6 +31,7 @@ class Hyp:
     tokens: list[int]  # generated ids, EOS included when emitted, no start token
     logprob: float  # sum of log-probs under the distribution the search used
     group: int  # the group (doc) that produced it
+    row_lp: torch.Tensor | None = None  # (r, T) greedy only: each row's log-prob of each chosen token
 
 
 class Rows:
@@ -40,7 +41,9 @@ class Rows:
         self.gen, self.state, self.per_beam, self.prior = gen, state, per_beam, prior
 
     def mix(self, lp: torch.Tensor) -> torch.Tensor:
-        """lp (N*r, V) row log-probs -> (N, V) beam log-probs."""
+        """lp (N*r, V) row log-probs -> (N, V) beam log-probs (the row log-probs are kept in
+        `self.row_lp` so greedy decoding can record them for attribution)."""
+        self.row_lp = lp  # (N*r, V)
         if self.prior is None:
             return lp  # (N, V)
         k = self.per_beam
@@ -60,24 +63,39 @@ class Rows:
         rows_tok = tokens.repeat_interleave(self.per_beam).unsqueeze(1)  # (N*r, 1)
         return self.mix(self.gen.advance(self.state, rows_tok)[:, -1])  # (N, V)
 
+    def chosen_row_lp(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N,) -> each row's log-prob of its beam's token, (N, r)."""
+        r = self.per_beam
+        lp = self.row_lp.view(-1, r, self.row_lp.shape[-1])  # (N, r, V)
+        return lp.gather(2, tokens.view(-1, 1, 1).expand(-1, r, 1)).squeeze(-1)  # (N, r)
+
 
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int], pad: int) -> list[Hyp]:
-    """Argmax decoding for `groups` independent rows; lp (G, V) is the first step's log-probs."""
+    """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
+    (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
+    so attribution needs no second pass."""
     eos_t = torch.tensor(eos)
     done = torch.zeros(groups, dtype=torch.bool)  # (G,)
     score = torch.zeros(groups)  # (G,)
     out: list[torch.Tensor] = []
+    row_lp: list[torch.Tensor] = []
     for t in range(max_new_tokens):
         tok = lp.argmax(-1)  # (G,)
         tok = torch.where(done, torch.full_like(tok, pad), tok)  # (G,) finished rows emit padding
         score += torch.where(done, 0.0, lp.gather(1, tok.unsqueeze(1)).squeeze(1))  # (G,)
         out.append(tok)
+        row_lp.append(rows.chosen_row_lp(tok))  # (G, r)
         done |= torch.isin(tok, eos_t)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         lp = rows.step(tok)  # (G, V)
     seqs = torch.stack(out, dim=1)  # (G, T)
-    return [Hyp(_trim(seqs[g].tolist(), eos), float(score[g]), g) for g in range(groups)]
+    hist = torch.stack(row_lp, dim=2)  # (G, r, T)
+    hyps = []
+    for g in range(groups):
+        toks = _trim(seqs[g].tolist(), eos)
+        hyps.append(Hyp(toks, float(score[g]), g, hist[g, :, : len(toks)]))
+    return hyps
 
 
 def _trim(tokens: list[int], eos: list[int]) -> list[int]:
@@ -165,7 +183,9 @@ def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
     length_penalty: float,
 ) -> list[list[Hyp]]:
-    """Greedy when num_beams == 1 (one hypothesis per group), else beam search."""
+    """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
+    lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs."""
+    lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
         return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, pad)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
@@ -193,8 +213,9 @@ def score_candidates(
     lp0 = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1])  # (K*C, 1)
     if T > 1:
         st = gen.select(state, rows)
-        rest = gen.advance(st, tgt_rows[:, :-1])  # (K*C, T-1, V)
-        lp_rest = rest.gather(2, tgt_rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (K*C, T-1)
+        logits = gen.advance(st, tgt_rows[:, :-1], log_probs=False)  # (K*C, T-1, V)
+        picked = logits.gather(2, tgt_rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (K*C, T-1)
+        lp_rest = picked - torch.logsumexp(logits, dim=-1)  # (K*C, T-1) log_softmax, gathered first
         lp = torch.cat([lp0, lp_rest], dim=1)  # (K*C, T)
     else:
         lp = lp0  # (K*C, 1)

@@ -56,12 +56,13 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=K, prior=prior)
-    lp = rows.mix(first_lp)  # (1, V)
-    best = _best(search(rows, lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
     t1 = time.perf_counter()
-    doc_lp, mask = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)  # (K, 1, T)
-    doc_lp = doc_lp[:, 0]  # (K, T)
-    logprob = float(rag_token_logprob(doc_lp, prior, mask[0]))
+    if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
+        doc_lp = best.row_lp  # (K, T)
+    else:  # beam search: one teacher-forced pass of the answer under each doc
+        doc_lp = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
+    logprob = float(rag_token_logprob(doc_lp, prior))
     out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior))
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     return out

@@ -73,8 +73,9 @@ class Generator:
         """Run R prompts; -> next-token log-probs (R, V) and the state after them."""
         raise NotImplementedError
 
-    def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed tokens (R, L) to every row, in place; -> log-probs (R, L, V) of the next tokens."""
+    def advance(self, state: GenState, tokens: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> log-probs (R, L, V) of the next tokens
+        (float32 logits instead with log_probs=False, for callers that gather first)."""
         raise NotImplementedError
 
     def select(self, state: GenState, rows: torch.Tensor) -> GenState:
@@ -102,8 +103,8 @@ class Generator:
         return token_id in self.tokenizer.all_special_ids
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(logits.float(), dim=-1)
+def _log_softmax(logits: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
+    return F.log_softmax(logits.float(), dim=-1) if log_probs else logits.float()
 
 
 class EncoderDecoderGenerator(Generator):
@@ -157,7 +158,7 @@ class EncoderDecoderGenerator(Generator):
         return self.advance(state, start)[:, -1], state  # (R, V)
 
     @torch.inference_mode()
-    def advance(self, state, tokens):
+    def advance(self, state, tokens, log_probs=True):
         out = self.model(
             encoder_outputs=(state.encoder_hidden,),
             attention_mask=state.mask,
@@ -166,7 +167,7 @@ class EncoderDecoderGenerator(Generator):
             use_cache=True,
         )
         state.cache = out.past_key_values
-        return _log_softmax(out.logits)  # (R, L, V)
+        return _log_softmax(out.logits, log_probs)  # (R, L, V)
 
     def select(self, state, rows):
         return GenState(
@@ -225,7 +226,7 @@ class DecoderOnlyGenerator(Generator):
         return _log_softmax(out.logits[:, -1]), state  # (R, V)
 
     @torch.inference_mode()
-    def advance(self, state, tokens):
+    def advance(self, state, tokens, log_probs=True):
         rows, length = tokens.shape
         state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
         pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
@@ -234,7 +235,7 @@ class DecoderOnlyGenerator(Generator):
         )
         state.cache = out.past_key_values
         state.next_pos = state.next_pos + length
-        return _log_softmax(out.logits)  # (R, L, V)
+        return _log_softmax(out.logits, log_probs)  # (R, L, V)
 
     def select(self, state, rows):
         return GenState(

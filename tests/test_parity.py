@@ -173,3 +173,15 @@ def test_rag_sequence_fast_uses_only_producing_docs(tiny_ckpts, index):
     for toks, sc in fast.candidates:
         assert sc <= full[tuple(toks)] + 1e-4
     assert th  # candidates exist
+
+
+def test_greedy_attribution_equals_teacher_forced_pass(tiny_ckpts, index):
+    """Greedy RAG-Token records each doc's log-prob of every chosen token while decoding; that
+    must equal scoring the final answer under each doc in one teacher-forced pass."""
+    _, qenc, gen = _load(tiny_ckpts, "token", 5.0)
+    prompts, _, _, scores = _inputs(qenc, gen, index, QUESTIONS[1])
+    out = engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, max_new_tokens=12))
+    first_lp, state = gen.prefill(prompts)
+    forced = engine.score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
+    torch.testing.assert_close(out.doc_lp, forced, rtol=1e-4, atol=1e-4)
+    assert out.doc_lp.shape == (K, len(out.tokens))
