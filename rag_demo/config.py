@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODES = ("sequence", "token", "closed-book")
+MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": "Closed-book (no retrieval)"}
 STACKS = ("offline", "paper")
 SEQUENCE_DECODINGS = ("thorough", "fast")
 

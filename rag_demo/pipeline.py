@@ -18,14 +18,12 @@ from typing import Callable
 
 import torch
 
-from .config import RagSettings, StackSpec, check_mode, check_question
+from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, closed_book, rag_sequence, rag_token
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .marginalize import doc_log_prior
 from .stacks import LoadedStack, load_stack
-
-MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": "Closed-book (no retrieval)"}
 
 
 @dataclass

@@ -28,6 +28,7 @@ from typing import Any
 import gradio as gr
 
 from .config import (
+    MODE_TITLES,
     MAX_BEAMS,
     MAX_K,
     MAX_NEW_TOKENS,
@@ -45,7 +46,6 @@ CSS_PATH = ASSETS / "style.css"
 DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
 MODES = ("sequence", "token", "closed-book")
-MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": "Closed-book (no retrieval)"}
 MODE_FORMULAS = {
     "sequence": "p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i)",
     "token": "p(y|x) = Π_i Σ_z p(z|x) p(y_i|x,z,y_<i)",
