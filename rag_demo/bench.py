@@ -61,9 +61,13 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def rss_bytes() -> int:
-    import psutil
+    """Current resident set size of this process (psutil, else /proc/self/statm)."""
+    try:
+        import psutil
 
-    return psutil.Process().memory_info().rss
+        return psutil.Process().memory_info().rss
+    except ImportError:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def peak_rss_bytes() -> int:
@@ -402,7 +406,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["memory"] = {"rss_loaded": rss_bytes()}
     r["latency"] = latency(pipe, questions, modes, settings, say)
     if "token" in modes and not args.skip_reference:
-        r["token_overhead"] = token_overhead(pipe, questions[: max(1, min(len(questions), args.reference_n * 2))],
+        r["token_overhead"] = token_overhead(pipe, questions[: max(1, min(len(questions), args.reference_n))],
                                              settings, say)
     r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes())
     say("Index build throughput ...")

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from .config import check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
@@ -155,7 +156,9 @@ def cmd_eval(args) -> int:
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
                            sequence_decoding=args.decoding)
     pipe = RagPipeline.load(_spec(args), settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
-    report = evaluate(pipe, items, modes, settings, retrievers, say=_progress)
+    partial = Path(args.out).with_suffix(".partial.json")
+    report = evaluate(pipe, items, modes, settings, retrievers, say=_progress, partial_path=partial)
+    partial.unlink(missing_ok=True)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     print(format_report(report))
     _progress(f"Saved {save_report(report, args.out)}")

@@ -268,9 +268,12 @@ def evaluate(
     bm25=None,
     progress: bool = True,
     say: Callable[[str], None] | None = None,
+    partial_path: str | Path | None = None,
 ) -> dict:
     """Answer every question in every mode (RAG modes once per retriever in `retrievers`),
     score recall@1/5/20 of both retrievers, EM / F1 / contains per (mode, retriever).
+    With `partial_path`, the report of the questions done so far is rewritten after each one
+    (a long run stopped early still leaves its numbers).
 
     Returns the report dict that `format_report` prints and the CLI saves as JSON.
     """
@@ -335,6 +338,11 @@ def evaluate(
             }
             em_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
         records.append(rec)
+        if partial_path is not None:
+            done = len(records)
+            part = _summarise(pipe, items[:done], modes, retrievers, settings, rows, records,
+                              {r: h[:done] for r, h in hits.items()}, ret_ms, ret_names, depth)
+            save_report({**part, "partial": f"{done} of {len(items)} questions"}, partial_path)
         bar.set_postfix({k.split("|")[0][:3] + ("/bm25" if k.endswith("bm25") else ""): f"{sum(v) / len(v):.2f}"
                          for k, v in em_running.items()}, refresh=False)
     bar.close()

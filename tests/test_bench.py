@@ -8,11 +8,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 from rag_demo import bench  # noqa: E402
 from rag_demo.corpus import Passage  # noqa: E402
-from rag_demo.random_models import fixture_passages, make_random_rag_checkpoints  # noqa: E402
+from rag_demo.random_models import fixture_passages  # noqa: E402
 
 
-def test_reference_comparison_gives_same_outputs_on_tiny_models(tmp_path):
-    paths = make_random_rag_checkpoints(tmp_path, size="tiny", n_docs=3)
+def test_reference_comparison_gives_same_outputs_on_tiny_models(tiny_ckpts):
+    paths = tiny_ckpts  # conftest: n_docs=3
     docs = [Passage(f"{t}#0", t, text) for t, text in fixture_passages()]
     cases = [("Who painted The Starry Night?", docs), ("What is the capital of France?", docs[::-1])]
     res = bench.compare_with_transformers(paths, cases, max_new_tokens=8)

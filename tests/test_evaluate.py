@@ -202,16 +202,14 @@ def test_bm25_question_without_words_does_not_crash():
 
 
 @pytest.fixture(scope="module")
-def tiny_pipe(tmp_path_factory):
-    """The paper stack built from tiny random checkpoints, over the 3-passage corpus."""
+def tiny_pipe(tiny_ckpts, tmp_path_factory):
+    """The paper stack built from tiny random checkpoints (conftest), over the 3-passage corpus."""
     from rag_demo.config import RagSettings, StackSpec
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.random_models import make_random_rag_checkpoints
 
-    root = tmp_path_factory.mktemp("evalrag")
-    paths = make_random_rag_checkpoints(root / "ckpt", size="tiny")
+    paths = tiny_ckpts
     spec = StackSpec(name="paper", rag_token=str(paths["rag_token"]), rag_sequence=str(paths["rag_sequence"]),
-                     ctx_encoder=str(paths["ctx_encoder"]), cache_dir=root / "cache")
+                     ctx_encoder=str(paths["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("evalcache"))
     settings = RagSettings(k=2, max_new_tokens=4)
     return RagPipeline.load(spec, corpus=corpus_from_documents("three", DOCS), settings=settings)
 
@@ -233,8 +231,10 @@ def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
     from rag_demo.config import RagSettings
 
     settings = RagSettings(k=2, max_new_tokens=4)
+    partial = tmp_path / "partial.json"
     report = ev.evaluate(tiny_pipe, QUESTIONS[:2], ["closed-book", "sequence", "token"], settings,
-                         ["dense", "bm25"], progress=False)
+                         ["dense", "bm25"], progress=False, partial_path=partial)
+    assert json.loads(partial.read_text())["partial"] == "2 of 2 questions"  # rewritten after each question
     rows = [(g["mode"], g["retriever"].split(" ")[0]) for g in report["generation"]]
     assert rows == [("closed-book", "-"), ("sequence", "dense"), ("token", "dense"), ("sequence", "BM25"), ("token", "BM25")]
     bm25 = next(v for k, v in report["retrieval"].items() if k.startswith("BM25"))
