@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import GENERATOR_DTYPES, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -25,7 +25,7 @@ def _spec(args) -> StackSpec:
     kw = {"name": args.stack}
     if args.cache_dir:
         kw["cache_dir"] = args.cache_dir
-    for name in ("rag_token", "rag_sequence", "ctx_encoder"):
+    for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype"):
         if getattr(args, name, None):
             kw[name] = getattr(args, name)
     return StackSpec(**kw)
@@ -46,6 +46,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rag-token", help="paper stack: RAG-Token checkpoint (Hub id or folder)")
     p.add_argument("--rag-sequence", help="paper stack: RAG-Sequence checkpoint (Hub id or folder)")
     p.add_argument("--ctx-encoder", help="paper stack: DPR context encoder (Hub id or folder)")
+    p.add_argument("--generator-dtype", help=f"offline generator weights: {', '.join(GENERATOR_DTYPES)} (default auto: "
+                   "bfloat16 where the CPU has native bfloat16, else float32)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
                    "instead of Wikipedia Vital Articles; repeatable")

@@ -55,7 +55,11 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
-    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=K, prior=prior)
+    # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
+    # greedy records attribution as it goes and may consume the state (copying it costs more
+    # than a decoding step for BART's cross-attention cache).
+    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
+    rows = Rows(gen, state, per_beam=K, prior=prior)
     best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token

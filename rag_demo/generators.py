@@ -221,7 +221,10 @@ class DecoderOnlyGenerator(Generator):
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, S) positions ignore the left padding
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True,
+            logits_to_keep=1,  # only the last position's logits: (R, 1, V), not (R, S, V)
+        )
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=mask.sum(-1))
         return _log_softmax(out.logits[:, -1]), state  # (R, V)
 

