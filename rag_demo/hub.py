@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -18,11 +19,21 @@ def hub_unavailable_reason(timeout: float = 3.0) -> str | None:
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
         return "HF_HUB_OFFLINE is set"
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return None
-    except OSError as e:
-        return f"{url.hostname} is unreachable ({e})"
+    result: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+            result.append(None)
+        except OSError as e:
+            result.append(f"{url.hostname} is unreachable ({e})")
+
+    # The connect timeout does not cover the DNS lookup, which can hang far longer without a
+    # network: probe in a daemon thread and give up on it after `timeout` seconds in all.
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return result[0] if result else f"{url.hostname} did not answer within {timeout:g} s"
 
 
 def resolve_pretrained(name_or_path: str | Path, what: str) -> str:

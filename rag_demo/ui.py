@@ -106,11 +106,7 @@ def default_unavailable(stack: str) -> str | None:
         return None
     from .stacks import hub_unavailable_reason
 
-    found: list[str | None] = []
-    probe = threading.Thread(target=lambda: found.append(hub_unavailable_reason()), daemon=True)
-    probe.start()
-    probe.join(HUB_PROBE_S)  # a stuck DNS lookup is not covered by the socket timeout
-    reason = found[0] if found else f"huggingface.co did not answer within {HUB_PROBE_S:.0f} s"
+    reason = hub_unavailable_reason(HUB_PROBE_S)  # bounded, DNS lookup included
     if reason is None:
         return None
     try:

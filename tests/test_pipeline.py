@@ -184,3 +184,15 @@ def test_cli_bad_input_exits_2_with_message(tmp_path):
     r = _cli("ask", "hi", "--k", "0", cache=tmp_path)
     assert r.returncode == 2 and "k=0 is out of range" in r.stderr
 
+
+def test_hub_probe_is_bounded_even_when_the_lookup_hangs(monkeypatch):
+    import socket
+
+    from rag_demo.hub import hub_unavailable_reason
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(10))  # a DNS lookup that hangs
+    t0 = time.perf_counter()
+    reason = hub_unavailable_reason(0.5)
+    assert time.perf_counter() - t0 < 2
+    assert reason == "huggingface.co did not answer within 0.5 s"
