@@ -203,22 +203,35 @@ def _dpr_scores(q_model, q_tok, c_model, c_tok, question: str, passages: list) -
     return q_model(**qe).pooler_output @ c_model(**ce).pooler_output.T  # (1, n_docs)
 
 
-def _median_time(fn, reps: int):
-    times, result = [], None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+def _paired_times(a, b, reps: int):
+    """Median seconds of a() and b() over `reps` rounds, alternating which runs first (so cache
+    warmth and clock drift do not favour one side); -> (t_a, result_a, t_b, result_b)."""
+    ta, tb, ra, rb = [], [], None, None
+    for i in range(reps):
+        for fn in ((a, b) if i % 2 == 0 else (b, a)):
+            t0 = time.perf_counter()
+            r = fn()
+            (ta if fn is a else tb).append(time.perf_counter() - t0)
+            if fn is a:
+                ra = r
+            else:
+                rb = r
+    return statistics.median(ta), ra, statistics.median(tb), rb
 
 
 def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_new_tokens: int = 32,
-                              reps: int = 1, say: Callable[[str], None] | None = None) -> dict:
+                              reps: int = 1, say: Callable[[str], None] | None = None,
+                              full_length: bool = True) -> dict:
     """Our engine vs transformers' RAG generate on the same checkpoint weights.
 
     paths: make_random_rag_checkpoints(...) folders; cases: (question, passages) with
     len(passages) == the checkpoint's n_docs. Doc scores are the checkpoint's DPR question
     vector · the DPR context vectors. Per mode: same outputs (token lists), median seconds.
+
+    full_length: random BART puts its EOS first on most inputs, so both sides would stop after
+    one token and only the prefill would be compared. We add -1e4 to EOS in the generator's
+    `final_logits_bias` (one shared module, so both sides see it) and every answer runs to
+    `max_new_tokens`.
     """
     from transformers import AutoTokenizer, DPRContextEncoder, RagSequenceForGeneration, RagTokenForGeneration, RagTokenizer
 
@@ -234,6 +247,9 @@ def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_ne
         tok = RagTokenizer.from_pretrained(str(paths[key]))
         n_docs = model.config.n_docs
         gen = EncoderDecoderGenerator(model.rag.generator, tok.generator, max_input_tokens=model.config.max_combined_length)
+        if full_length:
+            with torch.no_grad():
+                model.rag.generator.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4
         # hf_compat_sequence_score: rank RAG-Sequence candidates with the reference's score
         s = RagSettings(k=n_docs, num_beams=1, max_new_tokens=max_new_tokens, hf_compat_sequence_score=True)
         rows = []
@@ -248,15 +264,18 @@ def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_ne
             def ours():
                 return run(gen, prompts, doc_scores[0], s)
 
+            # RagTokenForGeneration.generate ignores max_new_tokens (it never converts it to a
+            # max_length) and stops at max_length, the decoder start token included.
+            length = {"max_length": max_new_tokens + 1} if mode == "token" else {"max_new_tokens": max_new_tokens}
+
             def theirs():
                 with torch.inference_mode():
                     return model.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=doc_scores,
-                                          n_docs=n_docs, num_beams=1, do_sample=False, max_new_tokens=max_new_tokens)
+                                          n_docs=n_docs, num_beams=1, do_sample=False, **length)
 
             if i == 0:  # warm both paths up
                 ours(), theirs()
-            t_hf, out = _median_time(theirs, reps)
-            t_ours, g = _median_time(ours, reps)
+            t_ours, g, t_hf, out = _paired_times(ours, theirs, reps)
             ref = _hf_tokens(out, gen.pad_token_id, gen.eos_token_ids[0])
             rows.append({"question": q, "same": g.tokens == ref, "ours": g.tokens, "transformers": ref,
                          "ours_s": t_ours, "ours_generate_s": g.timings["generate"], "transformers_s": t_hf})
@@ -356,7 +375,8 @@ def format_results(r: dict) -> str:
     mc = r["machine"]
     lines += ["", f"Machine: {mc['processor']}, {mc['cpus']} CPUs, torch {mc['torch']} ({mc['threads']} threads). "
                   f"Load average at start {r['load_avg']['start']}, end {r['load_avg']['end']} "
-                  "(other jobs share these cores: timings are upper bounds)."]
+                  f"(the bench's own {mc['threads']} threads count; well above {mc['threads']} means other jobs "
+                  "shared the cores and the timings are upper bounds)."]
     return "\n".join(lines)
 
 
@@ -420,7 +440,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
                 paths = make_random_rag_checkpoints(Path(root), size=size, n_docs=n_docs)
                 cases = reference_cases(questions[: args.reference_n], n_docs, bm25)
                 res = compare_with_transformers(paths, cases, settings.max_new_tokens,
-                                                reps=3 if size == "tiny" else 1, say=say)
+                                                reps=5 if size == "tiny" else 3, say=say)
                 for x in res.values():
                     x["rows"] = [{k: v for k, v in row.items() if k not in ("ours", "transformers")} | {
                         "tokens": len(row["ours"])} for row in x["rows"]]
@@ -428,7 +448,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["memory"]["peak_end"] = peak_rss_bytes()
     del pipe
     r["cold"] = {}
-    extra = ["--stack", spec.name]
+    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype]
     if spec.name == "paper":
         extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
     say("Cold start with the cached index ...")
