@@ -125,10 +125,25 @@ def wait_ready(pg, url: str) -> None:
     pg.wait_for_selector(".rag-status[data-stack='offline']", timeout=LOAD_TIMEOUT_MS)
 
 
+def fill_kept(pg, box, value: str, enter: bool = False, shown=None) -> None:
+    """Fill an input so that the app's state keeps the value. A component inside an accordion
+    that has just opened can still be mounting, and its mount resets the value to the one it
+    was created with; so fill, wait a moment, and fill again until the value stays."""
+    shown = shown or box.input_value
+    for _ in range(5):
+        box.fill(value)
+        if enter:
+            box.press("Enter")
+        pg.wait_for_timeout(400)
+        if shown() == value:
+            return
+    raise AssertionError(f"{box} did not keep {value!r} (shows {shown()!r})")
+
+
 def set_number(pg, elem_id: str, value: int) -> None:
-    box = pg.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
+    """A slider's number box; committed once the slider's range input shows the value."""
+    rng = pg.locator(f"#{elem_id} input[type=range]")
+    fill_kept(pg, pg.locator(f"#{elem_id} input[type=number]"), str(value), enter=True, shown=rng.input_value)
 
 
 def small_settings(pg, k: int = 2, max_new: int = 12) -> None:
@@ -247,7 +262,7 @@ def test_edit_a_passage_and_ask_again_the_answer_follows(page, server):
     page.locator("#rag-edit-acc").get_by_text("Edit a retrieved passage").click()
     box = page.locator("#rag-edit-text textarea")
     assert "Vincent van Gogh" in box.input_value()  # the first retrieved passage, ready to edit
-    box.fill("The Starry Night is an oil-on-canvas painting by Claude Monet, painted in June 1889.")
+    fill_kept(page, box, "The Starry Night is an oil-on-canvas painting by Claude Monet, painted in June 1889.")
     page.click("#rag-edit")
     page.wait_for_selector("#rag-passages .rag-edited", timeout=ANSWER_TIMEOUT_MS)
     for mode in ("sequence", "token", "closed-book"):
