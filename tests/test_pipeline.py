@@ -191,7 +191,11 @@ def test_hub_probe_is_bounded_even_when_the_lookup_hangs(monkeypatch):
     from rag_demo.hub import hub_unavailable_reason
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(10))  # a DNS lookup that hangs
+    def hanging_lookup(*args, **kwargs):  # a DNS lookup that hangs, then gives up
+        time.sleep(10)
+        raise OSError("lookup gave up")
+
+    monkeypatch.setattr(socket, "create_connection", hanging_lookup)
     t0 = time.perf_counter()
     reason = hub_unavailable_reason(0.5)
     assert time.perf_counter() - t0 < 2
