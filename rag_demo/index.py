@@ -179,27 +179,42 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _save(folder: Path, key: str, index: PassageIndex, encoder: Encoder) -> None:
-    """Write into a temp sibling folder, fsync, then rename into place; a concurrent winner is kept."""
+def publish_folder(folder: Path, write: Callable[[Path], None], is_complete: Callable[[Path], bool] = Path.exists) -> bool:
+    """Atomically put a folder in place: `write(tmp)` fills a temp sibling (its completeness
+    marker last), fsync, move any old copy aside, rename. Readers never see a half-written or
+    half-deleted folder. If another process published first (our rename fails) and its folder
+    `is_complete`, that one is kept and this returns False. Shared by every on-disk cache: the
+    index, the converted SmolLM2, the random checkpoints."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
+        write(tmp)
+        _fsync_dir(tmp)
+        if folder.exists():
+            _remove(folder)  # the stale or corrupt copy being replaced
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not is_complete(folder):
+                raise
+            return False
+        _fsync_dir(folder.parent)
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(folder: Path, key: str, index: PassageIndex, encoder: Encoder) -> None:
+    """Serialise into the cache folder via `publish_folder`; a concurrent winner is kept."""
+
+    def write(tmp: Path) -> None:
         blobs = _serialize(index)
         for name, data in blobs.items():
             _write_synced(tmp / name, data)
         _write_synced(tmp / "meta.json", json.dumps(_meta(key, index, encoder, blobs), indent=1).encode())
-        _fsync_dir(tmp)
-        if folder.exists():
-            _remove(folder)  # the stale or corrupt copy we just rebuilt
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not folder.exists():
-                raise
-            log.info("index cache %s was written by another process first; keeping that one", folder)
-        _fsync_dir(folder.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    if not publish_folder(folder, write):
+        log.info("index cache %s was written by another process first; keeping that one", folder)
 
 
 def load_or_build_index(

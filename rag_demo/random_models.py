@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
-import shutil
 import string
-import tempfile
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +36,8 @@ from transformers import (
     RagTokenForGeneration,
     RagTokenizer,
 )
+
+from .index import publish_folder
 
 # Bump when the on-disk result of the same (size, seed, n_docs) would change, so that cached
 # checkpoints from an older build are rebuilt instead of trusted.
@@ -357,22 +357,14 @@ def _is_complete(folder: Path, recipe: dict) -> bool:
 
 
 def _publish(folder: Path, recipe: dict, write: Callable[[Path], None]) -> None:
-    """Write a checkpoint into a temp sibling, put the marker in last, then move it into place:
-    a reader never sees a half-written folder, and a stale or partial one is replaced."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
+    """Write a checkpoint with the marker last, atomically (`publish_folder`): a reader never
+    sees a half-written folder, and a stale or partial one is replaced."""
+
+    def write_marked(tmp: Path) -> None:
         write(tmp)
         (tmp / MARKER).write_text(json.dumps(recipe))
-        if folder.exists():
-            shutil.rmtree(folder)
-        try:
-            tmp.rename(folder)
-        except OSError:
-            # another process published the same recipe between our rmtree and rename
-            if not _is_complete(folder, recipe):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish_folder(folder, write_marked, lambda f: _is_complete(f, recipe))
 
 
 def _write_rag(model_cls: type[PreTrainedModel], cfg: RagConfig, seed: int, tok: RagTokenizer) -> Callable[[Path], None]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 from .config import StackSpec
 from .encoders import DPRContextEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
 from .generators import DecoderOnlyGenerator, EncoderDecoderGenerator, Generator
+from .index import publish_folder
 from .hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
 
 log = logging.getLogger(__name__)
@@ -123,10 +122,11 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 def _gguf_fingerprint(path: Path) -> str:
     """Size + SHA-256 of the first and last MiB: names the converted copy of one GGUF file."""
-    h = hashlib.sha256(str(path.stat().st_size).encode())
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
     with path.open("rb") as f:
         h.update(f.read(2**20))
-        f.seek(max(0, path.stat().st_size - 2**20))
+        f.seek(max(0, size - 2**20))
         h.update(f.read(2**20))
     return h.hexdigest()[:16]
 
@@ -137,7 +137,7 @@ def converted_smollm_dir(spec: StackSpec, gguf_path: Path) -> Path:
 
 
 def _save_converted(model, tok, folder: Path) -> None:
-    """save_pretrained into a temp sibling, marker last, rename into place; failures only log
+    """save_pretrained, marker last, published atomically (`publish_folder`); failures only log
     (the next start converts again)."""
     plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point()
                 for t in model.state_dict().values())
@@ -149,17 +149,13 @@ def _save_converted(model, tok, folder: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / CONVERTED_MARKER).write_text("complete\n")
+
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        try:
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            (tmp / CONVERTED_MARKER).write_text("complete\n")
-            shutil.rmtree(folder, ignore_errors=True)
-            os.rename(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish_folder(folder, write, lambda f: (f / CONVERTED_MARKER).is_file())
     except OSError as e:
         log.warning("could not cache the converted SmolLM2 in %s (%s); the next start converts again", folder, e)
 
