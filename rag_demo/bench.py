@@ -206,17 +206,14 @@ def _dpr_scores(q_model, q_tok, c_model, c_tok, question: str, passages: list) -
 def _paired_times(a, b, reps: int):
     """Median seconds of a() and b() over `reps` rounds, alternating which runs first (so cache
     warmth and clock drift do not favour one side); -> (t_a, result_a, t_b, result_b)."""
-    ta, tb, ra, rb = [], [], None, None
+    times: dict = {a: [], b: []}
+    results: dict = {}
     for i in range(reps):
         for fn in ((a, b) if i % 2 == 0 else (b, a)):
             t0 = time.perf_counter()
-            r = fn()
-            (ta if fn is a else tb).append(time.perf_counter() - t0)
-            if fn is a:
-                ra = r
-            else:
-                rb = r
-    return statistics.median(ta), ra, statistics.median(tb), rb
+            results[fn] = fn()
+            times[fn].append(time.perf_counter() - t0)
+    return statistics.median(times[a]), results[a], statistics.median(times[b]), results[b]
 
 
 def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_new_tokens: int = 32,

@@ -19,3 +19,16 @@ def tiny_ckpts(tmp_path_factory):
     from rag_demo.random_models import make_random_rag_checkpoints
 
     return make_random_rag_checkpoints(tmp_path_factory.mktemp("tiny_rag"), size="tiny", seed=0, n_docs=3)
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """A function returning a free local TCP port (for apps the tests launch)."""
+    import socket
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick

@@ -10,7 +10,6 @@ Needs /usr/bin/chromium (`apt-get install -y chromium`; never `playwright instal
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -49,17 +48,11 @@ def _require_browser() -> None:
         pytest.skip(msg)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, free_port):
     """`python app.py` on the 3-file fixture corpus, on a free port; yields its URL."""
     _require_browser()
-    port = _free_port()
+    port = free_port()
     tmp = tmp_path_factory.mktemp("app")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
            "RAG_DEMO_CACHE": str(tmp / "cache")}

@@ -11,7 +11,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-import socket
 import subprocess
 import sys
 import threading
@@ -266,14 +265,8 @@ def small_pipe():
     return RagPipeline(stack, index, RagSettings(**SMALL))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app(small_pipe):
+def app(small_pipe, free_port):
     demo = ui.build_app(small_pipe, unavailable=fake_unavailable)
     port = free_port()
     ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
