@@ -89,12 +89,20 @@ class Corpus:
     def with_passage_text(self, passage_id: str, new_text: str) -> Corpus:
         """A copy with one passage's text replaced (the "edit a passage, ask again" hot-swap)."""
         i = self.position(passage_id)
-        text = _normalise(new_text)
-        if not text:
-            raise ValueError(f"the new text for passage {passage_id!r} is empty: type some text for the passage.")
+        text = check_passage_text(passage_id, new_text)
         passages = list(self.passages)
         passages[i] = dataclasses.replace(passages[i], text=text)
         return Corpus(self.name, passages)
+
+
+def check_passage_text(passage_id: str, new_text: object) -> str:
+    """An edited passage's text, whitespace-normalised, or a ValueError naming the problem and the fix."""
+    if not isinstance(new_text, str):
+        raise ValueError(f"the new text for passage {passage_id!r} must be text, got {type(new_text).__name__}.")
+    text = _normalise(new_text)
+    if not text:
+        raise ValueError(f"the new text for passage {passage_id!r} is empty: type some text for the passage.")
+    return text
 
 
 # ---------------------------------------------------------------- splitting

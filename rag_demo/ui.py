@@ -39,7 +39,7 @@ from .config import (
     StackSpec,
     check_question,
 )
-from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, load_documents, supported_extensions
+from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, check_passage_text, load_documents, supported_extensions
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -609,6 +609,42 @@ def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
             raise ValueError(f"settings must be numbers: {e}") from e
 
 
+def _valid(check: Callable[[], Any]) -> dict:
+    """gr.validate for one input: the library's ValueError message when `check()` raises."""
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        return gr.validate(False, str(e))
+    return gr.validate(True, "")
+
+
+def _validate_settings(k, num_beams, max_new_tokens, sequence_decoding) -> list[dict]:
+    v = _valid(lambda: RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
+                                   sequence_decoding=str(sequence_decoding)))
+    return [v] * 4
+
+
+def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
+    """gradio validator of the events that ask a question. It runs before the queue (no model
+    needed) and shows the library's message on the question box; a bad question then never
+    reaches the outputs, which would otherwise each show an error badge. One gr.validate per
+    input: question, the four settings, the session."""
+    return [_valid(lambda: check_question(question)),
+            *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
+
+
+def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
+    """gradio validator of "save edit and ask again", like validate_ask: a passage must be
+    chosen, its new text must not be empty, and the question must be askable."""
+    def chosen() -> None:
+        if not pid:
+            raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
+
+    return [_valid(chosen), _valid(lambda: check_passage_text(str(pid), new_text)),
+            _valid(lambda: check_question(question)),
+            *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
+
+
 def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None) -> dict:
     """The three answers, one mode at a time (so the progress bar can say which), as the JSON-able
     {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}."""
@@ -995,7 +1031,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         )
         gr.on(
             [ask_btn.click, question.submit], h["ask_session"], inputs=[question, *settings_in, session],
-            outputs=[status, *answer_out], api_name="ask_session", **model,
+            outputs=[status, *answer_out], api_name="ask_session", validator=validate_ask, **model,
         )
         examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
                        queue=False).then(
@@ -1004,23 +1040,24 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         )
         upload_btn.click(
             h["upload"], inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
-            api_name="upload", **model,
+            api_name="upload", show_progress_on=status, **model,
         )
         corpus_dd.input(
             h["choose_corpus"], inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
-            api_name="choose_corpus", **model,
+            api_name="choose_corpus", show_progress_on=status, **model,
         )
         stack_dd.input(  # not in the model group: a first load takes minutes and must not block questions
             h["choose_stack"], inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
-            api_name="choose_stack", concurrency_limit=None,
+            api_name="choose_stack", show_progress_on=status, concurrency_limit=None,
         )
         edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text],
                         api_visibility="private", queue=False)
         edit_btn.click(
             h["edit_passage"], inputs=[edit_pick, edit_text, question, *settings_in, session],
-            outputs=[status, *answer_out], api_name="edit_passage", **model,
+            outputs=[status, *answer_out], api_name="edit_passage", validator=validate_edit, **model,
         )
-        reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits")
+        reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
+                        show_progress_on=status)
         gr.api(h["ask"], api_name="ask", **model)
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)

@@ -196,9 +196,11 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
 
 def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):
     wait_ready(page, server)
-    page.click("#rag-ask")  # empty question
-    page.get_by_text("question is empty", exact=False).first.wait_for(timeout=30_000)
+    page.click("#rag-ask")  # empty question: the validator's message on the question box only
+    page.locator("#rag-question").get_by_text("question is empty", exact=False).wait_for(timeout=30_000)
     shot(page, "03-error-empty-question")
+    for box in ("#rag-status", "#rag-passages", *(f"#rag-answer-{m}" for m in ("sequence", "token", "closed-book"))):
+        assert page.locator(f"{box} .error").count() == 0, f"{box} shows an error badge"
     small_settings(page, k=1, max_new=4)
     page.locator("#rag-examples").get_by_text("What is Mars?", exact=True).click()  # an example asks itself
     for mode in ("sequence", "token", "closed-book"):

@@ -67,6 +67,25 @@ def test_ui_imports_without_torch():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
+def test_validators_put_the_library_message_on_the_bad_input_only():
+    def bad(results):
+        return {i: r["message"] for i, r in enumerate(results) if not r["is_valid"]}
+
+    ok = ui.validate_ask("Who painted The Starry Night?", 5, 1, 32, "thorough", None)
+    assert len(ok) == 6 and bad(ok) == {}
+    assert list(bad(ui.validate_ask("  ", 5, 1, 32, "thorough", None))) == [0]
+    assert "question is empty" in bad(ui.validate_ask("  ", 5, 1, 32, "thorough", None))[0]
+    assert "over the limit of 1000" in bad(ui.validate_ask("x" * 1001, 5, 1, 32, "thorough", None))[0]
+    settings = bad(ui.validate_ask("What is Mars?", 0, 1, 32, "thorough", None))
+    assert list(settings) == [1, 2, 3, 4] and "k=0 is out of range" in settings[1]
+
+    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", 5, 1, 32, "fast", None)
+    assert len(ok) == 8 and bad(ok) == {}
+    assert "No passage chosen" in bad(ui.validate_edit(None, "x", "What is Mars?", 5, 1, 32, "fast", None))[0]
+    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", 5, 1, 32, "fast", None))) == [1]
+    assert list(bad(ui.validate_edit("Mars#0", "x", "", 5, 1, 32, "fast", None))) == [2]
+
+
 def test_tokens_are_coloured_by_their_top_passage():
     html = ui.render_tokens(answer_dict())
     assert html.count('<a class="rag-tok') == 3
@@ -354,10 +373,10 @@ def test_ask_session_renders_answers_passages_tokens_heatmap(app):
     ("x" * 1001, "over the limit of 1000"),
 ])
 def test_bad_questions_get_a_message_and_the_app_keeps_serving(app, question, message):
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import AppError, ValidationError
 
     c = client(app[1])
-    with pytest.raises(AppError, match=message):
+    with pytest.raises(ValidationError, match=message):  # the UI's validator, before the queue
         ask_session(c, question)
     with pytest.raises(AppError, match=message):
         c.predict(question, 2, 1, 4, "thorough", "offline", api_name="/ask")
@@ -477,13 +496,13 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
 
 @pytest.mark.slow
 def test_edit_without_a_passage_or_with_empty_text_gets_a_message(app):
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     c = client(app[1])
-    with pytest.raises(AppError, match="No passage chosen"):
+    with pytest.raises(ValidationError, match="No passage chosen"):
         c.predict(None, "text", "Who painted The Starry Night?", 1, 1, 2, "fast", api_name="/edit_passage")
     ask_session(c, "What is Mars?", k=1, max_new_tokens=2)
-    with pytest.raises(AppError, match="is empty"):
+    with pytest.raises(ValidationError, match="is empty"):
         c.predict("Mars#0", "   ", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
 
 
