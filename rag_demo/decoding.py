@@ -73,28 +73,36 @@ class Rows:
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int], pad: int) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
-    so attribution needs no second pass."""
+    so attribution needs no second pass.
+
+    A group that has emitted EOS keeps decoding until all have (groups are independent rows,
+    so this changes no other group); its tokens after EOS are cut and its score is the sum of
+    log-probs up to and including EOS. No per-step masking: this loop runs once per token, and
+    on small models its bookkeeping is a measurable share of a step. `pad` is unused here
+    (kept for the same signature as beam_search)."""
     eos_t = torch.tensor(eos)
     done = torch.zeros(groups, dtype=torch.bool)  # (G,)
-    score = torch.zeros(groups)  # (G,)
-    out: list[torch.Tensor] = []
+    toks: list[torch.Tensor] = []
+    chosen: list[torch.Tensor] = []
     row_lp: list[torch.Tensor] = []
+    one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
         tok = lp.argmax(-1)  # (G,)
-        tok = torch.where(done, torch.full_like(tok, pad), tok)  # (G,) finished rows emit padding
-        score += torch.where(done, 0.0, lp.gather(1, tok.unsqueeze(1)).squeeze(1))  # (G,)
-        out.append(tok)
-        row_lp.append(rows.chosen_row_lp(tok))  # (G, r)
-        done |= torch.isin(tok, eos_t)
-        if bool(done.all()) or t == max_new_tokens - 1:
+        c = lp.gather(1, tok.unsqueeze(1))  # (G, 1)
+        toks.append(tok)
+        chosen.append(c)
+        row_lp.append(c if one_row else rows.chosen_row_lp(tok))  # (G, r)
+        done |= torch.isin(tok, eos_t)  # (G,)
+        if t == max_new_tokens - 1 or bool(done.all()):
             break
         lp = rows.step(tok)  # (G, V)
-    seqs = torch.stack(out, dim=1)  # (G, T)
+    seqs = torch.stack(toks, dim=1).tolist()  # (G, T)
+    lps = torch.cat(chosen, dim=1)  # (G, T)
     hist = torch.stack(row_lp, dim=2)  # (G, r, T)
     hyps = []
     for g in range(groups):
-        toks = _trim(seqs[g].tolist(), eos)
-        hyps.append(Hyp(toks, float(score[g]), g, hist[g, :, : len(toks)]))
+        kept = _trim(seqs[g], eos)
+        hyps.append(Hyp(kept, float(lps[g, : len(kept)].sum()), g, hist[g, :, : len(kept)]))
     return hyps
 
 

@@ -40,10 +40,11 @@ def _load(tiny_ckpts, kind: str, eos_bias: float):
     return ref, qenc, gen
 
 
-def _inputs(qenc, gen, index, question: str):
-    """Retrieve K docs with our stack; -> prompts, padded context ids/mask (K, S), doc_scores (1, K)."""
+def _inputs(qenc, gen, index, question: str, doc_tokens: tuple[int, ...] = (64,) * K):
+    """Retrieve K docs with our stack; -> prompts, padded context ids/mask (K, S), doc_scores (1, K).
+    doc_tokens: each doc's token budget (the default gives equal-length prompts, no padding)."""
     scores, passages = index.search(qenc.encode_questions([question]), K)
-    prompts = [gen.prompt(question, p, max_doc_tokens=64) for p in passages[0]]
+    prompts = [gen.prompt(question, p, max_doc_tokens=n) for p, n in zip(passages[0], doc_tokens)]
     width = max(map(len, prompts))
     ids = torch.full((K, width), gen.pad_token_id, dtype=torch.long)
     mask = torch.zeros((K, width), dtype=torch.long)
@@ -74,6 +75,50 @@ def test_rag_token_generate_matches_reference(tiny_ckpts, index, question, beams
     ours = engine.rag_token(gen, prompts, scores[0], s)
     assert ours.tokens == _strip(want[0], gen.pad_token_id)
     assert len(ours.tokens) >= 1
+
+
+UNEQUAL = (64, 12, 30)  # doc budgets giving prompts of three lengths: rows 2 and 3 are padded
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_padded_contexts_match_reference(tiny_ckpts, index, beams):
+    """Prompts of unequal length (right-padded): generate and NLL still equal the reference,
+    so the encoder padding mask reaches the decoder's cross-attention."""
+    ref, qenc, gen = _load(tiny_ckpts, "token", 0.0)
+    q = QUESTIONS[0]
+    prompts, ids, mask, scores = _inputs(qenc, gen, index, q, UNEQUAL)
+    assert len(set(map(len, prompts))) == K and not bool(mask.all())
+    with torch.no_grad():
+        want = ref.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
+                            num_beams=beams, max_length=1 + 12)
+    assert engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, num_beams=beams, max_new_tokens=12)).tokens \
+        == _strip(want[0], gen.pad_token_id)
+    answer = gen.tokenizer("vincent van gogh painted it")["input_ids"]
+    with torch.no_grad():
+        loss = ref(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
+                   labels=torch.tensor([[gen.decoder_start_token_id] + answer])).loss
+    first_lp, state = gen.prefill(prompts)
+    lp, m = engine.score_candidates(gen, state, first_lp, [answer], gen.pad_token_id)  # (K, 1, T)
+    from rag_demo.marginalize import rag_token_logprob
+
+    torch.testing.assert_close(-rag_token_logprob(lp[:, 0], doc_log_prior(scores[0]), m[0]), loss[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_change_a_rows_log_probs(tiny_ckpts, index):
+    """A short prompt alone, and batched with a longer one (so padded): same log-probs at
+    prefill, after decoding steps, and after rows are selected (beam reordering)."""
+    _, qenc, gen = _load(tiny_ckpts, "token", 0.0)
+    prompts = _inputs(qenc, gen, index, QUESTIONS[1], UNEQUAL)[0]
+    short, long_ = prompts[1], prompts[0]
+    alone_lp, alone = gen.prefill([short])  # (1, V)
+    both_lp, both = gen.prefill([short, long_])  # (2, V)
+    torch.testing.assert_close(both_lp[0], alone_lp[0], rtol=1e-5, atol=1e-5)
+    both = gen.select(both, torch.tensor([1, 0]))  # the short row is now row 1
+    for tok in (5, 17, 9):
+        a = gen.advance(alone, torch.tensor([[tok]]))[0, -1]  # (V,)
+        b = gen.advance(both, torch.tensor([[tok], [tok]]))[1, -1]  # (V,)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
 def test_eos_bias_makes_short_answers(tiny_ckpts, index):
