@@ -70,7 +70,7 @@ class Rows:
         return lp.gather(2, tokens.view(-1, 1, 1).expand(-1, r, 1)).squeeze(-1)  # (N, r)
 
 
-def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int], pad: int) -> list[Hyp]:
+def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int]) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
@@ -78,8 +78,7 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     A group that has emitted EOS keeps decoding until all have (groups are independent rows,
     so this changes no other group); its tokens after EOS are cut and its score is the sum of
     log-probs up to and including EOS. No per-step masking: this loop runs once per token, and
-    on small models its bookkeeping is a measurable share of a step. `pad` is unused here
-    (kept for the same signature as beam_search)."""
+    on small models its bookkeeping is a measurable share of a step."""
     eos_t = torch.tensor(eos)
     done = torch.zeros(groups, dtype=torch.bool)  # (G,)
     toks: list[torch.Tensor] = []
@@ -195,7 +194,7 @@ def search(
     lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, pad)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
     return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty)

@@ -149,6 +149,7 @@ def _save_converted(model, tok, folder: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

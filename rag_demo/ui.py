@@ -600,13 +600,23 @@ def user_errors():
         raise gr.Error(str(e)) from e
 
 
+def settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
+    """RagSettings from the settings widgets' values, or a ValueError naming the bad one."""
+    try:
+        return RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
+                           sequence_decoding=str(sequence_decoding))
+    except TypeError as e:
+        raise ValueError(f"settings must be numbers: {e}") from e
+
+
+def check_passage_chosen(pid: object) -> None:
+    if not pid:
+        raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
+
+
 def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
     with user_errors():
-        try:
-            return RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
-                               sequence_decoding=str(sequence_decoding))
-        except TypeError as e:
-            raise ValueError(f"settings must be numbers: {e}") from e
+        return settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding)
 
 
 def _valid(check: Callable[[], Any]) -> dict:
@@ -619,9 +629,7 @@ def _valid(check: Callable[[], Any]) -> dict:
 
 
 def _validate_settings(k, num_beams, max_new_tokens, sequence_decoding) -> list[dict]:
-    v = _valid(lambda: RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
-                                   sequence_decoding=str(sequence_decoding)))
-    return [v] * 4
+    return [_valid(lambda: settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding))] * 4
 
 
 def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
@@ -636,11 +644,7 @@ def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s) -
 def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
     """gradio validator of "save edit and ask again", like validate_ask: a passage must be
     chosen, its new text must not be empty, and the question must be askable."""
-    def chosen() -> None:
-        if not pid:
-            raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
-
-    return [_valid(chosen), _valid(lambda: check_passage_text(str(pid), new_text)),
+    return [_valid(lambda: check_passage_chosen(pid)), _valid(lambda: check_passage_text(str(pid), new_text)),
             _valid(lambda: check_question(question)),
             *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
 
@@ -851,8 +855,8 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         """Replace one passage's text in this session's copy of the index (re-embedded), then ask
         again: the answer follows the document, the models are unchanged."""
         s = fresh(s)
-        if not pid:
-            raise gr.Error("No passage chosen: ask a question first, then pick one of its passages to edit.")
+        with user_errors():
+            check_passage_chosen(pid)
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
         with user_errors():
             check_question(question)
