@@ -8,10 +8,10 @@ Owns the speed and memory numbers of the demo, printed as markdown tables and sa
    left-padded prompts for the same number of tokens (greedy, min = max new tokens);
 3. memory: resident set size after loading, warm (after answering), and peak;
 4. index build throughput (passages/s) on a 1,000-passage subset of the corpus;
-5. the reference side by side: our engine vs transformers' `RagTokenForGeneration.generate`
-   and `RagSequenceForGeneration.generate` on the same random weights (tiny, and "base":
-   BERT-base DPR + BART-base, realistic depth), fed the same context ids, mask and doc
-   scores; outputs must be equal token for token;
+5. the reference side by side (`reference.compare_with_transformers`): our engine vs
+   transformers' `RagTokenForGeneration.generate` and `RagSequenceForGeneration.generate` on
+   the same random weights (tiny, and "base": BERT-base DPR + BART-base, realistic depth), fed
+   the same context ids, mask and doc scores; outputs must be equal token for token;
 6. cold start to first answer, in a fresh process: with the cached index, and without one
    (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it).
 
@@ -33,6 +33,8 @@ from typing import Callable
 import torch
 
 from .config import RagSettings
+from .generators import pad_rows
+from .reference import compare_with_transformers, reference_cases
 
 STAGES = ("encode", "retrieve", "generate", "attribute", "total")
 THROUGHPUT_PASSAGES = 1000
@@ -115,13 +117,7 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
 def plain_generate(gen, prompts: list[list[int]], n_tokens: int) -> float:
     """Seconds for `model.generate` of the prompts as one batch, exactly `n_tokens` new tokens, greedy.
     Decoder-only prompts are left-padded, encoder-decoder ones right-padded (as the engine does)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), gen.pad_token_id, dtype=torch.long)  # (K, S)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (K, S)
-    left = gen.kind == "decoder-only"
-    for r, p in enumerate(prompts):
-        sl = slice(width - len(p), width) if left else slice(0, len(p))
-        ids[r, sl], mask[r, sl] = torch.tensor(p), 1
+    ids, mask = pad_rows(prompts, gen.pad_token_id, left=gen.kind == "decoder-only")  # (K, S)
     t0 = time.perf_counter()
     gen.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                        do_sample=False, num_beams=1, pad_token_id=gen.pad_token_id)
@@ -136,7 +132,8 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
     gen = mm.generator
     rows = []
     for i, q in enumerate(questions):
-        docs, scores, _ = pipe._retrieve(q, mm, settings.k)
+        r = pipe.retrieve(q, "token", settings.k)
+        docs, scores = r.passages, r.scores
         prompts = [gen.prompt(q, p, settings.max_doc_tokens) for p in docs]
         g = rag_token(gen, prompts, scores * mm.score_scale, settings)
         n = len(g.tokens)
@@ -167,142 +164,6 @@ def index_throughput(pipe, n: int = THROUGHPUT_PASSAGES) -> dict:
     dt = time.perf_counter() - t0
     return {"passages": len(sub), "seconds": dt, "passages_per_s": len(sub) / dt,
             "encoder": pipe.stack.ctx_encoder.name}
-
-
-# ---------------------------------------------------------------- 5 the reference side by side
-
-
-def _ctx_tensors(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (n_docs, S) ids and mask: what RagRetriever hands to the generator."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
-    return ids, mask
-
-
-def _hf_tokens(out: torch.Tensor, pad: int, eos: int) -> list[int]:
-    """transformers' output row -> our convention: no decoder start token, cut after EOS."""
-    toks = out[0, 1:].tolist()
-    if eos in toks:
-        return toks[: toks.index(eos) + 1]
-    while toks and toks[-1] == pad:
-        toks.pop()
-    return toks
-
-
-@torch.inference_mode()
-def _dpr_scores(q_model, q_tok, c_model, c_tok, question: str, passages: list) -> torch.Tensor:
-    """(1, n_docs) DPR scores q(x)·d(z), inputs cut to the encoders' position limit (the tiny
-    random DPR has 128 positions, fewer than encoders.MAX_TOKENS)."""
-    n = min(256, q_model.config.max_position_embeddings, c_model.config.max_position_embeddings)
-    qe = q_tok([question], truncation=True, max_length=n, return_tensors="pt")
-    ce = c_tok([p.title for p in passages], [p.text for p in passages], truncation=True, max_length=n,
-               padding=True, return_tensors="pt")
-    return q_model(**qe).pooler_output @ c_model(**ce).pooler_output.T  # (1, n_docs)
-
-
-def _paired_times(a, b, reps: int):
-    """Median seconds of a() and b() over `reps` rounds, alternating which runs first (so cache
-    warmth and clock drift do not favour one side); -> (t_a, result_a, t_b, result_b)."""
-    times: dict = {a: [], b: []}
-    results: dict = {}
-    for i in range(reps):
-        for fn in ((a, b) if i % 2 == 0 else (b, a)):
-            t0 = time.perf_counter()
-            results[fn] = fn()
-            times[fn].append(time.perf_counter() - t0)
-    return statistics.median(times[a]), results[a], statistics.median(times[b]), results[b]
-
-
-def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_new_tokens: int = 32,
-                              reps: int = 1, say: Callable[[str], None] | None = None,
-                              full_length: bool = True) -> dict:
-    """Our engine vs transformers' RAG generate on the same checkpoint weights.
-
-    paths: make_random_rag_checkpoints(...) folders; cases: (question, passages) with
-    len(passages) == the checkpoint's n_docs. Doc scores are the checkpoint's DPR question
-    vector · the DPR context vectors. Per mode: same outputs (token lists), median seconds.
-
-    full_length: random BART puts its EOS first on most inputs, so both sides would stop after
-    one token and only the prefill would be compared. We add -1e4 to EOS in the generator's
-    `final_logits_bias` (one shared module, so both sides see it) and every answer runs to
-    `max_new_tokens`.
-    """
-    from transformers import AutoTokenizer, DPRContextEncoder, RagSequenceForGeneration, RagTokenForGeneration, RagTokenizer
-
-    from .engine import rag_sequence, rag_token
-    from .generators import EncoderDecoderGenerator
-
-    ctx = DPRContextEncoder.from_pretrained(str(paths["ctx_encoder"])).eval()
-    ctx_tok = AutoTokenizer.from_pretrained(str(paths["ctx_encoder"]))
-    result = {}
-    for mode, cls, key, run in (("token", RagTokenForGeneration, "rag_token", rag_token),
-                                ("sequence", RagSequenceForGeneration, "rag_sequence", rag_sequence)):
-        model = cls.from_pretrained(str(paths[key])).eval()
-        tok = RagTokenizer.from_pretrained(str(paths[key]))
-        n_docs = model.config.n_docs
-        gen = EncoderDecoderGenerator(model.rag.generator, tok.generator, max_input_tokens=model.config.max_combined_length)
-        if full_length:
-            with torch.no_grad():
-                model.rag.generator.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4
-        # hf_compat_sequence_score: rank RAG-Sequence candidates with the reference's score
-        s = RagSettings(k=n_docs, num_beams=1, max_new_tokens=max_new_tokens, hf_compat_sequence_score=True)
-        rows = []
-        for i, (q, passages) in enumerate(cases):
-            if len(passages) != n_docs:
-                raise ValueError(f"case {i} has {len(passages)} passages but the checkpoint's n_docs is {n_docs}: "
-                                 f"pass exactly n_docs passages per question.")
-            doc_scores = _dpr_scores(model.rag.question_encoder, tok.question_encoder, ctx, ctx_tok, q, passages)
-            prompts = [gen.prompt(q, p, s.max_doc_tokens) for p in passages]
-            ids, mask = _ctx_tensors(prompts, gen.pad_token_id)
-
-            gen_times: list[float] = []  # our generate stage alone, per call
-
-            def ours():
-                g = run(gen, prompts, doc_scores[0], s)
-                gen_times.append(g.timings["generate"])
-                return g
-
-            # RagTokenForGeneration.generate ignores max_new_tokens (it never converts it to a
-            # max_length) and stops at max_length, the decoder start token included.
-            length = {"max_length": max_new_tokens + 1} if mode == "token" else {"max_new_tokens": max_new_tokens}
-
-            def theirs():
-                with torch.inference_mode():
-                    return model.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=doc_scores,
-                                          n_docs=n_docs, num_beams=1, do_sample=False, **length)
-
-            if i == 0:  # warm both paths up
-                ours(), theirs()
-                gen_times.clear()
-            t_ours, g, t_hf, out = _paired_times(ours, theirs, reps)
-            ref = _hf_tokens(out, gen.pad_token_id, gen.eos_token_ids[0])
-            rows.append({"question": q, "same": g.tokens == ref, "ours": g.tokens, "transformers": ref,
-                         "ours_s": t_ours, "ours_generate_s": statistics.median(gen_times), "transformers_s": t_hf})
-            if say:
-                say(f"reference {mode} {i + 1}/{len(cases)}: ours {t_ours:.3f} s, transformers {t_hf:.3f} s, "
-                    f"same={rows[-1]['same']}")
-        result[mode] = {
-            "n_docs": n_docs, "same": all(r["same"] for r in rows), "n": len(rows),
-            "ours_s_p50": statistics.median(r["ours_s"] for r in rows),
-            "ours_generate_s_p50": statistics.median(r["ours_generate_s"] for r in rows),
-            "transformers_s_p50": statistics.median(r["transformers_s"] for r in rows),
-            # median over questions of the paired ratio: one question slowed by a noisy
-            # neighbour (both sides, same rounds) cannot swing it the way a ratio of sums can
-            "ratio": statistics.median(r["ours_s"] / r["transformers_s"] for r in rows),
-            "ratio_generate_only": statistics.median(r["ours_generate_s"] / r["transformers_s"] for r in rows),
-            "tokens_mean": sum(len(r["ours"]) for r in rows) / len(rows),
-            "rows": rows,
-        }
-    return result
-
-
-def reference_cases(questions: list[str], n_docs: int, retriever) -> list[tuple[str, list]]:
-    """(question, its top n_docs passages) pairs; passages from any retriever with .search(questions, k)."""
-    _, passages = retriever.search(questions, n_docs)
-    return list(zip(questions, passages))
 
 
 # ---------------------------------------------------------------- 6 cold start
@@ -423,7 +284,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     settings = RagSettings()
     r: dict = {"n": len(questions), "settings": {"k": settings.k, "max_new_tokens": settings.max_new_tokens},
                "load_avg": {"start": load_avg()}, "machine": machine_info()}
-    pipe = RagPipeline.load(spec, settings=settings, progress=say)
+    pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()
     r["memory"] = {"rss_loaded": rss_bytes()}
     r["latency"] = latency(pipe, questions, modes, settings, say)

@@ -21,6 +21,11 @@ def _progress(msg: str) -> None:
     print(f"[rag-demo] {msg}", file=sys.stderr, flush=True)
 
 
+def _load_progress(frac: float | None, msg: str) -> None:
+    """RagPipeline.load's progress(fraction, message): the message is what a terminal needs."""
+    _progress(msg)
+
+
 def _spec(args) -> StackSpec:
     kw = {"name": args.stack}
     if args.cache_dir:
@@ -115,8 +120,7 @@ def format_answer(a) -> str:
     else:
         width = max(12, max(len(repr(tok)) for tok in a.tokens) + 1)
         lines.append(" " * width + "".join(f"  [{d.rank}]  " for d in a.docs))
-        for tok, row in zip(a.tokens, a.token_doc_posteriors):
-            best = max(range(len(row)), key=row.__getitem__)
+        for tok, row, best in zip(a.tokens, a.token_doc_posteriors, a.top_docs):
             cells = "".join(f" {'*' if j == best else ' '}{p:5.2f} " for j, p in enumerate(row))
             lines.append(f"{tok!r:<{width}}{cells}")
     return "\n".join(lines)
@@ -131,7 +135,7 @@ def cmd_ask(args) -> int:
                            sequence_decoding=args.decoding)
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
-    pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index)
     _progress(f"Ready in {time.perf_counter() - t0:.1f} s ({pipe.stack.describe()})")
     answers = pipe.answer_modes(args.question, modes)
     if args.json:
@@ -145,22 +149,25 @@ def cmd_ask(args) -> int:
 def cmd_index(args) -> int:
     from .pipeline import RagPipeline
 
-    RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_progress, rebuild_index=args.rebuild_index)
+    RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_load_progress, rebuild_index=args.rebuild_index)
     return 0
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate, format_report, load_qa, parse_modes, parse_retrievers, save_report
+    from .evaluate import evaluate, format_report, parse_modes, parse_retrievers, read_qa, save_report
     from .pipeline import RagPipeline
 
-    items = load_qa(args.qa, args.limit)
+    qa = read_qa(args.qa, args.limit)
+    items = qa.items
     modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
                            sequence_decoding=args.decoding)
-    pipe = RagPipeline.load(_spec(args), settings=settings, progress=_progress, rebuild_index=args.rebuild_index)
+    pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
+                            rebuild_index=args.rebuild_index)
     partial = Path(args.out).with_suffix(".partial.json")
     report = evaluate(pipe, items, modes, settings, retrievers, say=_progress, partial_path=partial)
     partial.unlink(missing_ok=True)
+    report["qa_file"] = {"path": qa.path, "rows_used": len(items), "skipped": qa.skipped, "dropped": qa.dropped}
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     print(format_report(report))
     _progress(f"Saved {save_report(report, args.out)}")

@@ -52,10 +52,6 @@ class RagSettings:
     # Tokens of passage text fed to the generator per doc (the question is never cut):
     # ~100-word passages are ~130-150 tokens, so 192 keeps them whole but bounds the worst case.
     max_doc_tokens: int = 192
-    # Reproduce transformers' RAG-Sequence scoring quirk (BOS excluded, prior added at the
-    # second token; huggingface/transformers#9312). Off: the prior enters once, every
-    # generated token is scored. On only for parity tests.
-    hf_compat_sequence_score: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

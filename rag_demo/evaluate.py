@@ -15,6 +15,7 @@ differ only in which passages the generator sees.
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import re
 import statistics
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import MODES, RagSettings
+
+log = logging.getLogger(__name__)
 
 RECALL_KS = (1, 5, 20)
 RETRIEVERS = ("dense", "bm25")
@@ -156,8 +159,22 @@ class QAItem:
         return str(self.meta.get("type", "?"))
 
 
-def parse_qa_line(line: str, where: str) -> QAItem:
-    """One JSONL line -> QAItem, or a ValueError naming `where` (file:line) and the fix."""
+@dataclass
+class QAFile:
+    """A QA file as read: its usable questions, and what was dropped on the way (shown in the report)."""
+
+    path: str
+    items: list[QAItem]
+    skipped: list[str] = field(default_factory=list)  # "file line N: why", rows with no usable answer
+    dropped: list[str] = field(default_factory=list)  # "file line N: answer '*' ...", answers removed from kept rows
+
+
+def parse_qa_line(line: str, where: str, dropped: list[str] | None = None) -> QAItem | None:
+    """One JSONL line -> QAItem, or a ValueError naming `where` (file:line) and the fix.
+
+    An answer that is empty after normalisation (only punctuation or articles, e.g. '*': no
+    prediction can match it) is dropped and noted in `dropped`; a row left with no answer
+    returns None (the caller skips and counts it)."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
@@ -177,26 +194,44 @@ def parse_qa_line(line: str, where: str) -> QAItem:
         raise ValueError(f'{where}: "answers" must be a list of strings, e.g. ["{answers}"], not a string.')
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
         raise ValueError(f'{where}: "answers" must be a non-empty list of non-empty strings.')
-    if not all(normalize_answer(a) for a in answers):
-        raise ValueError(f'{where}: an answer in {answers} is empty after normalisation (only punctuation or articles).')
-    return QAItem(q.strip(), answers, obj)
+    kept = [a for a in answers if normalize_answer(a)]
+    for a in answers:
+        if a not in kept and dropped is not None:
+            dropped.append(f"{where}: answer {a!r} is empty after normalisation (only punctuation or articles); dropped")
+    if not kept:
+        return None
+    return QAItem(q.strip(), kept, obj)
 
 
-def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
-    """Read a QA JSONL file; blank lines are skipped; `limit` keeps the first N questions."""
+def read_qa(path: str | Path, limit: int | None = None) -> QAFile:
+    """Read a QA JSONL file; blank lines are skipped; `limit` keeps the first N usable questions.
+    Rows whose every answer is empty after normalisation are skipped and listed in `skipped`."""
     path = Path(path)
     if limit is not None and limit < 1:
         raise ValueError(f"limit={limit!r} is out of range: use a positive number of questions.")
     if not path.is_file():
         raise ValueError(f"QA file {path} not found: pass --qa with a JSONL file (e.g. assets/qa_dev.jsonl).")
-    items = [
-        parse_qa_line(line, f"{path.name} line {n}")
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-        if line.strip()
-    ]
-    if not items:
-        raise ValueError(f"{path} holds no questions: write one JSON object per line.")
-    return items[:limit]
+    out = QAFile(str(path), [])
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {n}"
+        item = parse_qa_line(line, where, out.dropped)
+        if item is None:
+            out.skipped.append(f"{where}: no answer left after dropping the ones empty after normalisation")
+        else:
+            out.items.append(item)
+    for msg in out.dropped + out.skipped:
+        log.warning(msg)
+    if not out.items:
+        raise ValueError(f"{path} holds no usable questions: write one JSON object per line, each with an answer.")
+    out.items = out.items[:limit]
+    return out
+
+
+def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
+    """The usable questions of a QA file (see `read_qa`)."""
+    return read_qa(path, limit).items
 
 
 def parse_modes(text: str) -> list[str]:
@@ -243,22 +278,6 @@ def _cpu_name() -> str:
     return platform.processor() or "?"
 
 
-def _answer_with_passages(pipe, question: str, mode: str, passages, scores, timings: dict, s: RagSettings):
-    """A RAG answer from given passages (BM25's). Uses RagPipeline._rag: pipeline.py has no
-    public "answer from these passages" entry point yet."""
-    return pipe._rag(question, mode, pipe.stack.modes[mode], passages, scores, timings, s)
-
-
-def _dense_scores(pipe, mode: str, question: str, passages):
-    """Dense retrieval scores q(x)·d(z) of given passages under `mode`'s question encoder (K,)."""
-    import numpy as np
-    import torch
-
-    qv = pipe.stack.modes[mode].question_encoder.encode_questions([question])  # (1, D)
-    rows = [pipe.index.corpus.position(p.id) for p in passages]
-    return torch.from_numpy((pipe.index.embeddings[rows] @ qv[0]).astype(np.float32))  # (K,)
-
-
 def evaluate(
     pipe,
     items: list[QAItem],
@@ -301,21 +320,17 @@ def evaluate(
     hits: dict[str, list] = {"dense": [], "bm25": []}
     ret_ms: dict[str, list] = {"dense": [], "bm25": []}
     bar = tqdm(items, desc="eval", unit="q", file=sys.stderr, disable=not progress)
-    em_running: dict[str, list] = {}
+    f1_running: dict[str, list] = {}
     for item in bar:
         q = item.question
         rec = {"question": q, "answers": item.answers, **item.meta, "retrieval": {}, "answers_by_row": {}}
         # retrieval, both retrievers, to depth 20
-        ranked = {}
-        mm = pipe.stack.modes[enc_mode]
-        t0 = time.perf_counter()
-        qv = mm.question_encoder.encode_questions([q])  # (1, D)
-        d_scores, d_pass = pipe.index.search(qv, depth)
-        ret_ms["dense"].append(1000 * (time.perf_counter() - t0))
+        dense = pipe.retrieve(q, enc_mode, depth)
+        ret_ms["dense"].append(1000 * (dense.timings["encode"] + dense.timings["retrieve"]))
         t0 = time.perf_counter()
         b_scores, b_pass = bm25.search([q], depth)
         ret_ms["bm25"].append(1000 * (time.perf_counter() - t0))
-        ranked["dense"], ranked["bm25"] = d_pass[0], b_pass[0]
+        ranked = {"dense": dense.passages, "bm25": b_pass[0]}
         for r, passages in ranked.items():
             rank = first_hit([passage_text(p) for p in passages], item.answers)
             hits[r].append(rank)
@@ -328,15 +343,14 @@ def evaluate(
                 a = pipe.answer(q, mode, settings)
             else:
                 passages = ranked["bm25"][: settings.k]
-                scores = _dense_scores(pipe, mode, q, passages)
-                a = _answer_with_passages(pipe, q, mode, passages, scores, {"encode": 0.0, "retrieve": 0.0}, settings)
+                a = pipe.answer_from(q, mode, passages, pipe.passage_scores(q, mode, passages), settings)
             key = f"{mode}|{r}"
             rec["answers_by_row"][key] = {
                 "text": a.text, "em": exact_match(a.text, item.answers), "f1": f1_score(a.text, item.answers),
                 "contains": contains_answer(a.text, item.answers), "seconds": a.timings["total"],
                 "n_tokens": len(a.token_ids), "docs": [d.id for d in a.docs],
             }
-            em_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
+            f1_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
         records.append(rec)
         if partial_path is not None:
             done = len(records)
@@ -344,7 +358,7 @@ def evaluate(
                               {r: h[:done] for r, h in hits.items()}, ret_ms, ret_names, depth)
             save_report({**part, "partial": f"{done} of {len(items)} questions"}, partial_path)
         bar.set_postfix({k.split("|")[0][:3] + ("/bm25" if k.endswith("bm25") else ""): f"{sum(v) / len(v):.2f}"
-                         for k, v in em_running.items()}, refresh=False)
+                         for k, v in f1_running.items()}, refresh=False)
     bar.close()
     return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
 
@@ -447,6 +461,11 @@ def format_report(report: dict) -> str:
     lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['threads']} threads), "
               f"load average at the end {m.get('load_avg', '?')}. Scores in %."]
     lines += [f"- {n}" for n in report["notes"]]
+    qa = report.get("qa_file")
+    if qa and (qa["skipped"] or qa["dropped"]):
+        lines += ["", f"QA file {qa['path']}: {len(qa['skipped'])} row(s) skipped (no usable answer), "
+                      f"{len(qa['dropped'])} answer(s) dropped (empty after normalisation):"]
+        lines += [f"- {m}" for m in qa["skipped"] + qa["dropped"]]
     return "\n".join(lines)
 
 

@@ -48,6 +48,23 @@ class GenState:
         return self.mask.shape[0]
 
 
+def pad_rows(rows: Sequence[Sequence[int]], pad: int, left: bool = False, min_width: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id lists -> (R, W) ids and (R, W) mask (1 on real tokens), the one place padding is built.
+
+    Right-padded by default (encoder inputs, teacher-forced targets); `left=True` for decoder-only
+    prompts, so every row's last real token sits in the last column. W = max(longest row, min_width).
+    """
+    width = max([len(r) for r in rows] + [min_width])
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (R, W)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (R, W)
+    for r, row in enumerate(rows):
+        cols = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[r, cols] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, cols] = 1
+    return ids, mask
+
+
 def _select_cache(cache: Cache, rows: torch.Tensor) -> Cache:
     """A new cache holding `rows` of `cache` (copies: the source is never mutated)."""
     if isinstance(cache, EncoderDecoderCache):
@@ -141,12 +158,7 @@ class EncoderDecoderGenerator(Generator):
 
     @torch.inference_mode()
     def prefill(self, prompts):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # (R, S) right-padded
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (R, S)
-        for r, p in enumerate(prompts):
-            ids[r, : len(p)] = torch.tensor(p)
-            mask[r, : len(p)] = 1
+        ids, mask = pad_rows(prompts, self.pad_token_id)  # (R, S) right-padded
         return self.prefill_ids(ids, mask)
 
     @torch.inference_mode()
@@ -227,12 +239,7 @@ class DecoderOnlyGenerator(Generator):
 
     @torch.inference_mode()
     def prefill(self, prompts):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # (R, S) left-padded
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (R, S)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
+        ids, mask = pad_rows(prompts, self.pad_token_id, left=True)  # (R, S) left-padded
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, S) positions ignore the left padding
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True,

@@ -4,7 +4,7 @@ Owns `PassageIndex` (a corpus, its (N, D) embeddings and a FAISS `IndexFlatIP`; 
 is fast enough for demo-sized corpora), the per-session "edit a passage" copy, and the
 on-disk cache: `cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
 sha256(corpus fingerprint + encoder fingerprint)[:16]. A cache is written atomically (temp
-sibling folder, fsync, rename) and verified on load (key, sizes, format, file hashes);
+sibling folder, fsync, rename: `publish.py`) and verified on load (key, sizes, format, file hashes);
 anything missing, corrupt or stale is logged and rebuilt, never trusted.
 """
 
@@ -14,9 +14,6 @@ import hashlib
 import io
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ import numpy as np
 
 from rag_demo.corpus import Corpus, Passage
 from rag_demo.encoders import Encoder
+from rag_demo.publish import publish_folder, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -154,64 +152,14 @@ def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder) -> PassageIn
     return PassageIndex(corpus, embeddings, index)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(folder: Path) -> None:
-    """Move a cache folder aside atomically (readers never see it half deleted), then delete it."""
-    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-    try:
-        os.replace(folder, trash / folder.name)
-    except FileNotFoundError:
-        pass  # another process removed it first
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def publish_folder(folder: Path, write: Callable[[Path], None], is_complete: Callable[[Path], bool] = Path.exists) -> bool:
-    """Atomically put a folder in place: `write(tmp)` fills a temp sibling (its completeness
-    marker last), fsync, move any old copy aside, rename. Readers never see a half-written or
-    half-deleted folder. If another process published first (our rename fails) and its folder
-    `is_complete`, that one is kept and this returns False. Shared by every on-disk cache: the
-    index, the converted SmolLM2, the random checkpoints."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        write(tmp)
-        _fsync_dir(tmp)
-        if folder.exists():
-            _remove(folder)  # the stale or corrupt copy being replaced
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not is_complete(folder):
-                raise
-            return False
-        _fsync_dir(folder.parent)
-        return True
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _save(folder: Path, key: str, index: PassageIndex, encoder: Encoder) -> None:
     """Serialise into the cache folder via `publish_folder`; a concurrent winner is kept."""
 
     def write(tmp: Path) -> None:
         blobs = _serialize(index)
         for name, data in blobs.items():
-            _write_synced(tmp / name, data)
-        _write_synced(tmp / "meta.json", json.dumps(_meta(key, index, encoder, blobs), indent=1).encode())
+            write_synced(tmp / name, data)
+        write_synced(tmp / "meta.json", json.dumps(_meta(key, index, encoder, blobs), indent=1).encode())
 
     if not publish_folder(folder, write):
         log.info("index cache %s was written by another process first; keeping that one", folder)

@@ -25,6 +25,8 @@ from .index import IndexInfo, PassageIndex, load_or_build_index
 from .marginalize import doc_log_prior
 from .stacks import LoadedStack, load_stack
 
+Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
+
 
 @dataclass
 class RetrievedDoc:
@@ -46,7 +48,8 @@ class Answer:
     token_ids: list[int]
     docs: list[RetrievedDoc]
     token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (see DESIGN.md 3)
-    doc_posterior: list[float] | None  # RAG-Sequence: p(z | x, y); RAG-Token: mean of the token rows
+    top_docs: list[int]  # (T,) 0-based index into docs of the passage token i leans on most (row argmax)
+    doc_posterior: list[float] | None  # RAG-Sequence: p(z | x, y); RAG-Token: mean of the token rows shown
     sequence_logprob: float  # log p(y|x) under the mode's model, every generated token counted
     decoding: str
     timings: dict[str, float]  # seconds: encode, retrieve, generate, attribute, total
@@ -57,9 +60,14 @@ class Answer:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def top_doc_per_token(self) -> list[int]:
-        """Index (0-based into docs) of the passage each token leans on most."""
-        return [max(range(len(row)), key=row.__getitem__) for row in self.token_doc_posteriors]
+
+@dataclass
+class Retrieval:
+    """Steps 1-2 for one question: the top K passages, best first."""
+
+    passages: list[Passage]
+    scores: torch.Tensor  # (K,) retrieval inner products q(x)·d(z)
+    timings: dict[str, float]  # seconds: encode, retrieve
 
 
 class RagPipeline:
@@ -78,35 +86,46 @@ class RagPipeline:
         spec: StackSpec | None = None,
         corpus: Corpus | None = None,
         settings: RagSettings | None = None,
-        progress: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
         rebuild_index: bool = False,
     ) -> "RagPipeline":
-        """Load the stack's models, then the index for `corpus` (Vital Articles by default)."""
+        """Load the stack's models, then the index for `corpus` (Vital Articles by default).
+
+        progress(fraction or None, message) is called before each slow step and while passages
+        are embedded (models 0-0.5, index 0.5-1.0): what the CLI prints and the app's status shows.
+        """
         spec = spec or StackSpec()
-        stack = load_stack(spec, progress)
-        if progress:
-            progress(f"Models loaded in {stack.load_seconds:.1f} s")
+        say = progress or (lambda frac, msg: None)
+        say(0.02, f"Loading the {spec.name} stack's models ...")
+        steps = iter((0.05, 0.2, 0.3, 0.4))  # load_stack says what it loads before each model
+        stack = load_stack(spec, lambda msg: say(next(steps, 0.45), msg))
+        say(0.5, f"Models loaded in {stack.load_seconds:.1f} s")
         corpus = corpus if corpus is not None else load_vital_articles()
         pipe = cls(stack, None, settings)  # type: ignore[arg-type]
-        pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index)
+        pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))
         return pipe
 
-    def build_index(self, corpus: Corpus, progress: Callable[[str], None] | None = None, rebuild: bool = False):
-        """(index, info) for `corpus` under this stack's passage encoder, cached on disk."""
-        if progress:
-            progress(f"Loading the index of {corpus.name} ({len(corpus)} passages) ...")
-        bar = (lambda done, total: progress(f"Embedding passages: {done}/{total}")) if progress else None
+    def build_index(self, corpus: Corpus, progress: Progress | None = None, rebuild: bool = False,
+                    span: tuple[float, float] = (0.0, 1.0)):
+        """(index, info) for `corpus` under this stack's passage encoder, cached on disk;
+        progress fractions run over `span`."""
+        say = progress or (lambda frac, msg: None)
+        lo, hi = span
+        say(lo, f"Loading the index of {corpus.name} ({len(corpus):,} passages) ...")
+
+        def bar(done: int, total: int) -> None:
+            say(lo + (hi - lo) * done / max(total, 1), f"Embedding passages of {corpus.name}: {done:,}/{total:,}")
+
         index, info = load_or_build_index(corpus, self.stack.ctx_encoder, self.stack.spec.cache_dir, bar, rebuild)
-        if progress:
-            how = "loaded from cache" if info.source == "cache" else "built and cached"
-            progress(f"Index {how} in {info.seconds:.1f} s ({info.n_passages} passages)")
+        how = "loaded from cache" if info.source == "cache" else "built and cached"
+        say(hi, f"Index {how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
         return index, info
 
     def with_index(self, index: PassageIndex, info: IndexInfo | None = None) -> "RagPipeline":
         """Same models, another index: the hot-swap (no retraining)."""
         return RagPipeline(self.stack, index, self.settings, info)
 
-    def with_corpus(self, corpus: Corpus, progress: Callable[[str], None] | None = None) -> "RagPipeline":
+    def with_corpus(self, corpus: Corpus, progress: Progress | None = None) -> "RagPipeline":
         index, info = self.build_index(corpus, progress)
         return self.with_index(index, info)
 
@@ -122,37 +141,64 @@ class RagPipeline:
         q = check_question(question)
         modes = [check_mode(m) for m in modes]
         s = (settings or self.settings).merged(**overrides)
-        if s.k > len(self.index):
-            raise ValueError(
-                f"k={s.k} is more than the {len(self.index)} passages of corpus {self.index.corpus.name!r}: "
-                f"choose k from 1 to {len(self.index)}."
-            )
-        retrieved: dict[int, tuple] = {}
+        self._check_k(s.k)
+        retrieved: dict[int, Retrieval] = {}
         out = {}
         for mode in modes:
-            mm = self.stack.modes[mode]
             if mode == "closed-book":
-                out[mode] = self._closed_book(q, mm, s)
+                out[mode] = self._closed_book(q, s)
                 continue
-            key = id(mm.question_encoder)
+            key = id(self.stack.modes[mode].question_encoder)
             if key not in retrieved:
-                retrieved[key] = self._retrieve(q, mm, s.k)
-            docs, scores, timings = retrieved[key]
-            out[mode] = self._rag(q, mode, mm, docs, scores, dict(timings), s)
+                retrieved[key] = self.retrieve(q, mode, s.k)
+            r = retrieved[key]
+            out[mode] = self.answer_from(q, mode, r.passages, r.scores, s, timings=r.timings)
         return out
 
-    def _retrieve(self, q: str, mm, k: int):
+    def _check_k(self, k: int) -> None:
+        if k > len(self.index):
+            raise ValueError(
+                f"k={k} is more than the {len(self.index)} passages of corpus {self.index.corpus.name!r}: "
+                f"choose k from 1 to {len(self.index)}."
+            )
+
+    # -- the stages, each a public entry point ---------------------------------
+    def retrieve(self, question: str, mode: str = "token", k: int | None = None) -> Retrieval:
+        """Steps 1-2: encode the question with `mode`'s question encoder, then the top k passages
+        (k defaults to the pipeline's settings) with their scores q(x)·d(z)."""
+        q = check_question(question)
+        mm = self.stack.modes[check_mode(mode)]
+        k = self.settings.k if k is None else k
+        self._check_k(k)
         t0 = time.perf_counter()
         qv = mm.question_encoder.encode_questions([q])  # step 1: encode (1, D)
         t1 = time.perf_counter()
         scores, passages = self.index.search(qv, k)  # step 2: retrieve (1, K)
         t2 = time.perf_counter()
-        return passages[0], torch.from_numpy(scores[0].copy()), {"encode": t1 - t0, "retrieve": t2 - t1}
+        return Retrieval(passages[0], torch.from_numpy(scores[0].copy()), {"encode": t1 - t0, "retrieve": t2 - t1})
 
-    def _rag(self, q: str, mode: str, mm, passages: list[Passage], scores: torch.Tensor, timings: dict,
-             s: RagSettings) -> Answer:
+    def passage_scores(self, question: str, mode: str, passages: list[Passage]) -> torch.Tensor:
+        """Retrieval scores q(x)·d(z) (K,) of given passages of this index (e.g. BM25's picks)
+        under `mode`'s question encoder, as `retrieve` would have scored them."""
+        qv = self.stack.modes[check_mode(mode)].question_encoder.encode_questions([check_question(question)])  # (1, D)
+        rows = [self.index.corpus.position(p.id) for p in passages]
+        return torch.from_numpy((self.index.embeddings[rows] @ qv[0]).astype("float32"))  # (K,)
+
+    def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
+                    settings: RagSettings | None = None, timings: dict | None = None, **overrides) -> Answer:
+        """Steps 3-4 on given passages and their retrieval scores q(x)·d(z) (K,): another
+        retriever's picks, a passage taken away, an edited text. p(z|x) is the softmax of the
+        scores times the stack's scale, over these passages only."""
+        q = check_question(question)
+        mode = check_mode(mode)
+        if mode == "closed-book":
+            raise ValueError("mode='closed-book' uses no passages: call answer(question, 'closed-book').")
+        if not passages or len(passages) != len(scores):
+            raise ValueError(f"got {len(passages)} passages and {len(scores)} scores: pass one score per passage.")
+        s = (settings or self.settings).merged(**overrides)
+        mm = self.stack.modes[mode]
         gen = mm.generator
-        logits = scores * mm.score_scale  # (K,) the retrieval logits p(z|x) is a softmax of
+        logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,) p(z|x) is their softmax
         prior = doc_log_prior(logits).exp()  # (K,)
         prompts = [gen.prompt(q, p, s.max_doc_tokens) for p in passages]
         run = rag_token if mode == "token" else rag_sequence
@@ -161,27 +207,29 @@ class RagPipeline:
             RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]))
             for i, p in enumerate(passages)
         ]
-        return self._answer(q, mode, gen, g, docs, timings)
+        return self._answer(q, mode, gen, g, docs, dict(timings or {"encode": 0.0, "retrieve": 0.0}))
 
-    def _closed_book(self, q: str, mm, s: RagSettings) -> Answer:
-        gen = mm.generator
+    def _closed_book(self, q: str, s: RagSettings) -> Answer:
+        gen = self.stack.modes["closed-book"].generator
         g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens), s)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
         shown = [i for i, t in enumerate(g.tokens) if not gen.is_special(t)]
         pieces = gen.token_pieces(g.tokens)
-        post = g.posteriors[shown].tolist() if g.posteriors is not None else []  # (T', K)
+        post = g.posteriors[shown] if g.posteriors is not None else None  # (T', K)
         if g.doc_posterior is not None:
             doc_post = g.doc_posterior.tolist()
-        else:
-            doc_post = g.posteriors.mean(0).tolist() if g.posteriors is not None and len(g.tokens) else None
+        else:  # RAG-Token: the mean of the rows shown (EOS and other special tokens left out)
+            doc_post = post.mean(0).tolist() if post is not None and len(shown) else None
         timings = {**timings, **g.timings}
         timings["total"] = sum(timings.values())
         return Answer(
             question=q, mode=mode, text=gen.decode(g.tokens),
             tokens=[pieces[i] for i in shown], token_ids=[g.tokens[i] for i in shown],
-            docs=docs, token_doc_posteriors=post, doc_posterior=doc_post,
+            docs=docs, token_doc_posteriors=post.tolist() if post is not None else [],
+            top_docs=post.argmax(-1).tolist() if post is not None and len(shown) else [],
+            doc_posterior=doc_post,
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],

@@ -37,7 +37,7 @@ from transformers import (
     RagTokenizer,
 )
 
-from .index import publish_folder
+from .publish import publish_folder
 
 # Bump when the on-disk result of the same (size, seed, n_docs) would change, so that cached
 # checkpoints from an older build are rebuilt instead of trusted.

@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 
 from .config import StackSpec
-from .encoders import DPRContextEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
+from .encoders import DPRPassageEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
 from .generators import DecoderOnlyGenerator, EncoderDecoderGenerator, Generator
-from .index import publish_folder
+from .publish import publish_folder
 from .hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
         return LoadedStack(spec, enc, modes, time.perf_counter() - t0)
     _say(progress, f"Loading context encoder {spec.ctx_encoder} ...")
-    ctx = DPRContextEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"))
+    ctx = DPRPassageEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"))
     _say(progress, f"Loading {spec.rag_token} ...")
     tq, tg = load_rag_checkpoint(spec.rag_token, "token")
     _say(progress, f"Loading {spec.rag_sequence} ...")

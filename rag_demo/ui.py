@@ -29,6 +29,7 @@ import gradio as gr
 
 from .config import (
     MODE_TITLES,
+    MODES,
     MAX_BEAMS,
     MAX_K,
     MAX_NEW_TOKENS,
@@ -45,7 +46,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
 DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
-MODES = ("sequence", "token", "closed-book")
 MODE_FORMULAS = {
     "sequence": "p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i)",
     "token": "p(y|x) = Π_i Σ_z p(z|x) p(y_i|x,z,y_<i)",
@@ -122,30 +122,13 @@ def default_unavailable(stack: str) -> str | None:
 
 
 def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None):
-    """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default), the
-    index loaded from the on-disk cache or built with progress. Imports the library lazily."""
+    """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default):
+    `RagPipeline.load`, which relays its progress. Imports the library lazily."""
 
     def factory(stack: str, progress: Progress) -> Any:
-        from .corpus import load_vital_articles
-        from .index import load_or_build_index
         from .pipeline import RagPipeline
-        from .stacks import load_stack
 
-        spec = StackSpec(name=stack)
-        progress(0.02, f"Loading the {stack} stack's models ...")
-        steps = iter((0.05, 0.2, 0.3, 0.4))  # load_stack says what it loads before each model
-        loaded = load_stack(spec, lambda msg: progress(next(steps, 0.45), msg))
-        progress(0.5, f"Models loaded in {loaded.load_seconds:.1f} s; loading the corpus ...")
-        corpus = corpus_fn() if corpus_fn else load_vital_articles()
-        progress(0.55, f"Loading the index of {corpus.name} ({len(corpus):,} passages) ...")
-
-        def bar(done: int, total: int) -> None:
-            progress(0.55 + 0.45 * done / max(total, 1), f"Embedding passages of {corpus.name}: {done:,}/{total:,}")
-
-        index, info = load_or_build_index(corpus, loaded.ctx_encoder, spec.cache_dir, bar)
-        how = "loaded from the cache" if info.source == "cache" else "built and cached"
-        progress(1.0, f"Index {how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
-        return RagPipeline(loaded, index, settings, info)
+        return RagPipeline.load(StackSpec(name=stack), corpus_fn() if corpus_fn else None, settings, progress)
 
     return factory
 
@@ -369,11 +352,6 @@ def render_timings(t: dict[str, float]) -> str:
     return f'<div class="rag-timings" title="seconds per stage">{"".join(chips)}</div>'
 
 
-def top_docs(a: dict) -> list[int]:
-    """0-based index of the passage each token leans on most (as Answer.top_doc_per_token)."""
-    return [max(range(len(row)), key=row.__getitem__) for row in a["token_doc_posteriors"]]
-
-
 def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
     """Answer tokens coloured by their most responsible passage; a rank badge starts each run;
     hovering a token names the passage and its posterior; clicking jumps to the passage row."""
@@ -381,7 +359,7 @@ def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
     if not a["tokens"] or not rows:
         return '<div class="rag-tokens rag-placeholder">no tokens</div>'
     spans, prev = [], None
-    for tok, row, j in zip(a["tokens"], rows, top_docs(a), strict=False):
+    for tok, row, j in zip(a["tokens"], rows, a["top_docs"], strict=False):
         d = docs[j]
         bg, dark = _mix(colour(d["rank"]), row[j], floor=0.35)
         tip = f"{tok!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
@@ -392,7 +370,7 @@ def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
             f'title="{esc(tip)}">{sup}{esc(tok)}</a>'
         )
         prev = j
-    used = sorted(set(top_docs(a)))
+    used = sorted(set(a["top_docs"]))
     legend = "".join(
         f'<span class="rag-legend-item">{badge(docs[j]["rank"])} {esc(docs[j]["title"])}</span>' for j in used
     )
@@ -406,8 +384,7 @@ def render_heatmap(a: dict) -> str:
         return ""
     head = "".join(f"<th>{badge(d['rank'], d['title'])}</th>" for d in docs)
     body = []
-    for tok, row in zip(a["tokens"], rows, strict=False):
-        best = max(range(len(row)), key=row.__getitem__)
+    for tok, row, best in zip(a["tokens"], rows, a["top_docs"], strict=False):
         cells = []
         for j, p in enumerate(row):
             bg, dark = _mix(colour(docs[j]["rank"]), p)

@@ -1,27 +1,60 @@
-"""Smoke test of the benchmark's reference comparison: on tiny random checkpoints our engine
-and transformers' RAG-Token / RAG-Sequence generate give the same tokens. Not a timing test."""
+"""The benchmark's reference comparison (rag_demo/reference.py) on tiny random checkpoints: our
+engine and transformers' RAG-Token / RAG-Sequence generate give the same tokens, and the timing
+summary is computed from the per-question timings it reports. Not a timing test."""
 from __future__ import annotations
 
 import os
+import statistics
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
+
+import pytest  # noqa: E402
 
 from rag_demo import bench  # noqa: E402
 from rag_demo.corpus import Passage  # noqa: E402
 from rag_demo.random_models import fixture_passages  # noqa: E402
+from rag_demo.reference import compare_with_transformers, paired_times  # noqa: E402
 
 
 def test_reference_comparison_gives_same_outputs_on_tiny_models(tiny_ckpts):
     paths = tiny_ckpts  # conftest: n_docs=3
     docs = [Passage(f"{t}#0", t, text) for t, text in fixture_passages()]
     cases = [("Who painted The Starry Night?", docs), ("What is the capital of France?", docs[::-1])]
-    res = bench.compare_with_transformers(paths, cases, max_new_tokens=8)
+    res = compare_with_transformers(paths, cases, max_new_tokens=8)
     assert set(res) == {"token", "sequence"}
     for mode, x in res.items():
         assert x["n_docs"] == 3 and x["n"] == 2
         assert x["same"], (mode, [(r["ours"], r["transformers"]) for r in x["rows"]])
         assert all(len(r["ours"]) == 8 for r in x["rows"])  # EOS suppressed: every answer runs to the limit
-        assert x["ratio"] > 0
+        rows = x["rows"]
+        assert all(r["ours_s"] > 0 and r["transformers_s"] > 0 for r in rows)
+        # the summary is the median of the per-question paired ratios, not a ratio of sums
+        assert x["ratio"] == pytest.approx(statistics.median(r["ours_s"] / r["transformers_s"] for r in rows))
+        assert x["ours_s_p50"] == pytest.approx(statistics.median(r["ours_s"] for r in rows))
+        assert 0 < x["ratio_generate_only"] <= x["ratio"] * (1 + 1e-9)  # generate is part of the whole call
+
+
+def test_case_with_wrong_number_of_passages_is_refused(tiny_ckpts):
+    docs = [Passage(f"{t}#0", t, text) for t, text in fixture_passages()]
+    with pytest.raises(ValueError, match="n_docs is 3"):
+        compare_with_transformers(tiny_ckpts, [("Q?", docs[:2])], max_new_tokens=2)
+
+
+def test_paired_times_alternates_and_returns_medians():
+    order: list[str] = []
+    ticks = iter(range(100))
+
+    def a():
+        order.append("a")
+        return next(ticks)
+
+    def b():
+        order.append("b")
+        return "b"
+
+    t_a, r_a, t_b, r_b = paired_times(a, b, reps=4)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]  # who runs first alternates
+    assert r_b == "b" and r_a == 3 and t_a >= 0 and t_b >= 0  # the last result of each side
 
 
 def test_percentile():

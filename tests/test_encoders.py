@@ -13,7 +13,7 @@ import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from rag_demo.corpus import Passage, load_vital_articles
-from rag_demo.encoders import DPRContextEncoder, DPRQuestionEncoder, MiniLMEncoder, minilm_path
+from rag_demo.encoders import DPRPassageEncoder, DPRQuestionEncoder, MiniLMEncoder, minilm_path
 
 GRANDE_JATTE = "A Sunday Afternoon on the Island of La Grande Jatte"
 VOCAB = "the a of is in who painted seurat paris capital france city river seine grande jatte island sunday".split()
@@ -135,7 +135,7 @@ def ctx_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
-    enc = DPRContextEncoder.from_pretrained(ctx_folder)
+    enc = DPRPassageEncoder.from_pretrained(ctx_folder)
     ps = [
         Passage("p#0", "Paris", "Paris is the capital of France."),
         Passage("s#0", "Seurat", "Seurat painted the Grande Jatte."),
@@ -157,18 +157,18 @@ def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
 
 
 def test_dpr_context_encoder_fingerprint(ctx_folder: Path, tmp_path: Path):
-    fp = DPRContextEncoder.from_pretrained(ctx_folder).fingerprint()
-    assert fp == DPRContextEncoder.from_pretrained(ctx_folder).fingerprint()
+    fp = DPRPassageEncoder.from_pretrained(ctx_folder).fingerprint()
+    assert fp == DPRPassageEncoder.from_pretrained(ctx_folder).fingerprint()
     torch.manual_seed(1)
     transformers.DPRContextEncoder(tiny_config()).save_pretrained(tmp_path)
     tiny_tokenizer(transformers.DPRContextEncoderTokenizerFast).save_pretrained(tmp_path)
-    assert DPRContextEncoder.from_pretrained(tmp_path).fingerprint() != fp  # same config and file sizes, other weights
+    assert DPRPassageEncoder.from_pretrained(tmp_path).fingerprint() != fp  # same config and file sizes, other weights
 
 
 def test_dpr_context_encoder_bad_folder(tmp_path: Path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="holds no loadable DPR context encoder"):
-        DPRContextEncoder.from_pretrained(tmp_path)
+        DPRPassageEncoder.from_pretrained(tmp_path)
 
 
 def test_dpr_question_encoder_wraps_a_loaded_model():
@@ -201,5 +201,5 @@ def test_dpr_context_encoder_fails_fast_offline(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.chdir(tmp_path)  # so the Hub id cannot be mistaken for a local folder
     start = time.perf_counter()
     with pytest.raises(ValueError, match="paper stack needs the Hugging Face Hub.*--stack offline"):
-        DPRContextEncoder.from_pretrained(hub_id)
+        DPRPassageEncoder.from_pretrained(hub_id)
     assert time.perf_counter() - start < 10

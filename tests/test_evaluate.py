@@ -123,13 +123,27 @@ def test_load_qa_keeps_extra_fields_and_skips_blank_lines(tmp_path):
         ('{"question": "Q?", "answers": "a"}', r"list of strings"),
         ('{"question": "Q?", "answers": []}', r"non-empty list"),
         ('["Q?", ["a"]]', r"not an object"),
-        ('{"question": "Q?", "answers": ["the"]}', r"empty after normalisation"),
     ],
 )
 def test_load_qa_errors_name_the_line_and_the_fix(tmp_path, line, message):
     p = _write(tmp_path, ['{"question": "ok?", "answers": ["ok"]}', line])
     with pytest.raises(ValueError, match=message):
         ev.load_qa(p)
+
+
+def test_answers_empty_after_normalisation_are_dropped_and_their_rows_skipped(tmp_path):
+    """An external file had an answer '*' (empty after normalisation: nothing can match it). It is
+    dropped with a note naming the line; a row left with no answer is skipped and counted."""
+    p = _write(tmp_path, ['{"question": "Q1?", "answers": ["*", "Paris"]}', '{"question": "Q2?", "answers": ["the", "*"]}',
+                          '{"question": "Q3?", "answers": ["Rome"]}'])
+    qa = ev.read_qa(p)
+    assert [i.question for i in qa.items] == ["Q1?", "Q3?"] and qa.items[0].answers == ["Paris"]
+    assert len(qa.skipped) == 1 and qa.skipped[0].startswith("qa.jsonl line 2:")
+    assert len(qa.dropped) == 3 and qa.dropped[0].startswith("qa.jsonl line 1: answer '*'")
+    assert [i.question for i in ev.load_qa(p)] == ["Q1?", "Q3?"]
+    only_empty = _write(tmp_path, ['{"question": "Q?", "answers": ["*"]}'])
+    with pytest.raises(ValueError, match="no usable questions"):
+        ev.read_qa(only_empty)
 
 
 def test_load_qa_missing_file(tmp_path):
@@ -258,3 +272,26 @@ def test_cli_eval_rejects_bad_modes(tmp_path, capsys):
     qa = _write(tmp_path, ['{"question": "Q?", "answers": ["x1"]}'])
     assert main(["eval", "--qa", str(qa), "--modes", "token,rag"]) == 2
     assert "unknown mode" in capsys.readouterr().err
+
+
+def test_cli_eval_finishes_and_reports_skipped_rows(tiny_ckpts, tmp_path, capsys):
+    """`eval --qa FILE` on a file with an answer that is empty after normalisation finishes
+    (it used to refuse the whole file) and its report names the skipped row."""
+    from rag_demo.cli import main
+
+    qa = _write(tmp_path, ['{"question": "Where is the Eiffel Tower?", "answers": ["*", "Paris"]}',
+                           '{"question": "What is it?", "answers": ["*"]}'])
+    docs = tmp_path / "docs.md"
+    docs.write_text("# Paris\n\nThe Eiffel Tower stands in Paris.\n\n# Rome\n\nThe Colosseum is in Rome.\n",
+                    encoding="utf-8")
+    out = tmp_path / "r.json"
+    rc = main(["eval", "--qa", str(qa), "--stack", "paper", "--rag-token", str(tiny_ckpts["rag_token"]),
+               "--rag-sequence", str(tiny_ckpts["rag_sequence"]), "--ctx-encoder", str(tiny_ckpts["ctx_encoder"]),
+               "--cache-dir", str(tmp_path / "cache"), "--corpus-file", str(docs), "--k", "1",
+               "--max-new-tokens", "2", "--modes", "token", "--retrievers", "dense", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "1 row(s) skipped" in printed and "qa.jsonl line 2" in printed
+    report = json.loads(out.read_text())
+    assert report["n_questions"] == 1 and report["qa_file"]["rows_used"] == 1
+    assert report["qa_file"]["skipped"][0].startswith("qa.jsonl line 2")

@@ -14,10 +14,12 @@ from transformers import RagSequenceForGeneration, RagTokenForGeneration
 from rag_demo import engine
 from rag_demo.config import RagSettings
 from rag_demo.corpus import corpus_from_documents
-from rag_demo.encoders import DPRContextEncoder
+from rag_demo.encoders import DPRPassageEncoder
 from rag_demo.index import build_index
 from rag_demo.marginalize import doc_log_prior, rag_sequence_logprob
+from rag_demo.generators import pad_rows
 from rag_demo.random_models import fixture_passages
+from rag_demo.reference import reference_generate, reference_tokens
 from rag_demo.stacks import load_rag_checkpoint
 
 K = 3
@@ -27,7 +29,7 @@ QUESTIONS = ["who painted the starry night", "what is the capital of france", "w
 @pytest.fixture(scope="module")
 def index(tiny_ckpts):
     corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
-    return build_index(corpus, DPRContextEncoder.from_pretrained(tiny_ckpts["ctx_encoder"]))
+    return build_index(corpus, DPRPassageEncoder.from_pretrained(tiny_ckpts["ctx_encoder"]))
 
 
 def _load(tiny_ckpts, kind: str, eos_bias: float):
@@ -45,20 +47,14 @@ def _inputs(qenc, gen, index, question: str, doc_tokens: tuple[int, ...] = (64,)
     doc_tokens: each doc's token budget (the default gives equal-length prompts, no padding)."""
     scores, passages = index.search(qenc.encode_questions([question]), K)
     prompts = [gen.prompt(question, p, max_doc_tokens=n) for p, n in zip(passages[0], doc_tokens)]
-    width = max(map(len, prompts))
-    ids = torch.full((K, width), gen.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((K, width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+    ids, mask = pad_rows(prompts, gen.pad_token_id)  # (K, S) right-padded, as RagRetriever hands them over
     return prompts, ids, mask, torch.from_numpy(scores.copy())
 
 
-def _strip(seq: torch.Tensor, pad: int) -> list[int]:
-    """A reference output row without its decoder start token and trailing padding."""
-    toks = seq.tolist()[1:]
-    while toks and toks[-1] == pad:
-        toks.pop()
-    return toks
+def _want(ref, gen, ids, mask, scores, beams: int, max_new_tokens: int) -> list[int]:
+    """The reference's answer in our token convention."""
+    out = reference_generate(ref, ids, mask, scores, beams, max_new_tokens)
+    return reference_tokens(out[0], gen.pad_token_id, gen.eos_token_ids[0])
 
 
 @pytest.mark.parametrize("eos_bias", [0.0, 5.0])
@@ -68,12 +64,8 @@ def test_rag_token_generate_matches_reference(tiny_ckpts, index, question, beams
     ref, qenc, gen = _load(tiny_ckpts, "token", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
     s = RagSettings(k=K, num_beams=beams, max_new_tokens=12)
-    with torch.no_grad():
-        want = ref.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
-                            num_beams=beams, max_length=1 + 12)  # start token + 12; the reference's beam
-        # search sizes its buffers from max_length and ignores max_new_tokens
     ours = engine.rag_token(gen, prompts, scores[0], s)
-    assert ours.tokens == _strip(want[0], gen.pad_token_id)
+    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 12)
     assert len(ours.tokens) >= 1
 
 
@@ -88,11 +80,8 @@ def test_padded_contexts_match_reference(tiny_ckpts, index, beams):
     q = QUESTIONS[0]
     prompts, ids, mask, scores = _inputs(qenc, gen, index, q, UNEQUAL)
     assert len(set(map(len, prompts))) == K and not bool(mask.all())
-    with torch.no_grad():
-        want = ref.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
-                            num_beams=beams, max_length=1 + 12)
     assert engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, num_beams=beams, max_new_tokens=12)).tokens \
-        == _strip(want[0], gen.pad_token_id)
+        == _want(ref, gen, ids, mask, scores, beams, 12)
     answer = gen.tokenizer("vincent van gogh painted it")["input_ids"]
     with torch.no_grad():
         loss = ref(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
@@ -168,10 +157,7 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
     cands = _candidates(gen)
     C = len(cands)
-    width = max(map(len, cands)) + 1
-    labels = torch.full((C, width), gen.pad_token_id, dtype=torch.long)
-    for c, toks in enumerate(cands):
-        labels[c, : len(toks) + 1] = torch.tensor([gen.decoder_start_token_id] + toks)
+    labels = pad_rows([[gen.decoder_start_token_id] + toks for toks in cands], gen.pad_token_id)[0]  # (C, 1 + T)
     with torch.no_grad():
         loss = ref(context_input_ids=ids.repeat(C, 1), context_attention_mask=mask.repeat(C, 1),
                    doc_scores=scores.repeat(C, 1), labels=labels, exclude_bos_score=True, n_docs=K).loss  # (C,)
@@ -196,12 +182,9 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
 def test_rag_sequence_thorough_matches_reference_generate(tiny_ckpts, index, question, beams, eos_bias):
     ref, qenc, gen = _load(tiny_ckpts, "sequence", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=10, hf_compat_sequence_score=True)
-    with torch.no_grad():
-        want = ref.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
-                            num_beams=beams, max_length=1 + 10)
-    ours = engine.rag_sequence(gen, prompts, scores[0], s)
-    assert ours.tokens == _strip(want[0], gen.pad_token_id)
+    s = RagSettings(k=K, num_beams=beams, max_new_tokens=10)
+    ours = engine.rag_sequence(gen, prompts, scores[0], s, hf_compat_score=True)  # ranked by the reference's score
+    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 10)
     assert len(ours.candidates) >= 1
 
 

@@ -52,7 +52,8 @@ def answer_dict(mode="token", tokens=("Vincent", " van", " Gogh"), rows=None, do
     d = {
         "question": "Who painted it?", "mode": mode, "text": text if text is not None else "".join(tokens),
         "tokens": list(tokens), "token_ids": list(range(len(tokens))), "docs": docs,
-        "token_doc_posteriors": rows, "doc_posterior": [0.65, 0.35] if docs else None,
+        "token_doc_posteriors": rows, "top_docs": [row.index(max(row)) for row in rows],
+        "doc_posterior": [0.65, 0.35] if docs else None,
         "sequence_logprob": -1.25, "decoding": "greedy",
         "timings": {"encode": 0.01, "retrieve": 0.002, "generate": 1.5, "attribute": 0.1, "total": 1.612},
         "stack": "offline", "corpus": "Test corpus", "candidates": [],
