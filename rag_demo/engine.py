@@ -4,7 +4,7 @@ Owns steps 3 (generate) and 4 (attribute) of the pipeline for one question whose
 prompts and retrieval scores are already known. Works on token ids only, so the parity tests
 can feed it exactly what they feed transformers' RAG classes.
 
-Attribution (DESIGN.md section 3) comes from one teacher-forced pass of the final answer
+Attribution (docs/DESIGN.md §3.5) comes from one teacher-forced pass of the final answer
 under each doc, reusing the prefill KV cache; thorough RAG-Sequence already has that pass
 (its rescoring) and reuses it.
 """

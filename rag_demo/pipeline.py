@@ -45,7 +45,7 @@ class Answer:
     tokens: list[str]  # the text each displayed token adds (special tokens left out)
     token_ids: list[int]
     docs: list[RetrievedDoc]
-    token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (see DESIGN.md 3)
+    token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (see docs/DESIGN.md §3.5)
     doc_posterior: list[float] | None  # RAG-Sequence: p(z | x, y); RAG-Token: mean of the token rows
     sequence_logprob: float  # log p(y|x) under the mode's model, every generated token counted
     decoding: str
