@@ -86,12 +86,15 @@ class Corpus:
             )
         return self._positions[passage_id]
 
-    def with_passage_text(self, passage_id: str, new_text: str) -> Corpus:
-        """A copy with one passage's text replaced (the "edit a passage, ask again" hot-swap)."""
+    def with_passage_text(self, passage_id: str, new_text: str, new_title: str | None = None) -> Corpus:
+        """A copy with one passage's text (and, if `new_title` is given and not blank, its title)
+        replaced: the "edit a passage, ask again" hot-swap. The title is part of what the
+        passage encoder embeds and what the generator reads, so an edit may change it too."""
         i = self.position(passage_id)
         text = check_passage_text(passage_id, new_text)
+        title = _normalise(new_title) if isinstance(new_title, str) else ""
         passages = list(self.passages)
-        passages[i] = dataclasses.replace(passages[i], text=text)
+        passages[i] = dataclasses.replace(passages[i], text=text, title=title or passages[i].title)
         return Corpus(self.name, passages)
 
 

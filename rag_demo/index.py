@@ -73,9 +73,11 @@ class PassageIndex:
         scores, ids = self.index.search(q, k)  # (B, k), (B, k)
         return scores, [[self.corpus.passages[i] for i in row] for row in ids]
 
-    def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder) -> PassageIndex:
-        """A new index with one passage's text replaced and re-embedded; self is untouched (sessions share it)."""
-        corpus = self.corpus.with_passage_text(passage_id, new_text)
+    def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder,
+                            new_title: str | None = None) -> PassageIndex:
+        """A new index with one passage's text (and title, if `new_title` is not blank) replaced and
+        re-embedded; self is untouched (sessions share it)."""
+        corpus = self.corpus.with_passage_text(passage_id, new_text, new_title)
         i = corpus.position(passage_id)
         vec = encoder.encode_passages([corpus.passages[i]])  # (1, D)
         if vec.shape[1] != self.dim:

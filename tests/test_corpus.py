@@ -135,6 +135,16 @@ def test_with_passage_text_returns_an_edited_copy():
         c.with_passage_text("A#0", " \n")
 
 
+def test_with_passage_text_can_change_the_title_too():
+    c = corpus_from_documents("c", [("A", "Alpha text.", None), ("B", "Beta text.", None)])
+    edited = c.with_passage_text("B#0", "Gamma text.", new_title="  New \n title ")
+    assert [p.title for p in edited.passages] == ["A", "New title"] and edited.passages[1].id == "B#0"
+    assert [p.title for p in c.passages] == ["A", "B"]
+    assert edited.fingerprint() != c.with_passage_text("B#0", "Gamma text.").fingerprint()
+    for blank in (None, "", "  "):  # a blank title keeps the old one
+        assert c.with_passage_text("B#0", "Gamma text.", new_title=blank).passages[1].title == "B"
+
+
 # ---------------------------------------------------------------- Vital Articles
 
 

@@ -92,6 +92,16 @@ def test_edited_passage_changes_retrieval_and_leaves_the_base_alone(base: Passag
         base.with_edited_passage("Nope#0", "text", encoder)
 
 
+def test_edited_title_is_embedded_with_the_text(base: PassageIndex, encoder: MiniLMEncoder):
+    pid = base.corpus.passages[2].id
+    text = base.corpus.passages[2].text
+    same = base.with_edited_passage(pid, text, encoder)
+    retitled = base.with_edited_passage(pid, text, encoder, new_title="Plastic pollution of rivers")
+    assert retitled.corpus.passages[2].title == "Plastic pollution of rivers"
+    np.testing.assert_allclose(same.embeddings[2], base.embeddings[2], atol=1e-5)  # same title and text
+    assert not np.allclose(retitled.embeddings[2], base.embeddings[2], atol=1e-3)  # the title is embedded
+
+
 # ---------------------------------------------------------------- cache
 
 
