@@ -84,8 +84,20 @@ VITAL_EXAMPLES = (
     "Where is the Taj Mahal?",
 )
 MAX_UPLOAD_FILES = 20
-QUEUE_CONCURRENCY = 1  # the models are not shared across threads mid-forward: one model call at a time
+QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
+# Model events run two at a time: a cheap question can start while an expensive one runs. They
+# do not compute at the same time: the shared StepGate lets one model step run at a time and at
+# each step gives it to the waiting request with the lowest priority (cheap before expensive).
+MODEL_CONCURRENCY = 2
 QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
+# The question the settings' cost estimate is computed for (a typical one-sentence question).
+TYPICAL_QUESTION = "Who painted The Starry Night?"
+# Why an answer stopped before its end-of-sequence token (Answer.stopped), as shown on the card.
+CUT_REASONS = {
+    "max_new_tokens": "max new tokens reached",
+    "time_limit": "time limit reached",
+    "cancelled": "cancelled",
+}
 HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
 STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
 
@@ -136,9 +148,10 @@ def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSetti
 class PipelinePool:
     """One loaded pipeline per stack, loaded lazily in a background thread on first use.
 
-    `get` waits for the load and relays its progress; `lock` serialises model calls (the queue
-    already runs one model event at a time; the lock keeps it safe under any queue setting, and
-    for events outside that group, such as switching stacks, which may wait minutes for a load).
+    A stack counts as loaded (and the page says "Live") only once it has answered a question in
+    every mode (`RagPipeline.warm_up`): the first real question is then as fast as any other.
+    `get` waits for the load and relays its progress. `lock` serialises the passage encoder for
+    index builds (uploads, edits); answers never hold it (the StepGate orders their model steps).
     """
 
     def __init__(
@@ -214,6 +227,11 @@ class PipelinePool:
         t0 = time.perf_counter()
         try:  # not under `lock`: loading a stack touches only its own models, others keep answering
             pipe = self._factory(stack, report)
+            warm = getattr(pipe, "warm_up", None)
+            if warm is not None:  # ready means warm: the first question must not pay for lazy set-up
+                report(0.95, f"Warming up the {stack} stack: one question in every mode ...")
+                secs = warm(lambda f, m: report(None if f is None else 0.95 + 0.05 * f, m))
+                report(None, f"Warmed up in {secs:.1f} s")
             self._pipes[stack] = pipe
             report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
         except Exception as e:  # noqa: BLE001 - shown to the user, the app keeps serving
@@ -263,6 +281,7 @@ class Session:
     edited: Any = None  # the active index with this session's edits (None: no edits)
     edits: tuple[str, ...] = ()  # ids of edited passages
     last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
+    warned: frozenset[str] = frozenset()  # warnings this session has seen (each is shown once)
 
 
 def active_index(s: Session, base: Any) -> Any:
@@ -416,16 +435,21 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
         return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
     text = a["text"].strip()
-    answer = f'<div class="rag-answer">{esc(text)}</div>' if text else (
-        '<div class="rag-answer rag-empty">(empty answer)</div>'
+    cut = CUT_REASONS.get(a.get("stopped") or "")
+    mark = f'<span class="rag-cut" title="cut: {esc(cut)}">…</span>' if cut else ""
+    answer = f'<div class="rag-answer">{esc(text)}{mark}</div>' if text else (
+        f'<div class="rag-answer rag-empty">(empty answer){mark}</div>'
     )
+    asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}</div>'
+             if a.get("question") else "")
     lp_s = _fmt_lp(a["sequence_logprob"])
     k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""
+    stop = f' · <span class="rag-cut-note">cut: {esc(cut)}</span>' if cut else ""
     meta = (
         f'<div class="rag-meta" title="log-probability of this answer under this model">score '
-        f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}</div>'
+        f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}{stop}</div>'
     )
-    parts = [head, answer, meta, render_timings(a["timings"])]
+    parts = [head, asked, answer, meta, render_timings(a["timings"])]
     if mode == "closed-book":
         parts.append(
             '<div class="rag-note">No passages: the generator answers from what its weights memorised '
@@ -507,8 +531,10 @@ def _prob_cell(p: float | None) -> str:
     return f'<td class="rag-num">{p:.3f}<div class="rag-bar"><div style="width:{100 * p:.0f}%"></div></div></td>'
 
 
-def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None) -> str:
-    """Which stack and corpus are live (or the loading progress)."""
+def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note: str = "") -> str:
+    """Which stack and corpus are live (or the loading progress), and an optional note (e.g. why
+    a stack switch was refused): said here, once, instead of in a pop-up."""
+    note_html = f'<div class="rag-status-note">{esc(note)}</div>' if note else ""
     if pipe is None:
         pipe = pool.loaded(s.stack)
     if pipe is None:
@@ -526,7 +552,7 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None) -> st
     return (
         f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}">'
         f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
-        f"({plural(len(index.corpus), 'passage')}){edits}</div>"
+        f"({plural(len(index.corpus), 'passage')}){edits}{note_html}</div>"
     )
 
 
@@ -577,18 +603,36 @@ def user_errors():
         raise gr.Error(str(e)) from e
 
 
+def _whole(x: Any) -> Any:
+    """A settings widget's value for RagSettings: sliders and JSON send whole numbers as floats
+    (5.0) and forms may send digits as text ("5"); those become ints. Anything else (2.5, 'abc')
+    is passed on unchanged, so that RagSettings' own check names the setting and the fix: the
+    app never rounds a value silently."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str) and re.fullmatch(r"\s*[+-]?\d+\s*", x):
+        return int(x)
+    return x
+
+
 def settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
     """RagSettings from the settings widgets' values, or a ValueError naming the bad one."""
     try:
-        return RagSettings(k=int(k), num_beams=int(num_beams), max_new_tokens=int(max_new_tokens),
+        return RagSettings(k=_whole(k), num_beams=_whole(num_beams), max_new_tokens=_whole(max_new_tokens),
                            sequence_decoding=str(sequence_decoding))
     except TypeError as e:
-        raise ValueError(f"settings must be numbers: {e}") from e
+        raise ValueError(f"settings must be whole numbers: {e}") from e
 
 
-def check_passage_chosen(pid: object) -> None:
+def check_passage_chosen(pid: object, s: Session | None = None) -> None:
+    """A passage to edit is chosen and, given the session, is one of its last answer's passages."""
     if not pid:
         raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
+    if s is not None and pid not in {i for i, _, _ in s.last_docs}:
+        raise ValueError(
+            f"passage {pid!r} is not one of the passages retrieved for your last question: ask a question, "
+            "then pick one of its passages to edit."
+        )
 
 
 def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
@@ -609,46 +653,174 @@ def _validate_settings(k, num_beams, max_new_tokens, sequence_decoding) -> list[
     return [_valid(lambda: settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding))] * 4
 
 
-def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
+Refuse = Callable[[str, RagSettings, Session], str | None]  # (question, settings, session) -> refusal or None
+
+
+def _refusal(out: list[dict], question, settings_args, s, refuse: Refuse | None, at: int) -> list[dict]:
+    """out, with the budget's refusal (if any) on input `at` once every input is valid."""
+    if refuse is not None and all(r["is_valid"] for r in out):
+        msg = refuse(question, settings_from_inputs(*settings_args), s if isinstance(s, Session) else Session())
+        if msg:
+            out[at] = gr.validate(False, msg)
+    return out
+
+
+def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, refuse: Refuse | None = None
+                 ) -> list[dict]:
     """gradio validator of the events that ask a question. It runs before the queue (no model
-    needed) and shows the library's message on the question box; a bad question then never
+    runs) and shows the library's message on the question box; a bad question then never
     reaches the outputs, which would otherwise each show an error badge. One gr.validate per
-    input: question, the four settings, the session."""
-    return [_valid(lambda: check_question(question)),
-            *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
+    input: question, the four settings, the session. `refuse` is the server's budget: a
+    question whose estimated cost is over it is refused here, with the message on the question
+    box (the settings sit in a closed accordion), and nothing runs."""
+    out = [_valid(lambda: check_question(question)),
+           *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
+    return _refusal(out, question, (k, num_beams, max_new_tokens, sequence_decoding), s, refuse, 0)
 
 
-def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s) -> list[dict]:
-    """gradio validator of "save edit and ask again", like validate_ask: a passage must be
-    chosen, its new text must not be empty, and the question must be askable."""
-    return [_valid(lambda: check_passage_chosen(pid)), _valid(lambda: check_passage_text(str(pid), new_text)),
-            _valid(lambda: check_question(question)),
-            *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
+def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title="",
+                  refuse: Refuse | None = None) -> list[dict]:
+    """gradio validator of "save edit and ask again", like validate_ask: a passage of the last
+    answer must be chosen, its new text must not be empty, and the question must be askable."""
+    sess = s if isinstance(s, Session) else Session()
+    out = [_valid(lambda: check_passage_chosen(pid, sess)), _valid(lambda: check_passage_text(str(pid), new_text)),
+           _valid(lambda: check_question(question)),
+           *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, ""),
+           gr.validate(True, "")]
+    return _refusal(out, question, (k, num_beams, max_new_tokens, sequence_decoding), s, refuse, 2)
 
 
-def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None) -> dict:
+def check_upload(files: Any) -> Any:
+    """The Corpus of an upload (files: paths or gradio file objects), or a ValueError naming the
+    problem and the fix: no file, too many, too large, or a file that cannot be read."""
+    paths = [getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
+    if not paths:
+        raise ValueError(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
+    if len(paths) > MAX_UPLOAD_FILES:
+        raise ValueError(f"{len(paths)} files uploaded, over the limit of {MAX_UPLOAD_FILES}: upload fewer files.")
+    total = sum(Path(p).stat().st_size for p in paths)
+    if total > MAX_UPLOAD_BYTES:
+        raise ValueError(
+            f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
+            "in all: upload smaller or fewer files."
+        )
+    names = [Path(p).name for p in paths]
+    shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
+    return load_documents(paths, name=f"Your documents: {shown}")
+
+
+def validate_upload(files, s) -> list[dict]:
+    """gradio validator of the upload: reads and splits the files (no model runs), so a file
+    that cannot be used gets its message on the file box, and the status line, which shows the
+    upload's progress, never carries an error badge."""
+    return [_valid(lambda: check_upload(files)), gr.validate(True, "")]
+
+
+@dataclass
+class Serving:
+    """What every model request of one app shares: the server's `Budget` (refuse, time limit,
+    what counts as expensive), one `StepGate` (one model step at a time, cheap requests first),
+    and the app's gradio queue, to learn that a request's client has gone."""
+
+    budget: Any = None
+    gate: Any = None
+    queue: Callable[[], Any] = lambda: None
+
+    def check(self, pipe: Any, question: str, settings: RagSettings) -> Any:
+        """The request's Cost, or the library's ValueError (what was asked, what it would cost,
+        what to change) when it is over the budget; None without a budget."""
+        if self.budget is None or not hasattr(pipe, "check_budget"):
+            return None
+        return pipe.check_budget(question, list(MODES), settings, self.budget)
+
+    def control(self, cost: Any, request: Any = None) -> Any:
+        """The RunControl of one request: a deadline `time_limit_s` from now, low priority when
+        the cost is heavy, the shared gate, and "cancelled" once the client has gone."""
+        if self.budget is None:
+            return None
+        from .budget import RunControl
+
+        return RunControl(
+            deadline=time.monotonic() + self.budget.time_limit_s,
+            priority=1 if cost is not None and getattr(cost, "heavy", False) else 0,
+            gate=self.gate,
+            cancelled=client_gone(self.queue, request),
+        )
+
+
+def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool] | None:
+    """A predicate that turns True once the client of `request` has disconnected.
+
+    gradio 6 has no public hook for this. When a client's event stream (SSE) closes, the queue
+    calls `clean_events(session_hash=...)`, which sets `alive = False` on that session's running
+    jobs (gradio/routes.py, gradio/queueing.py); a running sync handler is never interrupted.
+    So the predicate looks up this session's running events in the queue's `active_jobs` and
+    reports gone when all of them are dead. It reads private attributes (checked against gradio
+    6.31 by tests/test_ui.py); if they change it answers False (never cancels), not an error."""
+    session_hash = getattr(request, "session_hash", None)
+    if not session_hash:
+        return None
+
+    def gone() -> bool:
+        try:
+            jobs = getattr(queue_of(), "active_jobs", None) or []
+            mine = [e for job in jobs if job for e in job if getattr(e, "session_hash", None) == session_hash]
+            return bool(mine) and not any(getattr(e, "alive", True) for e in mine)
+        except Exception:  # noqa: BLE001 - a probe of gradio internals must never break an answer
+            return False
+
+    return gone
+
+
+def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, int | None]:
+    """(settings with K at most the corpus size, the K asked for when it was reduced)."""
+    n = len(index)
+    return (settings.merged(k=n), settings.k) if settings.k > n else (settings, None)
+
+
+def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None, *,
+                s: Session | None = None, serving: Serving | None = None, request: Any = None
+                ) -> tuple[dict, Session | None]:
     """The three answers, one mode at a time (so the progress bar can say which), as the JSON-able
-    {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}."""
+    {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}, and the
+    session (which remembers the warnings it has seen).
+
+    Refused before anything runs when over the budget; otherwise runs under one RunControl (one
+    deadline for the three answers, priority from the cost, the shared gate). No lock is held:
+    the gate interleaves this request's model steps with other requests' ones."""
+    from . import memory
+
     with user_errors():
         q = check_question(question)
-    n = len(pipe.index)
-    if settings.k > n:
-        gr.Warning(f"This corpus has only {plural(n, 'passage')}: using K = {n} instead of {settings.k}.")
-        settings = settings.merged(k=n)
+    settings, asked_k = _fit_k(pipe, pipe.index, settings)
+    if asked_k is not None:
+        n, key = settings.k, f"k-reduced:{pipe.stack.name}:{pipe.index.corpus.name}:{settings.k}"
+        if s is None or key not in s.warned:
+            gr.Warning(f"This corpus has only {plural(n, 'passage')}: using K = {n} instead of {asked_k}.")
+            if s is not None:
+                s = dataclasses.replace(s, warned=s.warned | {key})
+    with user_errors():
+        cost = serving.check(pipe, q, settings) if serving else None
+    control = serving.control(cost, request) if serving else None
     answers = {}
-    for i, mode in enumerate(MODES):
-        if progress:
-            progress(i / len(MODES), desc=f"{MODE_TITLES[mode]}: retrieve, generate, attribute")
-        with user_errors(), pool.lock:
-            answers[mode] = _finite(pipe.answer(q, mode, settings).to_dict())
+    try:
+        for i, mode in enumerate(MODES):
+            if progress:
+                progress(i / len(MODES), desc=f"{MODE_TITLES[mode]}: retrieve, generate, attribute")
+            with user_errors():
+                a = pipe.answer(q, mode, settings, control=control) if control is not None else pipe.answer(
+                    q, mode, settings)
+            answers[mode] = _finite(a.to_dict())
+    finally:
+        memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
     return {
         "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
         "settings": dataclasses.asdict(settings), "answers": answers,
-    }
+    }, s
 
 
 def _ask_outputs(result: dict, s: Session) -> tuple:
-    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, session) for an answer."""
+    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, session)."""
     answers = result["answers"]
     anc = anchors(answers)
     docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
@@ -660,6 +832,7 @@ def _ask_outputs(result: dict, s: Session) -> tuple:
         result,
         gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),
         docs[0]["text"] if docs else "",
+        docs[0]["title"] if docs else "",
         s,
     )
 
@@ -672,6 +845,7 @@ def _empty_outputs(s: Session) -> tuple:
         None,
         gr.Dropdown(choices=[], value=None),
         "",
+        "",
         dataclasses.replace(s, last_docs=()),
     )
 
@@ -680,11 +854,82 @@ def _examples(index: Any) -> gr.Dataset:
     return gr.Dataset(samples=[[q] for q in example_questions(index.corpus)])
 
 
-def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[str, Callable]:
-    """The event handlers, closed over the pool (tests call them directly)."""
+def render_budget(budget: Any) -> str:
+    """What the server allows, in a sentence (under the cost estimate)."""
+    if budget is None:
+        return ""
+    return (
+        f'<div class="rag-note">This server refuses a question estimated above {budget.max_seconds:.0f} s or '
+        f"{budget.max_request_bytes / 1e9:.1f} GB, stops any answer after {budget.time_limit_s:.0f} s, and runs "
+        f"questions estimated above {budget.heavy_seconds:.0f} s at low priority (cheaper questions go first at "
+        "every model step).</div>"
+    )
+
+
+def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
+    """The estimated cost of one question with the current settings (all three answers)."""
+    per = " · ".join(f"{MODE_TITLES.get(m, m)} {fmt_seconds(t)}" for m, t in (cost.per_mode or {}).items())
+    verdict = (f'<div class="rag-over">Over this server\'s limit, a question would be refused: {esc(refusal)}</div>'
+               if refusal else '<div class="rag-note">Expensive: runs at low priority.</div>' if cost.heavy else "")
+    return (
+        f'<div class="rag-cost" data-seconds="{cost.seconds:.3f}" data-heavy="{int(bool(cost.heavy))}" '
+        f'data-refused="{int(bool(refusal))}">Estimated cost of one question with these settings (three answers): '
+        f"<b>{esc(cost.describe())}</b>" + (f'<div class="rag-note">{esc(per)}</div>' if per else "")
+        + verdict + render_budget(budget) + "</div>"
+    )
+
+
+def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None
+                  ) -> dict[str, Callable]:
+    """The event handlers, closed over the pool and the serving limits (tests call them directly)."""
 
     def fresh(s: Session | None) -> Session:
         return s if isinstance(s, Session) else Session(stack=default_stack)
+
+    def refuse(question: str, settings: RagSettings, s: Session) -> str | None:
+        """The budget's refusal of this question (None: allowed, or the models are not loaded
+        yet: the handler checks again once they are). Never raises: it runs in a validator."""
+        pipe = pool.loaded(fresh(s).stack)
+        if serving is None or pipe is None:
+            return None
+        try:
+            settings, _ = _fit_k(pipe, active_index(fresh(s), pipe), settings)
+            serving.check(pipe, check_question(question), settings)
+        except ValueError as e:
+            return str(e)
+        except Exception:  # noqa: BLE001 - the handler checks again and reports
+            return None
+        return None
+
+    def v_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s):
+        return validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, refuse)
+
+    def v_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=""):
+        return validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s,
+                             new_title, refuse)
+
+    def estimate(k, num_beams, max_new_tokens, sequence_decoding, s):
+        """The settings accordion's cost line: the estimated time and memory of one question (a
+        typical one) with these settings, and whether the server would refuse it. Cheap: the
+        library's cost model, no model runs."""
+        s = fresh(s)
+        pipe = pool.loaded(s.stack)
+        if pipe is None or not hasattr(pipe, "estimate"):
+            return ('<div class="rag-cost rag-placeholder">The estimated cost of these settings shows here once '
+                    "the models are ready.</div>")
+        try:
+            settings = settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding)
+            settings, _ = _fit_k(pipe, active_index(s, pipe), settings)
+            cost = pipe.estimate(TYPICAL_QUESTION, list(MODES), settings)
+        except ValueError as e:
+            return f'<div class="rag-cost rag-over">{esc(e)}</div>'
+        refusal = None
+        if serving is not None and serving.budget is not None:
+            try:
+                serving.check(pipe, TYPICAL_QUESTION, settings)
+            except ValueError as e:
+                refusal = str(e)
+        return render_cost(cost, refusal, serving.budget if serving else None)
 
     def on_load(s: Session | None):
         """Stream the default stack's loading progress into the status line, then say what is
@@ -702,8 +947,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         try:
             pipe, s = session_pipeline(pool, s)
         except ValueError as e:
-            gr.Warning(str(e))
-            yield render_status(pool, s), gr.skip(), gr.skip(), gr.skip(), s
+            yield render_status(pool, s, note=str(e)), gr.skip(), gr.skip(), gr.skip(), s
             return
         yield (
             render_status(pool, s, pipe),
@@ -713,14 +957,15 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
             s,
         )
 
-    def ask_session(question, k, num_beams, max_new_tokens, sequence_decoding, s, progress=gr.Progress()):
+    def ask_session(question, k, num_beams, max_new_tokens, sequence_decoding, s, progress=gr.Progress(),
+                    request: gr.Request = None):
         """Answer in all three modes from this session's corpus (upload and edits included)."""
         s = fresh(s)
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(pool, s, progress)
-        result = _answer_all(pool, pipe, question, settings, progress)
+        result, s = _answer_all(pool, pipe, question, settings, progress, s=s, serving=serving, request=request)
         return (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
     def ask(
@@ -730,43 +975,34 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
         max_new_tokens: int = 32,
         sequence_decoding: str = "thorough",
         stack: str = "offline",
+        request: gr.Request = None,
     ) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
         built-in corpus (no session state). Returns {"question", "stack", "corpus", "settings",
-        "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict()."""
+        "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict() (its
+        "stopped" says why it ended). A question over the server's budget gets an error naming
+        its cost and what to change, and nothing runs."""
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
         with user_errors():
             pipe = pool.get(stack)
-        return _answer_all(pool, pipe, question, settings)
+        return _answer_all(pool, pipe, question, settings, serving=serving, request=request)[0]
 
     def upload(files, s, progress=gr.Progress()):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
         s = fresh(s)
-        paths = [getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
-        if not paths:
-            raise gr.Error(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
-        if len(paths) > MAX_UPLOAD_FILES:
-            raise gr.Error(f"{len(paths)} files uploaded, over the limit of {MAX_UPLOAD_FILES}: upload fewer files.")
-        total = sum(Path(p).stat().st_size for p in paths)
-        if total > MAX_UPLOAD_BYTES:
-            raise gr.Error(
-                f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
-                "in all: upload smaller or fewer files."
-            )
-        names = [Path(p).name for p in paths]
-        shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
+        n_files = len(files) if isinstance(files, list) else 1
         progress(0.0, desc="Reading and splitting the files")
         with user_errors():
-            corpus = load_documents(paths, name=f"Your documents: {shown}")
+            corpus = check_upload(files)
             base = pool.get(s.stack, lambda f, m: progress(f, desc=m))
         t0 = time.perf_counter()
         index = _embed(pool, base, corpus, progress)
         s = dataclasses.replace(
             s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
         )
-        gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(len(paths), 'file')} in "
+        gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(n_files, 'file')} in "
                 f"{time.perf_counter() - t0:.1f} s: questions are now answered from your documents.")
         return (
             render_status(pool, s, base),
@@ -778,18 +1014,19 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
     def choose_corpus(choice, s, progress=gr.Progress()):
         """Switch this session between the built-in corpus and its uploaded documents."""
         s = fresh(s)
+        note = ""
         if choice == "upload" and s.upload is None:
-            gr.Warning("No uploaded documents in this session yet: upload files first.")
+            note = "No uploaded documents in this session yet: upload files first."
             choice = "builtin"
         if choice not in ("builtin", "upload"):
             raise gr.Error(f"corpus {choice!r} is unknown: choose the built-in corpus or your documents.")
         if s.edits and choice != s.corpus:
-            gr.Info("Your passage edits were dropped with the corpus switch.")
+            note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
         with user_errors():
             pipe, s = session_pipeline(pool, s, progress)
         return (
-            render_status(pool, s, pipe),
+            render_status(pool, s, pipe, note=note),
             gr.Dropdown(choices=corpus_choices(pool, s), value=choice),
             _examples(active_index(s, pipe)),
             *_empty_outputs(s),
@@ -797,53 +1034,55 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
 
     def choose_stack(stack, s, progress=gr.Progress()):
         """Switch this session's stack, loading it once (lazily, with progress). An unavailable
-        stack is refused at once with the reason, and the session stays where it was."""
+        stack is refused at once with the reason, said once, in the status line (not a pop-up:
+        a pop-up per event showed the same warning twice), and the session stays where it was."""
         s = fresh(s)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
-        stay = (render_status(pool, s), gr.Dropdown(choices=stack_choices(pool), value=s.stack),
-                gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
+
+        def stay(note: str = ""):
+            return (render_status(pool, s, note=note), gr.Dropdown(choices=stack_choices(pool), value=s.stack),
+                    gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
+
         reason = pool.unavailable(stack)
         if reason:
-            gr.Warning(f"The {stack} stack is unavailable here: {reason}. Staying on the {s.stack} stack.")
-            return stay
+            return stay(f"The {stack} stack is unavailable here: {reason}. Staying on the {s.stack} stack.")
         if stack == s.stack:
-            return stay
-        if s.edits:
-            gr.Info("Your passage edits were dropped with the stack switch (the new retriever re-embeds passages).")
+            return stay()
+        note = "Your passage edits were dropped with the stack switch (the new retriever re-embeds passages)." \
+            if s.edits else ""
         try:
             pipe, new = session_pipeline(pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
         except ValueError as e:
-            gr.Warning(f"{e} Staying on the {s.stack} stack.")
-            return stay
+            return stay(f"{e} Staying on the {s.stack} stack.")
         return (
-            render_status(pool, new, pipe),
+            render_status(pool, new, pipe, note=note),
             gr.Dropdown(choices=stack_choices(pool), value=stack),
             _examples(active_index(new, pipe)),
             *_empty_outputs(new),
         )
 
     def pick_passage(pid, s):
-        """Put the chosen passage's text into the edit box."""
-        return next((text for i, _, text in fresh(s).last_docs if i == pid), "")
+        """Put the chosen passage's text and title into the edit boxes."""
+        return next(((text, title) for i, title, text in fresh(s).last_docs if i == pid), ("", ""))
 
-    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s,
-                     progress=gr.Progress()):
-        """Replace one passage's text in this session's copy of the index (re-embedded), then ask
-        again: the answer follows the document, the models are unchanged."""
+    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title="",
+                     progress=gr.Progress(), request: gr.Request = None):
+        """Replace one passage's text (and title, if given) in this session's copy of the index
+        (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
         s = fresh(s)
         with user_errors():
-            check_passage_chosen(pid)
+            check_passage_chosen(pid, s)
         settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(pool, s, progress)
             progress(0.0, desc="Re-embedding the edited passage")
             with pool.lock:
-                edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder)
+                edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
-        result = _answer_all(pool, pipe, question, settings, progress)
+        result, s = _answer_all(pool, pipe, question, settings, progress, s=s, serving=serving, request=request)
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
         return (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
@@ -855,7 +1094,8 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline") -> dict[st
     return {
         "on_load": on_load, "ask_session": ask_session, "ask": ask, "upload": upload,
         "choose_corpus": choose_corpus, "choose_stack": choose_stack, "pick_passage": pick_passage,
-        "edit_passage": edit_passage, "reset_edits": reset_edits,
+        "edit_passage": edit_passage, "reset_edits": reset_edits, "estimate": estimate,
+        "validate_ask": v_ask, "validate_edit": v_edit, "refuse": refuse,
     }
 
 
@@ -907,6 +1147,15 @@ Rows are answer tokens, columns the retrieved passages (coloured and numbered li
 A token is coloured by its darkest cell; hover it to see the passage and the probability, click it to jump to
 the passage.
 
+### Sharing one server fairly
+
+Every question is priced before it runs: the app estimates its time and memory from the settings (shown in
+*Settings*) and refuses one over the server's limit, with what it would cost and what to change. An admitted
+question runs under a wall-clock limit; an answer cut by it (or by *max new tokens*) ends with "…" and says why.
+Two questions run at once, but the models take one step at a time: at every step the waiting question with the
+lower priority number goes first, and questions estimated to be expensive run at low priority. A cheap question
+asked while an expensive one is running therefore finishes in about its own time.
+
 ### Hot-swapping knowledge
 
 The index is memory you can replace without retraining. Upload your own documents (they are split into
@@ -923,18 +1172,43 @@ def _diagram() -> str:
     return f'<div class="rag-diagram">{svg}</div>'
 
 
+COUNTER_JS = """(q) => {
+  const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
+  return `<div class="rag-qcount${over ? " rag-over" : ""}" data-n="${n}">${n.toLocaleString("en")} / ${
+    limit.toLocaleString("en")} characters${over ? ": over the limit, shorten the question" : ""}</div>`;
+}""" % MAX_QUESTION_CHARS
+
+
+def render_counter(question: str = "") -> str:
+    """The question box's character counter (the browser updates it with COUNTER_JS as you type;
+    this is the same HTML, for the first render). It counts what check_question counts."""
+    n = len((question or "").strip())
+    over = n > MAX_QUESTION_CHARS
+    return (f'<div class="rag-qcount{" rag-over" if over else ""}" data-n="{n}">{n:,} / {MAX_QUESTION_CHARS:,} '
+            f'characters{": over the limit, shorten the question" if over else ""}</div>')
+
+
 def build_app(pipelines: Any = None, *, default_stack: str | None = None,
-              unavailable: Callable[[str], str | None] = default_unavailable) -> gr.Blocks:
+              unavailable: Callable[[str], str | None] = default_unavailable, budget: Any = None,
+              model_concurrency: int = MODEL_CONCURRENCY) -> gr.Blocks:
     """The Blocks app over `pipelines`: a RagPipeline, a factory(stack, progress) -> RagPipeline,
-    or a PipelinePool (None: the default factory, Vital Articles). Queue configured; launch with
-    `launch(demo, ...)` (theme and CSS are launch() arguments in gradio 6)."""
+    or a PipelinePool (None: the default factory, Vital Articles). `budget`: the server's limits
+    (a `rag_demo.budget.Budget`; None: the library's defaults). `model_concurrency`: model events
+    that may run at once (their steps still take turns at the shared StepGate). Queue configured;
+    launch with `launch(demo, ...)` (theme and CSS are launch() arguments in gradio 6)."""
+    from .budget import Budget, StepGate
+
     pool = PipelinePool.of(pipelines if pipelines is not None else stack_factory(), unavailable)
     if default_stack is None:
         default_stack = next(iter(pool.loaded_stacks()), "offline")
-    h = make_handlers(pool, default_stack)
+    app: dict[str, gr.Blocks] = {}
+    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
+                      queue=lambda: getattr(app.get("demo"), "_queue", None))
+    h = make_handlers(pool, default_stack, serving)
     settings0 = RagSettings()
 
     with gr.Blocks(title="RAG demo: retrieve, then generate") as demo:
+        app["demo"] = demo
         session = gr.State(None, time_to_live=STATE_TTL_S)
         gr.HTML(INTRO)
         status = gr.HTML(render_status(pool, Session(stack=default_stack)), elem_id="rag-status")
@@ -944,9 +1218,10 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                     with gr.Column(scale=3):
                         question = gr.Textbox(
                             label="Question", placeholder="Who painted The Starry Night?", lines=1,
-                            max_length=MAX_QUESTION_CHARS + 1000, elem_id="rag-question",
-                            info=f"One or two sentences, up to {MAX_QUESTION_CHARS} characters.",
+                            elem_id="rag-question",  # no max_length: a paste is never cut silently
+                            info=f"One or two sentences, up to {MAX_QUESTION_CHARS:,} characters.",
                         )
+                        counter = gr.HTML(render_counter(""), elem_id="rag-qcount")
                         ask_btn = gr.Button("Ask", variant="primary", elem_id="rag-ask")
                         examples = gr.Dataset(
                             components=[question], samples=[], label="Example questions (click one to ask it)",
@@ -978,6 +1253,9 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                 label="RAG-Sequence decoding",
                                                 info="thorough: rescore every candidate under every passage; "
                                                 "fast: skip those passes (paper §2.5)", elem_id="rag-decoding")
+                            cost_box = gr.HTML(h["estimate"](settings0.k, settings0.num_beams,
+                                                             settings0.max_new_tokens, settings0.sequence_decoding,
+                                                             None), elem_id="rag-cost")
                 with gr.Row(equal_height=True):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
@@ -987,7 +1265,12 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                         "the answer follows the document, the models are unchanged. The edit lives in your "
                         "session's copy of the index only."
                     )
-                    edit_pick = gr.Dropdown(choices=[], label="Passage", elem_id="rag-edit-pick")
+                    # allow_custom_value: an id that is not a choice reaches the validator, which says
+                    # why, instead of gradio's bare "not in the list of choices" HTTP error
+                    edit_pick = gr.Dropdown(choices=[], label="Passage", elem_id="rag-edit-pick",
+                                            allow_custom_value=True)
+                    edit_title = gr.Textbox(lines=1, label="Passage title (read by the retriever and the "
+                                            "generator with the text)", elem_id="rag-edit-title")
                     edit_text = gr.Textbox(lines=4, label="Passage text", elem_id="rag-edit-text")
                     with gr.Row():
                         edit_btn = gr.Button("Save edit and ask again", variant="primary", elem_id="rag-edit")
@@ -1004,24 +1287,30 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
 
         # ------------------------------------------------------------ events
         settings_in = [k, beams, max_new, decoding]
-        answer_out = [*cards, passages, raw, edit_pick, edit_text, session]
-        model = {"concurrency_id": "model"}
+        answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, session]
+        model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
         demo.load(
             h["on_load"], inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
-        )
+        ).then(h["estimate"], inputs=[*settings_in, session], outputs=[cost_box], queue=False,
+               show_progress="hidden", api_visibility="private")
+        # cheap, not queued: the cost model only, no model runs
+        gr.on([c.change for c in settings_in], h["estimate"], inputs=[*settings_in, session], outputs=[cost_box],
+              queue=False, show_progress="hidden", api_visibility="private")
+        question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
+                        show_progress="hidden", api_visibility="private")  # in the browser only
         gr.on(
             [ask_btn.click, question.submit], h["ask_session"], inputs=[question, *settings_in, session],
-            outputs=[status, *answer_out], api_name="ask_session", validator=validate_ask, **model,
+            outputs=[status, *answer_out], api_name="ask_session", validator=h["validate_ask"], **model,
         )
         examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
                        queue=False).then(
             h["ask_session"], inputs=[question, *settings_in, session], outputs=[status, *answer_out],
-            api_visibility="private", **model,
+            api_visibility="private", validator=h["validate_ask"], **model,
         )
         upload_btn.click(
             h["upload"], inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
-            api_name="upload", show_progress_on=status, **model,
+            api_name="upload", show_progress_on=status, validator=validate_upload, **model,
         )
         corpus_dd.input(
             h["choose_corpus"], inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
@@ -1031,11 +1320,11 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
             h["choose_stack"], inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
             api_name="choose_stack", show_progress_on=status, concurrency_limit=None,
         )
-        edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text],
+        edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text, edit_title],
                         api_visibility="private", queue=False)
         edit_btn.click(
-            h["edit_passage"], inputs=[edit_pick, edit_text, question, *settings_in, session],
-            outputs=[status, *answer_out], api_name="edit_passage", validator=validate_edit, **model,
+            h["edit_passage"], inputs=[edit_pick, edit_text, question, *settings_in, session, edit_title],
+            outputs=[status, *answer_out], api_name="edit_passage", validator=h["validate_edit"], **model,
         )
         reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
@@ -1043,6 +1332,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
     demo.rag_pool = pool  # for app.py (start loading) and tests
+    demo.rag_serving = serving
     return demo
 
 

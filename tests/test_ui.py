@@ -80,11 +80,67 @@ def test_validators_put_the_library_message_on_the_bad_input_only():
     settings = bad(ui.validate_ask("What is Mars?", 0, 1, 32, "thorough", None))
     assert list(settings) == [1, 2, 3, 4] and "k=0 is out of range" in settings[1]
 
-    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", 5, 1, 32, "fast", None)
-    assert len(ok) == 8 and bad(ok) == {}
+    mars = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
+    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", 5, 1, 32, "fast", mars)
+    assert len(ok) == 9 and bad(ok) == {}  # pid, text, question, 4 settings, session, title
     assert "No passage chosen" in bad(ui.validate_edit(None, "x", "What is Mars?", 5, 1, 32, "fast", None))[0]
-    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", 5, 1, 32, "fast", None))) == [1]
-    assert list(bad(ui.validate_edit("Mars#0", "x", "", 5, 1, 32, "fast", None))) == [2]
+    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", 5, 1, 32, "fast", mars))) == [1]
+    assert list(bad(ui.validate_edit("Mars#0", "x", "", 5, 1, 32, "fast", mars))) == [2]
+
+
+def test_integer_settings_are_never_rounded_silently():
+    assert ui.settings_from_inputs(5.0, "2", 32.0, "fast").k == 5  # what sliders and forms send
+    assert ui.settings_from_inputs(5.0, "2", 32.0, "fast").num_beams == 2
+    for bad, shown in ((2.5, "k=2.5"), ("abc", "k='abc'"), ("2.5", "k='2.5'")):
+        with pytest.raises(ValueError) as e:
+            ui.settings_from_inputs(bad, 1, 32, "thorough")
+        msg = str(e.value)
+        assert shown in msg and "not a whole number" in msg and "invalid literal" not in msg, msg
+    with pytest.raises(ValueError, match="max_new_tokens=7.5 is not a whole number"):
+        ui.settings_from_inputs(5, 1, 7.5, "thorough")
+    bad = [r for r in ui.validate_ask("What is Mars?", 2.5, 1, 32, "thorough", None) if not r["is_valid"]]
+    assert bad and "k=2.5 is not a whole number" in bad[0]["message"]
+
+
+def test_edit_validator_names_a_passage_that_is_not_in_the_last_answer():
+    s = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
+    ok = ui.validate_edit("Mars#0", "Mars is blue.", "What is Mars?", 1, 1, 8, "fast", s)
+    assert all(r["is_valid"] for r in ok) and len(ok) == 9
+    bad = ui.validate_edit("Nope#3", "text", "What is Mars?", 1, 1, 8, "fast", s)
+    assert [i for i, r in enumerate(bad) if not r["is_valid"]] == [0]
+    assert "'Nope#3' is not one of the passages retrieved for your last question" in bad[0]["message"]
+    fresh = ui.validate_edit("Mars#0", "text", "What is Mars?", 1, 1, 8, "fast", None)  # nothing asked yet
+    assert not fresh[0]["is_valid"] and "ask a question" in fresh[0]["message"]
+
+
+def test_question_counter_shows_the_one_limit():
+    assert 'data-n="0"' in ui.render_counter("") and "0 / 1,000 characters" in ui.render_counter("")
+    over = ui.render_counter("x" * 5000)
+    assert "5,000 / 1,000 characters" in over and "rag-over" in over and "shorten" in over
+    assert ui.render_counter("  " + "x" * 1000 + "  ").count("rag-over") == 0  # counts what check_question counts
+    assert "limit = 1000" in ui.COUNTER_JS and ".trim()" in ui.COUNTER_JS
+
+
+def test_upload_validator_reads_the_files_before_the_queue(tmp_path):
+    good = tmp_path / "mars.txt"
+    good.write_text("Mars is the fourth planet from the Sun.")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(256)) * 8)
+    assert all(r["is_valid"] for r in ui.validate_upload([str(good)], None))
+    bad = ui.validate_upload([str(binary)], None)
+    assert not bad[0]["is_valid"] and "looks binary" in bad[0]["message"] and bad[1]["is_valid"]
+    assert "No file uploaded" in ui.validate_upload([], None)[0]["message"]
+    assert "over the limit of 20" in ui.validate_upload([str(good)] * 21, None)[0]["message"]
+
+
+def test_answer_card_names_its_question_and_marks_a_cut_answer():
+    card = ui.render_answer(answer_dict(question="Where is the <Taj> Mahal?", stopped="eos"))
+    assert "Q: Where is the &lt;Taj&gt; Mahal?" in card and "rag-cut" not in card
+    cut = ui.render_answer(answer_dict(stopped="max_new_tokens"))
+    assert 'class="rag-cut"' in cut and "…" in cut and "cut: max new tokens reached" in cut
+    late = ui.render_answer(answer_dict(stopped="time_limit"))
+    assert "cut: time limit reached" in late and "…" in late
+    assert "rag-cut" not in ui.render_answer(answer_dict())  # answers from before Answer.stopped
 
 
 def test_tokens_are_coloured_by_their_top_passage():
@@ -257,6 +313,118 @@ def test_page_load_streams_loading_progress_then_says_what_is_live():
     assert 'data-stack="offline"' in statuses[-1] and "Fake corpus" in statuses[-1] and "1 passage)" in statuses[-1]
     assert steps[-1][1].raw_samples == [["What is Mars?"]]  # examples from the live corpus
     assert isinstance(steps[-1][-1], ui.Session)
+
+
+class Ans:
+    def __init__(self, mode, q):
+        self.d = answer_dict(mode, question=q) if mode != "closed-book" else answer_dict(
+            mode, docs=[], rows=[], question=q)
+
+    def to_dict(self):
+        return self.d
+
+
+class AnsweringPipe(FakePipe):
+    """A fake pipeline over a one-passage corpus that answers instantly."""
+
+    def __init__(self, name="offline"):
+        super().__init__(name)
+        self.index.__class__.__len__ = lambda self: 1
+        self.calls = []
+
+    def answer(self, q, mode, settings, **kw):
+        self.calls.append((mode, settings.k, kw))
+        return Ans(mode, q)
+
+    def with_index(self, index):
+        return self
+
+
+def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
+    warnings = []
+    monkeypatch.setattr(ui.gr, "Warning", lambda msg, *a, **k: warnings.append(msg))
+    pipe = AnsweringPipe()
+    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    h = ui.make_handlers(pool)
+    s = None
+    for _ in range(3):
+        out = h["ask_session"]("What is Mars?", 5, 1, 8, "fast", s, progress=noprogress)
+        s = out[-1]
+    assert warnings == ["This corpus has only 1 passage: using K = 1 instead of 5."]
+    assert {k for _, k, _ in pipe.calls} == {1}
+    h["ask_session"]("What is Mars?", 5, 1, 8, "fast", None, progress=noprogress)  # a new session is told too
+    assert len(warnings) == 2
+
+
+def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
+    popups = []
+    for kind in ("Warning", "Info"):
+        monkeypatch.setattr(ui.gr, kind, lambda msg, *a, **k: popups.append(msg))
+    pipe = AnsweringPipe()
+    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    out = ui.make_handlers(pool)["choose_stack"]("paper", None, progress=noprogress)
+    assert popups == []
+    assert out[0].count("unavailable here: HF_HUB_OFFLINE is set") == 1 and 'data-stack="offline"' in out[0]
+
+
+def test_ready_only_after_warm_up():
+    warmed = threading.Event()
+    release = threading.Event()
+
+    class WarmPipe(FakePipe):
+        def warm_up(self, progress=None):
+            progress(0.5, "answering one question in every mode")
+            release.wait(10)
+            warmed.set()
+            return 0.5
+
+    pool = ui.PipelinePool(lambda s, p: WarmPipe(s), unavailable=fake_unavailable)
+    pool.start("offline")
+    deadline = time.monotonic() + 10
+    while "every mode" not in pool.progress("offline")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.loaded("offline") is None and pool.loading("offline")  # loaded, not yet warm: not ready
+    status = ui.render_status(pool, ui.Session())
+    assert "rag-loading" in status and "data-stack" not in status and "every mode" in status
+    release.set()
+    pipe = pool.get("offline", timeout=10)
+    assert warmed.is_set() and pool.loaded("offline") is pipe
+    assert 'data-stack="offline"' in ui.render_status(pool, ui.Session())
+
+
+def test_client_gone_reads_the_queue_jobs_of_the_session():
+    class Ev:
+        def __init__(self, sh, alive=True):
+            self.session_hash, self.alive = sh, alive
+
+    class Q:
+        active_jobs = [None, [Ev("other")]]
+
+    q = Q()
+    req = type("R", (), {"session_hash": "mine"})()
+    gone = ui.client_gone(lambda: q, req)
+    assert gone() is False  # not running (yet): never cancel what we cannot see
+    mine = Ev("mine")
+    q.active_jobs = [[mine], [Ev("other", alive=False)]]
+    assert gone() is False
+    mine.alive = False  # what gradio's queue does when the session's event stream closes
+    assert gone() is True
+    assert ui.client_gone(lambda: q, None) is None
+    assert ui.client_gone(lambda: 1 / 0, req)() is False  # gradio internals changed: never cancels
+
+
+def test_gradio_queue_still_marks_dead_jobs_the_way_client_gone_reads_them():
+    """client_gone relies on gradio internals: Queue.active_jobs holding Events with
+    session_hash and alive, and clean_events setting alive = False. Checked here so a gradio
+    upgrade that changes them fails a test instead of silently never cancelling."""
+    import inspect
+
+    from gradio import queueing
+
+    src = inspect.getsource(queueing.Queue.clean_events)
+    assert "active_jobs" in src and "job.alive = False" in src and "session_hash" in src
+    ev_init = inspect.getsource(queueing.Event.__init__)
+    assert "self.alive = True" in ev_init and "self.session_hash" in ev_init
 
 
 def test_default_unavailable_names_the_reason_offline(monkeypatch):
