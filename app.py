@@ -1,8 +1,20 @@
 """`python app.py`: serve the RAG teaching demo (rag_demo/ui.py) on http://localhost:7860.
 
-The page is served at once; the models and the index load in the background while the page
-shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
+The page is served at once; the models and the index load (and warm up) in the background while
+the page shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
 documents instead of Wikipedia Vital Articles; tests use it to start fast), --port, --host.
+
+Serving limits (rag_demo.budget.Budget; each flag also reads an environment variable, and
+defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
+
+  --max-seconds S        RAG_DEMO_MAX_SECONDS       refuse a question estimated to take longer
+  --max-request-gb G     RAG_DEMO_MAX_REQUEST_GB    refuse a question estimated to need more extra memory
+  --time-limit S         RAG_DEMO_TIME_LIMIT        stop decoding after S seconds (partial answers say so)
+  --heavy-seconds S      RAG_DEMO_HEAVY_SECONDS     questions estimated above S run at low priority
+  --model-concurrency N  RAG_DEMO_MODEL_CONCURRENCY model events running at once (default 2)
+
+Memory: at most MALLOC_ARENA_MAX (default 2) glibc malloc arenas, set before any thread starts,
+and freed memory is given back after each request (rag_demo/memory.py says why).
 """
 from __future__ import annotations
 
@@ -12,8 +24,17 @@ import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage pings from a demo
 
+from rag_demo import memory  # noqa: E402 - torch-free, before anything starts threads
+
+memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
+
 from rag_demo.config import STACKS  # noqa: E402
-from rag_demo.ui import PipelinePool, build_app, launch, stack_factory  # noqa: E402
+from rag_demo.ui import MODEL_CONCURRENCY, PipelinePool, build_app, launch, stack_factory  # noqa: E402
+
+
+def _env_float(name: str) -> float | None:
+    v = os.environ.get(name)
+    return float(v) if v not in (None, "") else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,7 +45,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to serve on (0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    b = p.add_argument_group("serving limits (default: the library's Budget)")
+    b.add_argument("--max-seconds", type=float, default=_env_float("RAG_DEMO_MAX_SECONDS"),
+                   help="refuse a question whose estimated time is above this")
+    b.add_argument("--max-request-gb", type=float, default=_env_float("RAG_DEMO_MAX_REQUEST_GB"),
+                   help="refuse a question whose estimated peak extra memory is above this")
+    b.add_argument("--time-limit", type=float, default=_env_float("RAG_DEMO_TIME_LIMIT"),
+                   help="wall-clock seconds per question; decoding stops there")
+    b.add_argument("--heavy-seconds", type=float, default=_env_float("RAG_DEMO_HEAVY_SECONDS"),
+                   help="questions estimated above this run at low priority")
+    b.add_argument("--model-concurrency", type=int,
+                   default=int(os.environ.get("RAG_DEMO_MODEL_CONCURRENCY", MODEL_CONCURRENCY)),
+                   help=f"model events running at once (default {MODEL_CONCURRENCY})")
     return p.parse_args(argv)
+
+
+def budget_from_args(args: argparse.Namespace):
+    """The library's Budget with the given flags (or environment variables) applied."""
+    from rag_demo.budget import Budget
+
+    given = {
+        "max_seconds": args.max_seconds,
+        "max_request_bytes": None if args.max_request_gb is None else int(args.max_request_gb * 1e9),
+        "time_limit_s": args.time_limit,
+        "heavy_seconds": args.heavy_seconds,
+    }
+    return Budget(**{k: v for k, v in given.items() if v is not None})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,8 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     if reason:
         print(f"[rag-demo] the {stack} stack is unavailable ({reason}); serving the offline stack", file=sys.stderr)
         stack = "offline"
-    pool.start(stack)  # load in the background; the page shows the progress
-    demo = build_app(pool, default_stack=stack)
+    pool.start(stack)  # load and warm up in the background; the page shows the progress
+    budget = budget_from_args(args)
+    print(f"[rag-demo] serving limits: {budget}; model concurrency {args.model_concurrency}", file=sys.stderr)
+    demo = build_app(pool, default_stack=stack, budget=budget, model_concurrency=args.model_concurrency)
     launch(demo, server_name=args.host, server_port=args.port)
 
 

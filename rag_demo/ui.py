@@ -12,6 +12,7 @@ gradio's demos: functions first, then `with gr.Blocks()` layout, then event wiri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import math
@@ -725,6 +726,38 @@ class Serving:
     budget: Any = None
     gate: Any = None
     queue: Callable[[], Any] = lambda: None
+    # Expensive requests running at once. With model concurrency 2 this is 1, so a cheap request
+    # always finds a free slot: two expensive ones would take both and cheap ones would queue
+    # behind them for up to the time limit (the gate only orders requests that are running).
+    max_heavy: int = 1
+    _heavy: int = 0
+    _heavy_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def heavy_busy(self) -> str | None:
+        """Why an expensive request would be refused now (None: a slot is free)."""
+        if self._heavy < self.max_heavy:
+            return None
+        cheap = f" (under about {self.budget.heavy_seconds:.0f} s)" if self.budget is not None else ""
+        return (f"{plural(self._heavy, 'expensive question')} already running, and this server runs "
+                f"{self.max_heavy} at a time so that cheap questions never wait behind them: try again in a "
+                f"minute, or lower K, beams or max new tokens to make the question cheap{cheap}.")
+
+    @contextmanager
+    def heavy_slot(self, cost: Any):
+        """Hold one of the `max_heavy` slots while an expensive request runs; ValueError if none is free."""
+        if cost is None or not getattr(cost, "heavy", False):
+            yield
+            return
+        with self._heavy_lock:
+            busy = self.heavy_busy()
+            if busy:
+                raise ValueError(f"This question is expensive ({cost.describe()}): {busy}")
+            self._heavy += 1
+        try:
+            yield
+        finally:
+            with self._heavy_lock:
+                self._heavy -= 1
 
     def check(self, pipe: Any, question: str, settings: RagSettings) -> Any:
         """The request's Cost, or the library's ValueError (what was asked, what it would cost,
@@ -787,9 +820,8 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
 
     Refused before anything runs when over the budget; otherwise runs under one RunControl (one
     deadline for the three answers, priority from the cost, the shared gate). No lock is held:
-    the gate interleaves this request's model steps with other requests' ones."""
-    from . import memory
-
+    the gate interleaves this request's model steps with other requests' ones. An expensive
+    request is refused while `serving.max_heavy` others run."""
     with user_errors():
         q = check_question(question)
     settings, asked_k = _fit_k(pipe, pipe.index, settings)
@@ -803,6 +835,17 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
         cost = serving.check(pipe, q, settings) if serving else None
     control = serving.control(cost, request) if serving else None
     answers = {}
+    with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
+        _run_modes(pipe, q, settings, control, answers, progress)
+    return {
+        "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+        "settings": dataclasses.asdict(settings), "answers": answers,
+    }, s
+
+
+def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:
+    from . import memory
+
     try:
         for i, mode in enumerate(MODES):
             if progress:
@@ -813,10 +856,6 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
             answers[mode] = _finite(a.to_dict())
     finally:
         memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
-    return {
-        "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-        "settings": dataclasses.asdict(settings), "answers": answers,
-    }, s
 
 
 def _ask_outputs(result: dict, s: Session) -> tuple:
@@ -894,7 +933,10 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
             return None
         try:
             settings, _ = _fit_k(pipe, active_index(fresh(s), pipe), settings)
-            serving.check(pipe, check_question(question), settings)
+            cost = serving.check(pipe, check_question(question), settings)
+            busy = serving.heavy_busy() if cost is not None and cost.heavy else None
+            if busy:
+                return f"This question is expensive ({cost.describe()}): {busy}"
         except ValueError as e:
             return str(e)
         except Exception:  # noqa: BLE001 - the handler checks again and reports
@@ -1203,7 +1245,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         default_stack = next(iter(pool.loaded_stacks()), "offline")
     app: dict[str, gr.Blocks] = {}
     serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
-                      queue=lambda: getattr(app.get("demo"), "_queue", None))
+                      queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
     h = make_handlers(pool, default_stack, serving)
     settings0 = RagSettings()
 

@@ -392,6 +392,28 @@ def test_ready_only_after_warm_up():
     assert 'data-stack="offline"' in ui.render_status(pool, ui.Session())
 
 
+def test_one_expensive_request_at_a_time_so_cheap_ones_always_find_a_slot():
+    class Cost:
+        def __init__(self, heavy):
+            self.heavy, self.seconds = heavy, 40.0 if heavy else 3.0
+
+        def describe(self):
+            return f"about {self.seconds:.0f} s and 0.4 GB"
+
+    budget = type("B", (), {"heavy_seconds": 20.0, "time_limit_s": 60.0})()
+    serving = ui.Serving(budget=budget, max_heavy=1)
+    with serving.heavy_slot(Cost(True)):
+        assert "1 expensive question already running" in serving.heavy_busy()
+        with pytest.raises(ValueError, match=r"expensive \(about 40 s and 0.4 GB\).*under about 20 s"):
+            with serving.heavy_slot(Cost(True)):
+                pass
+        with serving.heavy_slot(Cost(False)), serving.heavy_slot(None):  # cheap ones are never held back
+            pass
+    assert serving.heavy_busy() is None
+    with serving.heavy_slot(Cost(True)):  # the slot was given back
+        pass
+
+
 def test_client_gone_reads_the_queue_jobs_of_the_session():
     class Ev:
         def __init__(self, sh, alive=True):
