@@ -1,0 +1,226 @@
+"""Load check (#10): bursts of concurrent clients mixing cheap and expensive questions.
+
+    python scripts/load.py                          # launches app.py (Vital Articles) on 127.0.0.1
+    python scripts/load.py --url http://127.0.0.1:7860/ --pid 1234   # an app already running
+    python scripts/load.py --bursts 2 --clients 6 --corpus-file tests/fixtures/seurat.txt  # shorter
+
+First one burst of cheap questions only (every client asks with the default settings), then
+`--bursts` bursts of `--clients` clients at once, `--expensive` of them asking with K=20, 4 beams,
+128 new tokens, thorough RAG-Sequence (sent first, so they are running or queued when the cheap
+ones arrive). Each client is its own gradio_client.Client on /ask (loopback only). Prints per
+burst: answered / refused / failed, cheap latency p50 / p95, and the server's RSS after the burst;
+then the acceptance lines (cheap p95 with expensive queued <= 2x cheap p95 alone; RSS after the
+bursts within 15% of RSS after warm-up) and the load average. Numbers, not a test: the CPU may be
+shared, so each line says the load average it was measured under.
+
+Bounded: at most --bursts x --clients requests, each burst given at most --burst-timeout seconds,
+the whole run at most --max-minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from rag_demo.memory import peak_rss_bytes, rss_bytes  # noqa: E402 - torch-free
+from rag_demo.ui import VITAL_EXAMPLES  # noqa: E402 - torch-free
+
+CHEAP = {"k": 5, "num_beams": 1, "max_new_tokens": 32, "sequence_decoding": "thorough"}  # the defaults
+EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}
+EXPENSIVE_QUESTION = "Tell me everything about the history of the Roman Empire."
+REFUSAL_WORDS = ("would take", "over the limit", "over this server", "expensive", "refuse", "budget", "busy",
+                 "at a time")
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[i]
+
+
+def gb(b: int | None) -> str:
+    return "n/a" if b is None else f"{b / 1e9:.2f} GB"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(corpus_files: list[str], extra: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port), *extra]
+    for f in corpus_files:
+        cmd += ["--corpus-file", f]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the app
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"app.py exited with {proc.returncode}; see {log_path}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return proc, url
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit(f"app.py did not serve {url} within 180 s; see {log_path}") from None
+            time.sleep(0.5)
+
+
+def wait_ready(url: str, timeout: float) -> float:
+    """Waits until the status endpoint says a stack is live (loaded and warmed up); seconds waited."""
+    from gradio_client import Client
+
+    t0 = time.monotonic()
+    c = Client(url, verbose=False)
+    while time.monotonic() - t0 < timeout:
+        status = c.predict(api_name="/status")
+        if "data-stack=" in str(status[0] if isinstance(status, (list, tuple)) else status):
+            return time.monotonic() - t0
+        time.sleep(2)
+    raise SystemExit(f"the app was not ready after {timeout:.0f} s")
+
+
+def one(url: str, question: str, s: dict, start: threading.Event, out: dict, delay: float, timeout: float) -> None:
+    from gradio_client import Client
+
+    try:
+        client = Client(url, verbose=False)
+        start.wait(timeout)
+        time.sleep(delay)
+        t0 = time.perf_counter()
+        job = client.submit(question, s["k"], s["num_beams"], s["max_new_tokens"], s["sequence_decoding"],
+                            "offline", api_name="/ask")
+        r = job.result(timeout=timeout)
+        out.update(ok=True, latency=time.perf_counter() - t0,
+                   stopped={m: a.get("stopped") for m, a in r["answers"].items()})
+    except Exception as e:  # noqa: BLE001 - counted per request
+        msg = f"{type(e).__name__}: {e}"
+        refused = any(w in str(e).lower() for w in REFUSAL_WORDS)
+        out.update(ok=False, refused=refused, error=msg[:300],
+                   latency=time.perf_counter() - t0 if "t0" in locals() else float("nan"))
+
+
+def burst(url: str, n_cheap: int, n_expensive: int, timeout: float) -> list[dict]:
+    """n_expensive expensive requests, then (0.5 s later) n_cheap cheap ones, all concurrent."""
+    start = threading.Event()
+    results, threads = [], []
+    for i in range(n_expensive + n_cheap):
+        heavy = i < n_expensive
+        r = {"kind": "expensive" if heavy else "cheap"}
+        q = EXPENSIVE_QUESTION if heavy else VITAL_EXAMPLES[i % len(VITAL_EXAMPLES)]
+        t = threading.Thread(target=one, args=(url, q, EXPENSIVE if heavy else CHEAP, start, r,
+                                               0.0 if heavy else 0.5, timeout), daemon=True)
+        results.append(r)
+        threads.append(t)
+        t.start()
+    time.sleep(1.0)  # clients connected
+    start.set()
+    deadline = time.monotonic() + timeout + 5
+    for t in threads:
+        t.join(max(0.1, deadline - time.monotonic()))
+    for r in results:
+        r.setdefault("ok", False)
+        r.setdefault("error", "no answer within the burst timeout")
+    return results
+
+
+def summary(name: str, results: list[dict], pid: int | None) -> dict:
+    cheap = [r["latency"] for r in results if r["kind"] == "cheap" and r.get("ok")]
+    counts = {kind: (sum(1 for r in results if r["kind"] == kind and r.get("ok")),
+                     sum(1 for r in results if r["kind"] == kind and not r.get("ok") and r.get("refused")),
+                     sum(1 for r in results if r["kind"] == kind and not r.get("ok") and not r.get("refused")),
+                     sum(1 for r in results if r["kind"] == kind))
+              for kind in ("cheap", "expensive")}
+    cut = sum(1 for r in results if r.get("ok") and any(v in ("time_limit", "cancelled")
+                                                        for v in (r.get("stopped") or {}).values()))
+    rss = rss_bytes(pid) if pid else None
+    line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
+            f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered "
+            f"({cut} cut by the time limit), {counts['expensive'][1]} refused, {counts['expensive'][2]} failed; "
+            f"cheap latency p50 {pct(cheap, 50):.1f} s p95 {pct(cheap, 95):.1f} s; RSS {gb(rss)}; "
+            f"load avg {load_avg()}")
+    print(line, flush=True)
+    for r in results:
+        if not r.get("ok"):
+            print(f"              {r['kind']}: {r.get('error')}", flush=True)
+    return {"cheap": cheap, "rss": rss, "counts": counts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="an app already running (loopback); default: launch app.py")
+    p.add_argument("--pid", type=int, help="the running app's process id, for its RSS (with --url)")
+    p.add_argument("--corpus-file", action="append", default=[], help="launch with these documents")
+    p.add_argument("--app-arg", action="append", default=[], help="extra app.py argument (repeatable)")
+    p.add_argument("--bursts", type=int, default=5)
+    p.add_argument("--clients", type=int, default=12)
+    p.add_argument("--expensive", type=int, default=4, help="expensive clients per mixed burst (default 4)")
+    p.add_argument("--burst-timeout", type=float, default=300.0)
+    p.add_argument("--max-minutes", type=float, default=30.0)
+    args = p.parse_args(argv)
+    if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
+        raise SystemExit("loopback only: --url must be http://127.0.0.1:PORT/ or http://localhost:PORT/")
+    t_end = time.monotonic() + 60 * args.max_minutes
+    proc, pid, url = None, args.pid, args.url
+    if not url:
+        log = ROOT / "artifacts" / "load_app.log"
+        log.parent.mkdir(exist_ok=True)
+        proc, url = launch(args.corpus_file, args.app_arg, log)
+        pid = proc.pid
+        print(f"launched app.py (pid {pid}) on {url}; log {log}", flush=True)
+    try:
+        waited = wait_ready(url, 900)
+        time.sleep(2)
+        rss0 = rss_bytes(pid) if pid else None
+        print(f"ready after {waited:.0f} s; RSS after warm-up {gb(rss0)}; load avg {load_avg()}", flush=True)
+        alone = summary("cheap only", burst(url, args.clients, 0, args.burst_timeout), pid)
+        mixed_cheap, rss_last, refused = [], None, 0
+        for b in range(args.bursts):
+            if time.monotonic() > t_end:
+                print(f"stopping: --max-minutes {args.max_minutes} reached after {b} mixed bursts", flush=True)
+                break
+            n_exp = min(args.expensive, args.clients)
+            res = summary(f"mixed {b + 1}", burst(url, args.clients - n_exp, n_exp, args.burst_timeout), pid)
+            mixed_cheap += res["cheap"]
+            rss_last = res["rss"]
+            refused += res["counts"]["expensive"][1] + res["counts"]["cheap"][1]
+        p95_alone, p95_mixed = pct(alone["cheap"], 95), pct(mixed_cheap, 95)
+        print(f"\ncheap p50/p95 alone {pct(alone['cheap'], 50):.1f} / {p95_alone:.1f} s; with expensive queued "
+              f"{pct(mixed_cheap, 50):.1f} / {p95_mixed:.1f} s; ratio of p95 {p95_mixed / p95_alone:.2f} "
+              f"(acceptance <= 2.00: {'met' if p95_mixed <= 2 * p95_alone else 'NOT met'})")
+        if rss0 and rss_last:
+            drift = rss_last / rss0 - 1
+            print(f"RSS after warm-up {gb(rss0)}, after the bursts {gb(rss_last)} ({100 * drift:+.1f}%; acceptance "
+                  f"within 15%: {'met' if abs(drift) <= 0.15 else 'NOT met'}); peak {gb(peak_rss_bytes(pid))}")
+        print(f"refused in all: {refused}; load avg at the end {load_avg()} ({os.cpu_count()} CPUs)")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
