@@ -546,7 +546,8 @@ def test_ask_endpoint_returns_three_answers(app, small_pipe):
 @pytest.mark.slow
 def test_ask_session_renders_answers_passages_tokens_heatmap(app):
     out = ask_session(client(app[1]), "Who painted The Starry Night?")
-    status, seq, tok, cb, passages, raw, pick, text = out
+    status, seq, tok, cb, passages, raw, pick, text, title = out
+    assert val(title) == "The Starry Night"
     assert "Test corpus" in status and "offline" in status
     for card, mode in ((seq, "sequence"), (tok, "token")):
         assert f'data-mode="{mode}"' in card and "rag-answer" in card
@@ -588,6 +589,48 @@ def test_bad_settings_get_a_message(app):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("k, message", [(2.5, "k=2.5 is not a whole number"), ("abc", "k='abc' is not a whole number")])
+def test_non_integer_settings_get_the_library_message(app, k, message):
+    from gradio_client.exceptions import AppError
+
+    c = client(app[1])
+    with pytest.raises(AppError, match=message) as e:
+        c.predict("What is Mars?", k, 1, 4, "thorough", "offline", api_name="/ask")
+    assert "invalid literal" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_unknown_passage_id_gets_a_message_not_a_bare_400(app):
+    from gradio_client.exceptions import ValidationError
+
+    c = client(app[1])
+    ask_session(c, "What is Mars?", k=1, max_new_tokens=2)
+    with pytest.raises(ValidationError, match="'Nope#7' is not one of the passages retrieved for your last question"):
+        c.predict("Nope#7", "text", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
+
+
+@pytest.mark.slow
+def test_question_box_does_not_cut_a_long_paste(app):
+    box = next(b for b in app[0].blocks.values() if getattr(b, "elem_id", None) == "rag-question")
+    assert box.max_length is None  # the library's limit is the only one, with its message
+    from gradio_client.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="question is 5000 characters, over the limit of 1000"):
+        ask_session(client(app[1]), "x" * 5000)
+
+
+@pytest.mark.slow
+def test_answers_name_their_question_and_say_why_they_stopped(app):
+    out = ask_session(client(app[1]), "Who painted The Starry Night?", max_new_tokens=2)
+    raw = out[5]
+    for card, mode in zip(out[1:4], ("sequence", "token", "closed-book"), strict=True):
+        assert "Q: Who painted The Starry Night?" in card
+        stopped = raw["answers"][mode]["stopped"]
+        assert stopped in ("eos", "max_new_tokens")
+        assert ("cut: max new tokens reached" in card) == (stopped == "max_new_tokens")
+
+
+@pytest.mark.slow
 def test_k_over_the_corpus_size_is_clamped(app):
     r = client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask")
     assert len(r["answers"]["token"]["docs"]) == 3
@@ -605,10 +648,10 @@ def test_k_over_the_corpus_size_is_clamped(app):
     ("program.exe", b"MZ\x90\x00", "Invalid file type"),
 ])
 def test_bad_uploads_get_a_message_and_the_app_keeps_serving(app, tmp_path, name, data, message):
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import AppError, ValidationError
 
     c = client(app[1])
-    with pytest.raises(AppError, match=message):
+    with pytest.raises((ValidationError, AppError), match=message):  # the validator, before the queue
         upload(c, write(tmp_path, name, data))
     out = ask_session(c, "What is Mars?", k=1, max_new_tokens=2)
     assert "Test corpus" in out[0]  # still on the built-in corpus, still answering
@@ -616,9 +659,9 @@ def test_bad_uploads_get_a_message_and_the_app_keeps_serving(app, tmp_path, name
 
 @pytest.mark.slow
 def test_upload_with_no_file_gets_a_message(app):
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import AppError, ValidationError
 
-    with pytest.raises(AppError, match="No file uploaded"):
+    with pytest.raises((ValidationError, AppError), match="No file uploaded"):
         client(app[1]).predict(None, api_name="/upload")
 
 
@@ -672,6 +715,7 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
     status, seq, tok, cb, passages, raw, *_ = out
     assert "1 passage edited in your copy" in status and "edited by you" in passages and "Claude Monet" in passages
     assert raw["answers"]["token"]["docs"][0]["text"] == new_text
+    assert raw["answers"]["token"]["docs"][0]["title"] == "The Starry Night"  # no new title: kept
     assert "Monet" in raw["answers"]["token"]["text"] or "Monet" in raw["answers"]["sequence"]["text"]
     # the shared base index and the other sessions are untouched
     assert "Vincent van Gogh" in small_pipe.index.corpus.passages[small_pipe.index.corpus.position(pid)].text
@@ -683,6 +727,20 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
     assert "edited" not in reset[0]
     again = ask_session(c, "Who painted The Starry Night?", k=1, max_new_tokens=2)
     assert "Vincent van Gogh" in again[4]
+
+
+@pytest.mark.slow
+def test_edited_title_reaches_the_model(app):
+    c = client(app[1])
+    first = ask_session(c, "Who painted The Starry Night?", k=1, max_new_tokens=4)
+    pid = val(first[6])
+    assert val(first[8]) == "The Starry Night"  # the title box is filled with the passage's title
+    text = "This oil-on-canvas painting was made in June 1889."
+    out = c.predict(pid, text, "Who painted The Starry Night?", 1, 1, 4, "fast", "Claude Monet's Starry Night",
+                    api_name="/edit_passage")
+    doc = out[5]["answers"]["token"]["docs"][0]
+    assert doc["title"] == "Claude Monet's Starry Night" and doc["text"] == text  # what the generator read
+    assert "Claude Monet&#x27;s Starry Night" in out[4] and "edited by you" in out[4]
 
 
 @pytest.mark.slow
@@ -709,14 +767,19 @@ def test_unavailable_stack_is_refused_without_hanging(app):
 
 
 @pytest.mark.slow
-def test_queue_is_one_model_call_at_a_time(app):
+def test_model_group_runs_two_at_a_time_with_one_shared_gate(app):
     demo = app[0]
-    assert demo._queue.default_concurrency_limit == 1 and demo._queue.max_size == ui.QUEUE_MAX_SIZE
+    assert demo._queue.max_size == ui.QUEUE_MAX_SIZE
     model_fns = [f for f in demo.fns.values() if f.name in ("ask_session", "upload", "edit_passage", "ask",
                                                             "choose_corpus")]
     assert len(model_fns) >= 5
     assert {f.concurrency_id for f in model_fns} == {"model"}
-    assert {f.concurrency_limit for f in model_fns} <= {1, "default"}
+    assert {f.concurrency_limit for f in model_fns} == {ui.MODEL_CONCURRENCY} and ui.MODEL_CONCURRENCY == 2
+    serving = demo.rag_serving
+    assert serving.gate is not None and serving.budget is not None and serving.max_heavy == 1
+    assert serving.queue() is demo._queue  # for "client gone"
+    # the cost estimate events are not queued (no model runs)
+    assert all(f.queue is False for f in demo.fns.values() if f.name == "estimate")
     # switching stacks may wait minutes for a first load: outside the group, serialised by the pool's lock
     assert [f.concurrency_limit for f in demo.fns.values() if f.name == "choose_stack"] == [None]
 
