@@ -57,6 +57,8 @@ class RagSettings:
         self.validate()
 
     def validate(self) -> None:
+        for name in ("k", "num_beams", "max_new_tokens", "max_doc_tokens"):
+            setattr(self, name, _whole(name, getattr(self, name)))
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise ValueError(f"k={self.k!r} is out of range: choose a number of passages from 1 to {MAX_K}.")
         if not isinstance(self.num_beams, int) or not 1 <= self.num_beams <= MAX_BEAMS:
@@ -79,6 +81,21 @@ class RagSettings:
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}: known are {[f.name for f in dataclasses.fields(self)]}.")
         return dataclasses.replace(self, **clean)
+
+
+def _whole(name: str, value: object) -> int:
+    """An integer setting as an int: 3, 3.0 and "3" are 3; 2.5, "abc", True are refused by name."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not a number: give a whole number.")
+    if isinstance(value, int):
+        return value
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number: give a whole number.") from None
+    if not f.is_integer():
+        raise ValueError(f"{name}={value!r} is not a whole number: give a whole number, e.g. {round(f)}.")
+    return int(f)
 
 
 def check_mode(mode: str) -> str:

@@ -15,6 +15,8 @@ our outputs can be checked token for token against `RagTokenForGeneration.genera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +24,9 @@ from .generators import Generator, GenState, pad_rows
 from .marginalize import rag_token_next
 
 NEG = -1.0e9  # the reference's "impossible" score
+# Teacher-forced rows scored at once: their KV cache is copied from the prefill state (K=20 docs
+# x 40 candidates x ~400 tokens would be ~20 GB for SmolLM2 in one go; 64 rows are ~0.6 GB).
+ROWS_CHUNK = 64
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Rows:
 
     def __init__(self, gen: Generator, state: GenState, per_beam: int, prior: torch.Tensor | None):
         self.gen, self.state, self.per_beam, self.prior = gen, state, per_beam, prior
+        self.stopped: str | None = None  # why a search ended early ("time_limit", "cancelled"), if it did
 
     def mix(self, lp: torch.Tensor) -> torch.Tensor:
         """lp (N*r, V) row log-probs -> (N, V) beam log-probs (the row log-probs are kept in
@@ -70,38 +76,49 @@ class Rows:
         return lp.gather(2, tokens.view(-1, 1, 1).expand(-1, r, 1)).squeeze(-1)  # (N, r)
 
 
-def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int]) -> list[Hyp]:
+def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int],
+           stop: Callable[[], str | None] | None = None) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
 
-    A group that has emitted EOS keeps decoding until all have (groups are independent rows,
-    so this changes no other group); its tokens after EOS are cut and its score is the sum of
-    log-probs up to and including EOS. No per-step masking: this loop runs once per token, and
-    on small models its bookkeeping is a measurable share of a step."""
+    A group that emits EOS is finished: its rows leave the state (no more compute or cache for
+    it) and its score is the sum of log-probs up to and including EOS. `stop()` is asked between
+    steps; when it names a reason ("time_limit", "cancelled") decoding ends there, the
+    unfinished groups keep what they have, and `rows.stopped` holds the reason."""
     eos_t = torch.tensor(eos)
-    done = torch.zeros(groups, dtype=torch.bool)  # (G,)
-    toks: list[torch.Tensor] = []
-    chosen: list[torch.Tensor] = []
-    row_lp: list[torch.Tensor] = []
+    active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
+    r = 1 if rows.prior is None and rows.per_beam == 1 else rows.per_beam
+    toks: list[torch.Tensor] = []  # per step (G,) chosen token, -1 once a group has finished
+    hist: list[torch.Tensor] = []  # per step (G, 1 + r) the beam's log-prob, then each row's
     one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
-        tok = lp.argmax(-1)  # (G,)
-        c = lp.gather(1, tok.unsqueeze(1))  # (G, 1)
-        toks.append(tok)
-        chosen.append(c)
-        row_lp.append(c if one_row else rows.chosen_row_lp(tok))  # (G, r)
-        done |= torch.isin(tok, eos_t)  # (G,)
-        if t == max_new_tokens - 1 or bool(done.all()):
+        tok = lp.argmax(-1)  # (A,)
+        c = lp.gather(1, tok.unsqueeze(1))  # (A, 1)
+        row_c = c if one_row else rows.chosen_row_lp(tok)  # (A, r)
+        step_tok = torch.full((groups,), -1, dtype=torch.long)  # (G,)
+        step_tok[active] = tok
+        step_lp = torch.zeros((groups, 1 + r))  # (G, 1 + r)
+        step_lp[active] = torch.cat([c, row_c], dim=1)
+        toks.append(step_tok)
+        hist.append(step_lp)
+        going = ~torch.isin(tok, eos_t)  # (A,)
+        if t == max_new_tokens - 1 or not bool(going.any()):
             break
-        lp = rows.step(tok)  # (G, V)
-    seqs = torch.stack(toks, dim=1).tolist()  # (G, T)
-    lps = torch.cat(chosen, dim=1)  # (G, T)
-    hist = torch.stack(row_lp, dim=2)  # (G, r, T)
+        if stop is not None and (reason := stop()):
+            rows.stopped = reason
+            break
+        if not bool(going.all()):  # drop the finished groups' rows
+            keep = going.nonzero().squeeze(1)  # (A',)
+            rows.reorder(keep)
+            active, tok = active[keep], tok[keep]
+        lp = rows.step(tok)  # (A, V)
+    seqs = torch.stack(toks, dim=1)  # (G, T)
+    lps = torch.stack(hist, dim=2)  # (G, 1 + r, T)
     hyps = []
     for g in range(groups):
-        kept = _trim(seqs[g], eos)
-        hyps.append(Hyp(kept, float(lps[g, : len(kept)].sum()), g, hist[g, :, : len(kept)]))
+        n = int((seqs[g] >= 0).sum())  # a group's tokens are a prefix: it stops at its EOS
+        hyps.append(Hyp(seqs[g, :n].tolist(), float(lps[g, 0, :n].sum()), g, lps[g, 1:, :n]))
     return hyps
 
 
@@ -122,11 +139,14 @@ def beam_search(
     eos: list[int],
     pad: int,
     length_penalty: float = 1.0,
+    stop: Callable[[], str | None] | None = None,
 ) -> list[list[Hyp]]:
     """Beam search for G groups of B beams; lp (G*B, V) first-step log-probs (beams identical).
 
     Finished hypotheses are ranked by sum_logprob / length**length_penalty (the reference's
-    rule); each group returns its B finished hypotheses, best first.
+    rule); each group returns its B finished hypotheses, best first. When `stop()` names a
+    reason between steps, the running beams are finished where they are (as at max length)
+    and `rows.stopped` holds the reason.
     """
     G, B, V = groups, num_beams, lp.shape[-1]
     eos_t = torch.tensor(eos)
@@ -168,6 +188,17 @@ def beam_search(
         improvable = improvable & (best_running > worst_fin).any(-1, keepdim=True)  # (G, 1)
         if not bool(improvable.any()) or bool(hits.all()):
             break
+        if stop is not None and (reason := stop()):
+            rows.stopped = reason
+            # finish the running beams here, as if this step were the last
+            norm_run = run_score / ((t + 1) ** length_penalty) + (~improvable).float() * NEG  # (G, B)
+            m_seq, m_score = torch.cat([fin_seq, run_seq], 1), torch.cat([fin_score, norm_run], 1)  # (G, 2B, ..)
+            m_raw = torch.cat([fin_raw, run_score], 1)  # (G, 2B)
+            m_flag = torch.cat([fin_flag, improvable.expand(-1, B)], 1)  # (G, 2B)
+            best = torch.topk(m_score, B).indices  # (G, B)
+            fin_seq = torch.gather(m_seq, 1, best.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
+            fin_score, fin_raw, fin_flag = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag))  # (G, B)
+            break
         rows.reorder((run_parent + group_off).reshape(-1))
         lp = rows.step(run_seq[:, :, t].reshape(-1))  # (G*B, V)
     return [
@@ -188,25 +219,32 @@ def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
 
 def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
-    length_penalty: float,
+    length_penalty: float, stop: Callable[[], str | None] | None = None,
 ) -> list[list[Hyp]]:
     """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
-    lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs."""
+    lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs.
+    `stop()`: asked between steps (see greedy / beam_search)."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
-    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty)
+    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop)
 
 
 def score_candidates(
-    gen: Generator, state: GenState, first_lp: torch.Tensor, candidates: list[list[int]], pad: int
+    gen: Generator, state: GenState, first_lp: torch.Tensor, candidates: list[list[int]], pad: int,
+    max_rows: int | None = None, stop: Callable[[], str | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-force every candidate under every prefilled row (doc), reusing the prefill cache.
 
     state: K prefilled rows, first_lp (K, V) their first-step log-probs, C candidates
     -> lp (K, C, T) log p(y_t | x, z, y_<t) of each candidate token, mask (C, T).
+
+    Memory is bounded whatever K x C x T: the K*C (doc, candidate) rows run `max_rows` at a time
+    (each chunk copies only its rows of the prefill cache), and `advance_gather` never holds
+    more than LOGITS_CHUNK logits. `stop()` is asked between chunks; once it names a reason the
+    remaining rows score -inf (callers then fall back to what they have).
     """
     K, C = first_lp.shape[0], len(candidates)
     tgt, mask = pad_rows(candidates, pad, min_width=1)  # (C, T) right-padded, T >= 1
@@ -214,14 +252,13 @@ def score_candidates(
     T = tgt.shape[1]
     rows = torch.arange(K).repeat_interleave(C)  # (K*C,) row k*C + c = candidate c under doc k
     tgt_rows = tgt.repeat(K, 1)  # (K*C, T)
-    lp0 = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1])  # (K*C, 1)
+    lp = torch.full((K * C, T), float("-inf"))  # (K*C, T)
+    lp[:, 0] = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1]).squeeze(1)  # (K*C,)
     if T > 1:
-        st = gen.select(state, rows)
-        logits = gen.advance(st, tgt_rows[:, :-1], log_probs=False)  # (K*C, T-1, V)
-        picked = logits.gather(2, tgt_rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (K*C, T-1)
-        lp_rest = picked - torch.logsumexp(logits, dim=-1)  # (K*C, T-1) log_softmax, gathered first
-        lp = torch.cat([lp0, lp_rest], dim=1)  # (K*C, T)
-    else:
-        lp = lp0  # (K*C, 1)
+        n = max_rows or ROWS_CHUNK
+        for a in range(0, K * C, n):
+            if stop is not None and stop():
+                break
+            st = gen.select(state, rows[a: a + n])  # this chunk's rows of the prefill cache
+            lp[a: a + n, 1:] = gen.advance_gather(st, tgt_rows[a: a + n, :-1], tgt_rows[a: a + n, 1:])  # (n, T-1)
     return lp.view(K, C, T), mask  # (K, C, T), (C, T)
-

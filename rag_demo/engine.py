@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .budget import RunControl
 from .config import RagSettings
 from .decoding import Hyp, Rows, score_candidates, search
 from .generators import Generator
@@ -41,18 +42,22 @@ class Generation:
     doc_posterior: torch.Tensor | None = None  # (K,) RAG-Sequence: p(z | x, y)
     candidates: list[tuple[list[int], float]] = field(default_factory=list)  # RAG-Sequence: (tokens, log p(y|x))
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
+    stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
 
 
 def _decoding_name(s: RagSettings) -> str:
     return "greedy" if s.num_beams == 1 else f"beam={s.num_beams}"
 
 
-def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings) -> Generation:
+def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
+              control: RunControl | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
-    prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores.
+    prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
+    cancel check and step gate of this request (see budget.RunControl).
     """
     t0 = time.perf_counter()
+    gen, stop = _controlled(gen, control)
     prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
@@ -61,7 +66,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # than a decoding step for BART's cross-attention cache).
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+                        s.length_penalty, stop)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
@@ -70,11 +76,12 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     logprob = float(rag_token_logprob(doc_lp, prior))
     out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior))
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
+    out.stopped = _stopped(best.tokens, rows.stopped, gen, s)
     return out
 
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
-                 hf_compat_score: bool = False) -> Generation:
+                 hf_compat_score: bool = False, control: RunControl | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -87,20 +94,29 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     the parity checks against the reference turn it on.
     """
     t0 = time.perf_counter()
+    gen, stop = _controlled(gen, control)
     prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
-    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)
+    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+                  s.length_penalty, stop)
     cands = _dedupe([h for group in hyps for h in group])
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
-    if s.sequence_decoding == "thorough":
-        lp, mask = score_candidates(gen, state0, first_lp, [h.tokens for h in cands], gen.pad_token_id)  # (K, C, T)
+    lp = None
+    if s.sequence_decoding == "thorough" and not rows.stopped:
+        lp, mask = score_candidates(gen, state0, first_lp, [h.tokens for h in cands], gen.pad_token_id,
+                                    stop=stop)  # (K, C, T)
+        if stop is not None and (reason := stop()):  # rescoring cut short: its numbers are incomplete
+            rows.stopped, lp = reason, None
+    if lp is not None:
         scores = _sequence_scores(lp, prior, mask, gen, cands, hf_compat_score)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
         doc_lp = lp[:, win, : len(cands[win].tokens)]  # (K, T)
-    else:
+    else:  # fast decoding, or thorough stopped by its deadline: no rescoring passes
+        if s.sequence_decoding == "thorough":
+            name = f"fast (thorough stopped: {rows.stopped}), {_decoding_name(s)}"
         scores = _fast_scores(hyps, cands, prior)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
@@ -112,18 +128,38 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)],
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
+    out.stopped = _stopped(out.tokens, rows.stopped, gen, s)
     return out
 
 
-def closed_book(gen: Generator, prompt: list[int], s: RagSettings) -> Generation:
+def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunControl | None = None) -> Generation:
     """The generator alone, no documents (the paper's parametric-only baseline)."""
     t0 = time.perf_counter()
+    gen, stop = _controlled(gen, control)
     first_lp, state = gen.prefill([prompt])  # (1, V)
     rows = Rows(gen, state, per_beam=1, prior=None)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+                        s.length_penalty, stop)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
+    out.stopped = _stopped(best.tokens, rows.stopped, gen, s)
     return out
+
+
+def _controlled(gen: Generator, control: RunControl | None):
+    """(the generator, gated if the request has a gate; the stop check or None)."""
+    if control is None:
+        return gen, None
+    return control.wrap(gen), control.stop_reason
+
+
+def _stopped(tokens: list[int], early: str | None, gen: Generator, s: RagSettings) -> str:
+    """Why an answer ended: a stop reason, its EOS, or the token limit."""
+    if tokens and tokens[-1] in gen.eos_token_ids:
+        return "eos"
+    if early:
+        return early
+    return "max_new_tokens" if len(tokens) >= s.max_new_tokens else "eos"
 
 
 def _best(hyps: list[Hyp]) -> Hyp:

@@ -25,6 +25,10 @@ from transformers.masking_utils import create_bidirectional_mask
 
 from .corpus import Passage
 
+# Most float32 logits alive at once when teacher-forcing (advance_gather): 32M x 4 bytes = 128 MB,
+# whatever the number of candidates x docs x tokens being scored.
+LOGITS_CHUNK = 32 * 2**20
+
 ENCODER_DECODER = "encoder-decoder"
 DECODER_ONLY = "decoder-only"
 
@@ -92,10 +96,39 @@ class Generator:
         """Run R prompts; -> next-token log-probs (R, V) and the state after them."""
         raise NotImplementedError
 
-    def advance(self, state: GenState, tokens: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
-        """Feed tokens (R, L) to every row, in place; -> log-probs (R, L, V) of the next tokens
-        (float32 logits instead with log_probs=False, for callers that gather first)."""
+    @torch.inference_mode()
+    def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> float32 log-probs (R, L, V) of the next tokens."""
+        return _log_softmax(self._logits(self._hidden(state, tokens)))  # (R, L, V)
+
+    @torch.inference_mode()
+    def advance_gather(self, state: GenState, tokens: torch.Tensor, targets: torch.Tensor,
+                       max_logits: int = LOGITS_CHUNK) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> log p(targets) (R, L): the log-prob of
+        targets[:, j] as the token after tokens[:, :j+1]. The vocabulary projection runs over
+        slices of positions so at most `max_logits` logits exist at once: teacher-forcing many
+        candidates never builds an (R, L, V) tensor."""
+        hidden = self._hidden(state, tokens)  # (R, L, H)
+        R, L = tokens.shape
+        step = max(1, max_logits // max(1, R * self.vocab_size))  # positions per slice
+        out = []
+        for a in range(0, L, step):
+            logits = self._logits(hidden[:, a: a + step]).float()  # (R, l, V)
+            picked = logits.gather(2, targets[:, a: a + step].unsqueeze(-1)).squeeze(-1)  # (R, l)
+            out.append(picked - torch.logsumexp(logits, dim=-1))  # (R, l) log_softmax, gathered first
+        return torch.cat(out, dim=1)  # (R, L)
+
+    def _hidden(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """Run tokens (R, L) through the model with the state's cache (updated in place) -> (R, L, H)."""
         raise NotImplementedError
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The vocabulary projection of hidden states (..., H) -> logits (..., V)."""
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
 
     def select(self, state: GenState, rows: torch.Tensor) -> GenState:
         """A new state made of `rows` of `state` (a row may repeat); `state` is left as it was."""
@@ -122,8 +155,8 @@ class Generator:
         return token_id in self.tokenizer.all_special_ids
 
 
-def _log_softmax(logits: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
-    return F.log_softmax(logits.float(), dim=-1) if log_probs else logits.float()
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits.float(), dim=-1)
 
 
 class EncoderDecoderGenerator(Generator):
@@ -182,8 +215,8 @@ class EncoderDecoderGenerator(Generator):
         )  # (R, 1, 1, S) or None
 
     @torch.inference_mode()
-    def advance(self, state, tokens, log_probs=True):
-        out = self.model(
+    def _hidden(self, state, tokens):
+        out = self.model.model(
             encoder_outputs=(state.encoder_hidden,),
             attention_mask=state.cross_mask,  # 4D, or None: the decoder uses it as given
             decoder_input_ids=tokens,
@@ -191,7 +224,10 @@ class EncoderDecoderGenerator(Generator):
             use_cache=True,
         )
         state.cache = out.past_key_values
-        return _log_softmax(out.logits, log_probs)  # (R, L, V)
+        return out.last_hidden_state  # (R, L, H)
+
+    def _logits(self, hidden):
+        return self.model.lm_head(hidden) + self.model.final_logits_bias  # (..., V) as BartForConditionalGeneration
 
     def select(self, state, rows):
         return GenState(
@@ -249,16 +285,19 @@ class DecoderOnlyGenerator(Generator):
         return _log_softmax(out.logits[:, -1]), state  # (R, V)
 
     @torch.inference_mode()
-    def advance(self, state, tokens, log_probs=True):
+    def _hidden(self, state, tokens):
         rows, length = tokens.shape
         state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
         pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
-        out = self.model(
+        out = self.model.model(
             input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True
         )
         state.cache = out.past_key_values
         state.next_pos = state.next_pos + length
-        return _log_softmax(out.logits, log_probs)  # (R, L, V)
+        return out.last_hidden_state  # (R, L, H)
+
+    def _logits(self, hidden):
+        return self.model.lm_head(hidden)  # (..., V)
 
     def select(self, state, rows):
         return GenState(

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, closed_book, rag_sequence, rag_token
@@ -56,6 +57,7 @@ class Answer:
     stack: str
     corpus: str
     candidates: list[dict] = field(default_factory=list)  # RAG-Sequence: [{"text", "logprob"}]
+    stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,6 +81,7 @@ class RagPipeline:
         self.index = index
         self.settings = settings or RagSettings()
         self.index_info = index_info
+        self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
 
     @classmethod
     def load(
@@ -123,20 +126,24 @@ class RagPipeline:
 
     def with_index(self, index: PassageIndex, info: IndexInfo | None = None) -> "RagPipeline":
         """Same models, another index: the hot-swap (no retraining)."""
-        return RagPipeline(self.stack, index, self.settings, info)
+        pipe = RagPipeline(self.stack, index, self.settings, info)
+        pipe.cost_model = self.cost_model
+        return pipe
 
     def with_corpus(self, corpus: Corpus, progress: Progress | None = None) -> "RagPipeline":
         index, info = self.build_index(corpus, progress)
         return self.with_index(index, info)
 
     # -- answering --------------------------------------------------------------
-    def answer(self, question: str, mode: str = "token", settings: RagSettings | None = None, **overrides) -> Answer:
+    def answer(self, question: str, mode: str = "token", settings: RagSettings | None = None,
+               control: RunControl | None = None, **overrides) -> Answer:
         """Answer one question in one mode. Per-call overrides (k=..., num_beams=...) fall back
-        to `settings`, then to the pipeline's defaults."""
-        return self.answer_modes(question, [mode], settings, **overrides)[mode]
+        to `settings`, then to the pipeline's defaults. `control`: the request's deadline, cancel
+        check and step gate (budget.RunControl; None runs unbounded, as the CLI does)."""
+        return self.answer_modes(question, [mode], settings, control, **overrides)[mode]
 
     def answer_modes(self, question: str, modes: list[str], settings: RagSettings | None = None,
-                     **overrides) -> dict[str, Answer]:
+                     control: RunControl | None = None, **overrides) -> dict[str, Answer]:
         """Answer in several modes; retrieval is shared by modes with the same question encoder."""
         q = check_question(question)
         modes = [check_mode(m) for m in modes]
@@ -146,13 +153,13 @@ class RagPipeline:
         out = {}
         for mode in modes:
             if mode == "closed-book":
-                out[mode] = self._closed_book(q, s)
+                out[mode] = self._closed_book(q, s, control)
                 continue
             key = id(self.stack.modes[mode].question_encoder)
             if key not in retrieved:
                 retrieved[key] = self.retrieve(q, mode, s.k)
             r = retrieved[key]
-            out[mode] = self.answer_from(q, mode, r.passages, r.scores, s, timings=r.timings)
+            out[mode] = self.answer_from(q, mode, r.passages, r.scores, s, timings=r.timings, control=control)
         return out
 
     def _check_k(self, k: int) -> None:
@@ -185,7 +192,8 @@ class RagPipeline:
         return torch.from_numpy((self.index.embeddings[rows] @ qv[0]).astype("float32"))  # (K,)
 
     def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
-                    settings: RagSettings | None = None, timings: dict | None = None, **overrides) -> Answer:
+                    settings: RagSettings | None = None, timings: dict | None = None,
+                    control: RunControl | None = None, **overrides) -> Answer:
         """Steps 3-4 on given passages and their retrieval scores q(x)·d(z) (K,): another
         retriever's picks, a passage taken away, an edited text. p(z|x) is the softmax of the
         scores times the stack's scale, over these passages only."""
@@ -202,16 +210,16 @@ class RagPipeline:
         prior = doc_log_prior(logits).exp()  # (K,)
         prompts = [gen.prompt(q, p, s.max_doc_tokens) for p in passages]
         run = rag_token if mode == "token" else rag_sequence
-        g = run(gen, prompts, logits, s)  # steps 3 and 4: generate, attribute
+        g = run(gen, prompts, logits, s, control=control)  # steps 3 and 4: generate, attribute
         docs = [
             RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]))
             for i, p in enumerate(passages)
         ]
         return self._answer(q, mode, gen, g, docs, dict(timings or {"encode": 0.0, "retrieve": 0.0}))
 
-    def _closed_book(self, q: str, s: RagSettings) -> Answer:
+    def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens), s)
+        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens), s, control)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
@@ -220,8 +228,11 @@ class RagPipeline:
         post = g.posteriors[shown] if g.posteriors is not None else None  # (T', K)
         if g.doc_posterior is not None:
             doc_post = g.doc_posterior.tolist()
-        else:  # RAG-Token: the mean of the rows shown (EOS and other special tokens left out)
-            doc_post = post.mean(0).tolist() if post is not None and len(shown) else None
+        elif g.posteriors is not None and len(g.tokens):  # RAG-Token: the mean of the rows shown (EOS and
+            rows = post if len(shown) else g.posteriors  # other special tokens left out), all rows if none is
+            doc_post = rows.mean(0).tolist()
+        else:
+            doc_post = None
         timings = {**timings, **g.timings}
         timings["total"] = sum(timings.values())
         return Answer(
@@ -233,4 +244,61 @@ class RagPipeline:
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],
+            stopped=g.stopped,
         )
+
+    # -- what a request costs -----------------------------------------------------
+    WARM_UP_QUESTION = "What is the capital of France?"
+
+    def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None, **overrides) -> Cost:
+        """Time and peak extra memory of answering `question` in `modes`, before running it
+        (budget.CostModel; worst case: every answer runs to max_new_tokens, passages take their
+        whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once."""
+        q = check_question(question)
+        s = (settings or self.settings).merged(**overrides)
+        k = min(s.k, len(self.index))
+        seconds, peak, per_mode = 0.0, 0, {}
+        for mode in [check_mode(m) for m in modes]:
+            gen = self.stack.modes[mode].generator
+            doc = None if mode == "closed-book" else Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))
+            prompt_tokens = len(gen.prompt(q, doc, s.max_doc_tokens))  # the longest a passage can make it
+            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
+                                               thorough=s.sequence_decoding == "thorough")
+            per_mode[mode] = sec
+            seconds += sec
+            peak = max(peak, byt)
+        return Cost(seconds, peak, per_mode)
+
+    def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Budget,
+                     **overrides) -> Cost:
+        """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
+        asked, what it would cost and what to change."""
+        s = (settings or self.settings).merged(**overrides)
+        cost = self.estimate(question, modes, s)
+        cost.heavy = cost.seconds > budget.heavy_seconds
+        over = []
+        if cost.seconds > budget.max_seconds:
+            over.append(f"{cost.seconds:.0f} s of generation (limit {budget.max_seconds:.0f} s)")
+        if cost.peak_bytes > budget.max_request_bytes:
+            over.append(f"{cost.peak_bytes / 2**30:.1f} GB of memory (limit {budget.max_request_bytes / 2**30:.1f} GB)")
+        if over:
+            asked = (f"K={s.k}, beams={s.num_beams}, max new tokens={s.max_new_tokens}, "
+                     f"RAG-Sequence {s.sequence_decoding}, modes {', '.join(modes)}")
+            raise ValueError(
+                f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
+                "lower K, the beam size or max new tokens, or use fast RAG-Sequence decoding."
+            )
+        return cost
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> float:
+        """Answer one question in every mode (first-call allocations, lazy inits) and calibrate the
+        cost model on this CPU; -> seconds taken. After this a first real question is as fast as
+        any other."""
+        t0 = time.perf_counter()
+        if progress:
+            progress("Warming up: one question in every mode ...")
+        self.answer_modes(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.k, len(self.index)))
+        if progress:
+            progress("Calibrating the cost model on this CPU ...")
+        self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
+        return time.perf_counter() - t0

@@ -1,0 +1,245 @@
+"""What a request may cost, and how requests share one CPU.
+
+Owns four things the app needs so that no visitor can take the demo down:
+
+* `CostModel`: the time and peak memory of a request, estimated before it runs from K, beams,
+  max new tokens, mode and prompt lengths. Time is counted in generator work:
+      prefill   K·S prompt tokens                        x prefill_s_per_token
+      decoding  T steps of R rows (R = K·B, or B)        x (step_s + R·row_s)
+      scoring   rows·T teacher-forced tokens             x score_s_per_token
+  (S prompt length, T max new tokens, B beams; thorough RAG-Sequence scores all C ≤ K·B
+  candidates under all K docs). The constants are measured on this CPU by `calibrate` at
+  warm-up; attention's growth with context is not modelled (a 135M model at ≤ 450 tokens spends
+  < 15% of its time there). Memory counts the KV caches (rows x tokens x layers x 2 x kv width),
+  their copies while beams are reordered, the per-step logits, and the scoring chunks.
+* `Budget`: server-side limits (not visitor settings); a request over them is refused with a
+  message that says what was asked, what it would cost and what to change.
+* `RunControl`: a request's wall-clock deadline, cancel check and priority, polled by the
+  decoding loops between steps (a stopped answer says why: `Answer.stopped`).
+* `StepGate`: one model step at a time across threads; at each step the waiting request with the
+  lowest priority number goes first (FIFO within a priority), so a cheap question is never stuck
+  behind a whole expensive one, only behind one of its steps.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+GiB = 2**30
+
+
+@dataclass
+class Budget:
+    """Per-request limits of a server. Defaults fit a 16 GB, 2-vCPU Space: the app itself holds
+    ~1.5-2 GB, two requests may be in flight (the model lane's concurrency), each within
+    `max_request_bytes`, leaving room for the OS and the browser-facing server."""
+
+    # Refuse what would take longer than this (estimated): a visitor waits at most ~this, and
+    # the other visitors' questions interleave with it step by step (StepGate).
+    max_seconds: float = 45.0
+    # Refuse what would add more than this at its peak (estimated): 2 requests x 3 GiB + the app < 16 GB.
+    max_request_bytes: int = 3 * GiB
+    # Wall clock per request: decoding stops and returns what it has, marked "time_limit". Above
+    # max_seconds so an honest estimate finishes, bounded so a bad estimate cannot hold the lane.
+    time_limit_s: float = 60.0
+    # Estimated seconds above which a request is "expensive": it runs at low priority.
+    heavy_seconds: float = 6.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_seconds", "time_limit_s", "heavy_seconds"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name}={v!r} must be a positive number of seconds.")
+        if not isinstance(self.max_request_bytes, int) or self.max_request_bytes <= 0:
+            raise ValueError(f"max_request_bytes={self.max_request_bytes!r} must be a positive number of bytes.")
+
+
+@dataclass
+class Cost:
+    """An estimate: seconds of generator work and peak extra bytes of one request."""
+
+    seconds: float
+    peak_bytes: int
+    per_mode: dict[str, float] = field(default_factory=dict)  # seconds per mode
+    heavy: bool = False
+
+    def describe(self) -> str:
+        return f"about {_fmt_s(self.seconds)} and {self.peak_bytes / GiB:.1f} GB"
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+
+
+@dataclass
+class ModelDims:
+    """What the cost model needs to know of a generator."""
+
+    layers: int
+    kv_width: int  # key (= value) width per token and layer: kv heads x head dim
+    vocab: int
+    dtype_bytes: int  # of the KV cache
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_width * self.dtype_bytes  # keys and values, every layer
+
+
+def model_dims(gen) -> ModelDims:
+    """ModelDims of a generator adapter (SmolLM2 / Llama-like, or BART's decoder)."""
+    cfg = gen.model.config
+    layers = getattr(cfg, "num_hidden_layers", None) or cfg.decoder_layers
+    heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "decoder_attention_heads", None) or cfg.num_attention_heads
+    hidden = cfg.hidden_size if hasattr(cfg, "hidden_size") else cfg.d_model
+    head_dim = getattr(cfg, "head_dim", None) or hidden // (getattr(cfg, "num_attention_heads", None) or cfg.decoder_attention_heads)
+    dtype_bytes = next(gen.model.parameters()).element_size()
+    if gen.kind == "encoder-decoder":
+        layers *= 2  # self-attention and cross-attention caches
+    return ModelDims(layers, heads * head_dim, gen.vocab_size, dtype_bytes)
+
+
+@dataclass
+class CostModel:
+    """Seconds per unit of generator work on this CPU (see the module docstring). Defaults were
+    measured for SmolLM2-135M in bfloat16 on 2 vCPUs of an AMD EPYC; `calibrate` replaces them
+    with the running machine's numbers at warm-up."""
+
+    prefill_s_per_token: float = 0.0006
+    step_s: float = 0.035  # a decoding step's cost that does not grow with rows (30 layers of small ops)
+    row_s: float = 0.004  # each row of a decoding step
+    score_s_per_token: float = 0.0012  # a teacher-forced token (the vocabulary projection included)
+    calibrated: bool = False
+
+    def request(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
+                thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20) -> tuple[float, int]:
+        """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens)."""
+        S, T, B = prompt_tokens, new_tokens, beams
+        kv = dims.kv_bytes_per_token
+        step_logits = 3 * 4 * dims.vocab  # float32 logits, log-softmax and mixing copies, per row
+        if mode == "closed-book":
+            rows, prefill_rows, scored = B, 1, 0
+        elif mode == "token":
+            rows, prefill_rows, scored = B * k, k, (k if B > 1 else 0)
+        else:
+            cands = k * B if thorough else 1
+            rows, prefill_rows, scored = k * B, k, k * cands
+        seconds = (prefill_rows * S * self.prefill_s_per_token
+                   + T * (self.step_s + rows * self.row_s)
+                   + scored * T * self.score_s_per_token)
+        prefill_state = prefill_rows * S * kv
+        decoding = 2 * rows * (S + T) * kv + rows * step_logits  # a reorder copies the cache before freeing it
+        scoring = (min(scored, scoring_rows) * (S + T) * kv + 4 * logits_chunk) if scored else 0
+        peak = prefill_state + max(decoding, scoring)
+        return seconds, int(peak)
+
+    def calibrate(self, gen, prompt_tokens: int = 160, rows: int = 5, steps: int = 4) -> "CostModel":
+        """Measure this CPU: a prefill of `rows` prompts, decoding steps at 1 and `rows` rows, and
+        a teacher-forced pass; -> a calibrated copy (a few seconds for SmolLM2)."""
+        import torch
+
+        ids = [list(range(100, 100 + prompt_tokens))] * rows
+        t0 = time.perf_counter()
+        _, st = gen.prefill(ids)
+        prefill = (time.perf_counter() - t0) / (rows * prompt_tokens)
+
+        def step_time(state, r: int) -> float:
+            tok = torch.full((r, 1), 200, dtype=torch.long)
+            gen.advance(state, tok)  # one untimed step: first-call allocations
+            t = time.perf_counter()
+            for _ in range(steps):
+                gen.advance(state, tok)
+            return (time.perf_counter() - t) / steps
+
+        one = step_time(gen.select(st, torch.tensor([0])), 1)
+        many = step_time(gen.select(st, torch.arange(rows)), rows)
+        row_s = max(1e-5, (many - one) / (rows - 1))
+        step_s = max(1e-4, one - row_s)
+        targets = torch.full((rows, 16), 300, dtype=torch.long)
+        t = time.perf_counter()
+        gen.advance_gather(gen.select(st, torch.arange(rows)), targets, targets)
+        score = (time.perf_counter() - t) / (rows * 16)
+        return CostModel(prefill, step_s, row_s, score, calibrated=True)
+
+
+class StepGate:
+    """One model step at a time; the waiting request with the lowest (priority, arrival) goes next.
+
+    A request asks for the gate at every prefill, decoding step and scoring chunk, so requests
+    interleave at step granularity: a cheap (priority 0) question waits for at most one step of
+    an expensive (priority 1) one, and two cheap ones take turns."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[int, int]] = []  # heap of (priority, ticket)
+        self._tickets = itertools.count()
+
+    @contextmanager
+    def step(self, priority: int = 0):
+        with self._cv:
+            me = (priority, next(self._tickets))
+            heapq.heappush(self._waiting, me)
+            while self._busy or self._waiting[0] != me:
+                self._cv.wait()
+            heapq.heappop(self._waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+
+@dataclass
+class RunControl:
+    """How one request runs among others (all optional)."""
+
+    deadline: float | None = None  # time.monotonic() after which decoding stops ("time_limit")
+    priority: int = 0  # at each step the lowest waiting number goes first: 0 cheap, 1 expensive
+    cancelled: Callable[[], bool] | None = None  # polled between steps; True stops decoding ("cancelled")
+    gate: StepGate | None = None
+
+    def stop_reason(self) -> str | None:
+        """Why decoding must stop now, or None."""
+        if self.cancelled is not None and self.cancelled():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "time_limit"
+        return None
+
+    def wrap(self, gen):
+        """The generator, its model calls taken through the gate (unchanged without a gate)."""
+        return gen if self.gate is None else _Gated(gen, self.gate, self.priority)
+
+
+class _Gated:
+    """A generator whose outer model calls each hold the StepGate (inner calls, e.g. BART's
+    prefill calling advance, go to the wrapped generator directly: no nested waits)."""
+
+    def __init__(self, gen, gate: StepGate, priority: int) -> None:
+        self._gen, self._gate, self._priority = gen, gate, priority
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def _call(self, fn, *args, **kwargs):
+        with self._gate.step(self._priority):
+            return fn(*args, **kwargs)
+
+    def prefill(self, prompts):
+        return self._call(self._gen.prefill, prompts)
+
+    def advance(self, state, tokens):
+        return self._call(self._gen.advance, state, tokens)
+
+    def advance_gather(self, state, tokens, targets, *args, **kwargs):
+        return self._call(self._gen.advance_gather, state, tokens, targets, *args, **kwargs)
+
+    def select(self, state, rows):
+        return self._call(self._gen.select, state, rows)

@@ -1,0 +1,238 @@
+"""Bounded cost (rag_demo/budget.py and what uses it): estimates, refusals, deadlines, cancelling,
+the step gate, and memory-bounded teacher forcing. Tiny random DPR+BART checkpoints (conftest)."""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from rag_demo import engine
+from rag_demo.budget import Budget, CostModel, ModelDims, RunControl, StepGate
+from rag_demo.config import RagSettings, StackSpec
+from rag_demo.corpus import corpus_from_documents
+from rag_demo.decoding import score_candidates
+from rag_demo.pipeline import RagPipeline
+from rag_demo.random_models import fixture_passages
+
+MODES = ["sequence", "token", "closed-book"]
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpts, tmp_path_factory):
+    spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
+                     ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
+    corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
+    return RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=6))
+
+
+# ---------------------------------------------------------------- the cost model
+
+
+def test_cost_model_worked_example():
+    """One RAG-Token request worked by hand: K=2, greedy, S=10 prompt tokens, T=3 new tokens.
+    seconds = 2*10*0.001 (prefill) + 3*(0.01 + 2*0.002) (steps) = 0.02 + 0.042 = 0.062.
+    KV bytes per token = 2 (k, v) * 4 layers * 8 wide * 2 bytes = 128; peak = prefill state
+    2*10*128 = 2560 + decoding 2 copies * 2 rows * 13 tokens * 128 = 6656 + logits 2 rows * 3 * 4 * 100 = 2400."""
+    cm = CostModel(prefill_s_per_token=0.001, step_s=0.01, row_s=0.002, score_s_per_token=0.005)
+    dims = ModelDims(layers=4, kv_width=8, vocab=100, dtype_bytes=2)
+    sec, peak = cm.request(dims, "token", k=2, beams=1, new_tokens=3, prompt_tokens=10)
+    assert sec == pytest.approx(0.062)
+    assert peak == 2560 + 6656 + 2400
+    # thorough RAG-Sequence with 2 beams adds the rescoring of K*B = 4 candidates under K = 2 docs
+    sec_seq, _ = cm.request(dims, "sequence", k=2, beams=2, new_tokens=3, prompt_tokens=10)
+    assert sec_seq == pytest.approx(0.02 + 3 * (0.01 + 4 * 0.002) + 2 * 4 * 3 * 0.005)
+    fast, _ = cm.request(dims, "sequence", k=2, beams=2, new_tokens=3, prompt_tokens=10, thorough=False)
+    assert fast == pytest.approx(0.02 + 3 * (0.01 + 4 * 0.002) + 2 * 1 * 3 * 0.005)
+
+
+def test_estimate_grows_with_every_knob(pipe):
+    q = "who painted the starry night"
+    base = pipe.estimate(q, MODES, RagSettings(k=2, max_new_tokens=8))
+    for more in (dict(k=3), dict(num_beams=4), dict(max_new_tokens=64)):
+        bigger = pipe.estimate(q, MODES, RagSettings(**{"k": 2, "max_new_tokens": 8, **more}))
+        assert bigger.seconds > base.seconds and bigger.peak_bytes >= base.peak_bytes, more
+    assert set(base.per_mode) == set(MODES) and base.seconds == pytest.approx(sum(base.per_mode.values()))
+
+
+def test_check_budget_refuses_with_what_was_asked_and_what_to_change(pipe):
+    q = "who painted the starry night"
+    ok = pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget())
+    assert not ok.heavy
+    tight = Budget(max_seconds=ok.seconds / 2)
+    with pytest.raises(ValueError, match=r"K=2, beams=1, max new tokens=4.*over this server's budget: lower K"):
+        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), tight)
+    with pytest.raises(ValueError, match="GB of memory"):
+        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget(max_request_bytes=1))
+    assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget(heavy_seconds=ok.seconds / 2)).heavy
+
+
+def test_budget_and_settings_reject_bad_values():
+    with pytest.raises(ValueError, match="max_seconds"):
+        Budget(max_seconds=0)
+    with pytest.raises(ValueError, match=r"k=2.5 is not a whole number"):
+        RagSettings(k=2.5)
+    with pytest.raises(ValueError, match=r"k='abc' is not a number"):
+        RagSettings(k="abc")
+    with pytest.raises(ValueError, match="num_beams=True is not a number"):
+        RagSettings(num_beams=True)
+    assert RagSettings(k=3.0, max_new_tokens="8").k == 3  # whole numbers in any spelling are fine
+
+
+def test_calibrate_measures_positive_constants(pipe):
+    cm = CostModel().calibrate(pipe.stack.modes["token"].generator, prompt_tokens=20, rows=3, steps=2)
+    assert cm.calibrated and not CostModel().calibrated
+    assert all(getattr(cm, f) > 0 for f in ("prefill_s_per_token", "step_s", "row_s", "score_s_per_token"))
+
+
+# ---------------------------------------------------------------- deadline, cancelling, the gate
+
+
+@contextmanager
+def no_eos(pipe):
+    """Random BART says EOS first on most inputs; -1e4 on its EOS logit makes answers run on."""
+    gens = {id(mm.generator): mm.generator for mm in pipe.stack.modes.values()}.values()
+    with torch.no_grad():
+        for g in gens:
+            g.model.final_logits_bias[..., g.eos_token_ids[0]] = -1e4
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for g in gens:
+                g.model.final_logits_bias.zero_()
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
+    """A deadline already passed: each mode stops after its first step and marks the answer
+    "time_limit"; thorough RAG-Sequence skips its rescoring and names what it did instead."""
+    s = RagSettings(k=3, num_beams=beams, max_new_tokens=50)
+    with no_eos(pipe):
+        out = pipe.answer_modes("who painted the starry night", MODES, s, RunControl(deadline=time.monotonic() - 1))
+        free = pipe.answer_modes("who painted the starry night", ["token"], s)["token"]
+    for mode, a in out.items():
+        assert a.stopped == "time_limit", mode
+        assert 1 <= len(a.token_ids) <= 2, (mode, a.token_ids)  # the first step's token (BART may add <s>)
+    assert "thorough stopped: time_limit" in out["sequence"].decoding
+    assert free.stopped == "max_new_tokens" and len(free.token_ids) >= 40  # the same request without a deadline
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancelled_request_stops_where_the_client_left(pipe, mode):
+    """The cancel check runs between steps: a client gone at the third check gets 3 tokens."""
+    calls = []
+
+    def gone():
+        calls.append(1)
+        return len(calls) >= 3
+
+    with no_eos(pipe):
+        a = pipe.answer("who painted the starry night", mode, RagSettings(k=3, max_new_tokens=40),
+                        RunControl(cancelled=gone))
+    assert a.stopped == "cancelled" and len(calls) == 3
+    assert 2 <= len(a.token_ids) <= 3  # 3 generated tokens; a BART <s> among them is not shown
+
+
+def test_step_gate_serves_cheap_before_expensive_and_one_at_a_time():
+    gate = StepGate()
+    order: list[str] = []
+    inside = []
+    start = threading.Event()
+
+    def holder():
+        with gate.step(1):
+            start.set()
+            time.sleep(0.3)  # while this step runs, both others queue up
+            order.append("first")
+
+    def worker(name: str, prio: int, delay: float):
+        start.wait()
+        time.sleep(delay)
+        with gate.step(prio):
+            inside.append(name)
+            assert len(inside) == 1  # nobody else inside
+            order.append(name)
+            inside.remove(name)
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=worker, args=("expensive", 1, 0.0)),
+               threading.Thread(target=worker, args=("cheap", 0, 0.1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert order == ["first", "cheap", "expensive"]  # the cheap one came later but went first
+
+
+def test_gated_answers_equal_ungated(pipe):
+    s = RagSettings(k=3, max_new_tokens=6)
+    a = pipe.answer_modes("what is the capital of france", MODES, s)
+    b = pipe.answer_modes("what is the capital of france", MODES, s, RunControl(gate=StepGate(), priority=1))
+    assert {m: x.token_ids for m, x in a.items()} == {m: x.token_ids for m, x in b.items()}
+
+
+# ---------------------------------------------------------------- memory-bounded teacher forcing
+
+
+def test_scoring_in_chunks_equals_scoring_at_once(pipe):
+    """score_candidates with 1 row at a time and 1 position's logits at a time gives the same
+    log-probs as the default chunks (float32 CPU kernels, rows batched differently: 1e-5)."""
+    gen = pipe.stack.modes["sequence"].generator
+    prompts = [gen.prompt("who painted it", p, 64) for p in pipe.index.corpus.passages[:3]]
+    cands = [gen.tokenizer("vincent van gogh")["input_ids"], gen.tokenizer("paris")["input_ids"]]
+    first_lp, state = gen.prefill(prompts)
+    whole, mask = score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T)
+    one, _ = score_candidates(gen, state, first_lp, cands, gen.pad_token_id, max_rows=1)
+    torch.testing.assert_close(one, whole, rtol=1e-5, atol=1e-5)
+    # advance_gather with one position of logits at a time == gathering from the full log-softmax
+    st1, st2 = gen.select(state, torch.arange(3)), gen.select(state, torch.arange(3))
+    tok = torch.tensor([[5, 9, 11]] * 3)
+    full = gen.advance(st1, tok).gather(2, tok.unsqueeze(-1)).squeeze(-1)  # (3, 3)
+    torch.testing.assert_close(gen.advance_gather(st2, tok, tok, max_logits=1), full, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(whole[:, 0, : len(cands[0])]).all() and mask.shape == (2, len(cands[0]))
+
+
+def test_scoring_stops_between_chunks():
+    """A stop between chunks leaves the unscored rows at -inf (the engine then falls back)."""
+    class Gen:  # a lookup generator: every token has log-prob log(1/4)
+        def select(self, state, rows):
+            return rows
+
+        def advance_gather(self, st, tokens, targets):
+            return torch.full(tokens.shape, -1.3862943611198906)
+
+    first_lp = torch.full((2, 4), -1.3862943611198906)  # (K, V)
+    calls = iter([False, True])
+    lp, _ = score_candidates(Gen(), None, first_lp, [[1, 2, 3]], pad=0, max_rows=1, stop=lambda: next(calls))
+    assert torch.isfinite(lp[0, 0]).all() and torch.isinf(lp[1, 0, 1:]).all()
+
+
+def test_greedy_drops_finished_rows_and_keeps_their_answers():
+    """Two groups (docs) decoded greedily over a 3-token vocabulary {A=0, B=1, EOS=2}: group 0
+    says EOS at once, group 1 says A, A, EOS. After step 1 only group 1's row is advanced, and
+    both answers come out whole: [EOS] and [A, A, EOS]."""
+    from rag_demo.decoding import Rows, greedy
+
+    L = torch.log(torch.tensor([0.1, 0.1, 0.8])), torch.log(torch.tensor([0.7, 0.2, 0.1]))  # EOS-ish, A-ish
+    script = {0: [L[0]], 1: [L[1], L[1], L[0]]}  # group -> its next-token log-probs at steps 0, 1, 2
+
+    class Gen:
+        rows_seen: list[int] = []
+
+        def advance(self, state, tokens):
+            state["t"] += 1
+            self.rows_seen.append(tokens.shape[0])
+            return torch.stack([script[g][state["t"]] for g in state["groups"]]).unsqueeze(1)  # (R, 1, V)
+
+        def select(self, state, rows):
+            return {"groups": [state["groups"][int(r)] for r in rows], "t": state["t"]}
+
+    gen = Gen()
+    state = {"groups": [0, 1], "t": 0}
+    first = torch.stack([script[0][0], script[1][0]])  # (G, V)
+    hyps = greedy(Rows(gen, state, per_beam=1, prior=None), first, groups=2, max_new_tokens=5, eos=[2])
+    assert [h.tokens for h in hyps] == [[2], [0, 0, 2]]
+    assert gen.rows_seen == [1, 1]  # steps 2 and 3 ran group 1's row alone
+    assert hyps[1].logprob == pytest.approx(float(2 * L[1][0] + L[0][2]))
