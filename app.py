@@ -66,7 +66,7 @@ def budget_from_args(args: argparse.Namespace):
 
     given = {
         "max_seconds": args.max_seconds,
-        "max_request_bytes": None if args.max_request_gb is None else int(args.max_request_gb * 1e9),
+        "max_request_bytes": None if args.max_request_gb is None else int(args.max_request_gb * 2**30),
         "time_limit_s": args.time_limit,
         "heavy_seconds": args.heavy_seconds,
     }

@@ -231,7 +231,7 @@ class PipelinePool:
             warm = getattr(pipe, "warm_up", None)
             if warm is not None:  # ready means warm: the first question must not pay for lazy set-up
                 report(0.95, f"Warming up the {stack} stack: one question in every mode ...")
-                secs = warm(lambda f, m: report(None if f is None else 0.95 + 0.05 * f, m))
+                secs = warm(lambda msg: report(None, msg))
                 report(None, f"Warmed up in {secs:.1f} s")
             self._pipes[stack] = pipe
             report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
@@ -604,22 +604,12 @@ def user_errors():
         raise gr.Error(str(e)) from e
 
 
-def _whole(x: Any) -> Any:
-    """A settings widget's value for RagSettings: sliders and JSON send whole numbers as floats
-    (5.0) and forms may send digits as text ("5"); those become ints. Anything else (2.5, 'abc')
-    is passed on unchanged, so that RagSettings' own check names the setting and the fix: the
-    app never rounds a value silently."""
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    if isinstance(x, str) and re.fullmatch(r"\s*[+-]?\d+\s*", x):
-        return int(x)
-    return x
-
-
 def settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
-    """RagSettings from the settings widgets' values, or a ValueError naming the bad one."""
+    """RagSettings from the settings widgets' values, or a ValueError naming the bad one. The
+    values go through as they came (sliders send 5.0): RagSettings takes whole numbers and names
+    anything else (k=2.5, k='abc'); the app never rounds a value silently."""
     try:
-        return RagSettings(k=_whole(k), num_beams=_whole(num_beams), max_new_tokens=_whole(max_new_tokens),
+        return RagSettings(k=k, num_beams=num_beams, max_new_tokens=max_new_tokens,
                            sequence_decoding=str(sequence_decoding))
     except TypeError as e:
         raise ValueError(f"settings must be whole numbers: {e}") from e
@@ -899,7 +889,7 @@ def render_budget(budget: Any) -> str:
         return ""
     return (
         f'<div class="rag-note">This server refuses a question estimated above {budget.max_seconds:.0f} s or '
-        f"{budget.max_request_bytes / 1e9:.1f} GB, stops any answer after {budget.time_limit_s:.0f} s, and runs "
+        f"{budget.max_request_bytes / 2**30:.1f} GB, stops any answer after {budget.time_limit_s:.0f} s, and runs "
         f"questions estimated above {budget.heavy_seconds:.0f} s at low priority (cheaper questions go first at "
         "every model step).</div>"
     )
@@ -968,7 +958,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         refusal = None
         if serving is not None and serving.budget is not None:
             try:
-                serving.check(pipe, TYPICAL_QUESTION, settings)
+                cost = serving.check(pipe, TYPICAL_QUESTION, settings) or cost  # sets cost.heavy
             except ValueError as e:
                 refusal = str(e)
         return render_cost(cost, refusal, serving.budget if serving else None)
