@@ -669,7 +669,7 @@ def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, r
     return _refusal(out, question, (k, num_beams, max_new_tokens, sequence_decoding), s, refuse, 0)
 
 
-def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title="",
+def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None,
                   refuse: Refuse | None = None) -> list[dict]:
     """gradio validator of "save edit and ask again", like validate_ask: a passage of the last
     answer must be chosen, its new text must not be empty, and the question must be askable."""
@@ -936,7 +936,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
     def v_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s):
         return validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, refuse)
 
-    def v_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=""):
+    def v_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None):
         return validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s,
                              new_title, refuse)
 
@@ -1098,7 +1098,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         """Put the chosen passage's text and title into the edit boxes."""
         return next(((text, title) for i, title, text in fresh(s).last_docs if i == pid), ("", ""))
 
-    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title="",
+    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None,
                      progress=gr.Progress(), request: gr.Request = None):
         """Replace one passage's text (and title, if given) in this session's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
@@ -1269,8 +1269,10 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                             elem_id="rag-stack",
                         )
                         with gr.Accordion("Upload your own documents", open=False, elem_id="rag-upload-acc"):
+                            # no file_types: gradio would refuse another type while preprocessing the
+                            # validator's input, a bare HTTP 400; check_upload names the types instead
                             files = gr.File(
-                                file_count="multiple", file_types=list(supported_extensions()),
+                                file_count="multiple",
                                 label=f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
                                 "in all", elem_id="rag-files",
                             )

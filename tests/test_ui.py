@@ -646,7 +646,7 @@ def test_k_over_the_corpus_size_is_clamped(app):
     ("table.csv", b"name,year\nMona Lisa,1503\n", "has no text column"),
     ("broken.jsonl", b'{"text": "ok"}\nnot json\n', "line 2 is not valid JSON"),
     ("scan.pdf", b"%PDF-1.4 garbage", "not a readable PDF|has no text"),
-    ("program.exe", b"MZ\x90\x00", "Invalid file type"),
+    ("program.exe", b"MZ\x90\x00", "unsupported type .exe: upload one of .txt, .md"),
 ])
 def test_bad_uploads_get_a_message_and_the_app_keeps_serving(app, tmp_path, name, data, message):
     from gradio_client.exceptions import AppError, ValidationError
