@@ -754,7 +754,14 @@ class Serving:
         what to change) when it is over the budget; None without a budget."""
         if self.budget is None or not hasattr(pipe, "check_budget"):
             return None
-        return pipe.check_budget(question, list(MODES), settings, self.budget)
+        cost = pipe.check_budget(question, list(MODES), settings, self.budget)
+        if cost.heavy:  # never expensive: a question no costlier than the page's default settings
+            # (heavy_seconds is absolute; on a slow or busy CPU the calibrated estimate of the
+            # defaults exceeds it, and every ordinary question would run at low priority and
+            # count against max_heavy)
+            base = pipe.estimate(question, list(MODES), RagSettings().merged(k=min(RagSettings().k, settings.k)))
+            cost.heavy = cost.seconds > 1.5 * base.seconds
+        return cost
 
     def control(self, cost: Any, request: Any = None) -> Any:
         """The RunControl of one request: a deadline `time_limit_s` from now, low priority when

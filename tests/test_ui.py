@@ -415,6 +415,23 @@ def test_one_expensive_request_at_a_time_so_cheap_ones_always_find_a_slot():
         pass
 
 
+def test_questions_no_costlier_than_the_defaults_are_never_expensive():
+    from rag_demo.budget import Budget, Cost
+
+    class Pipe:
+        def check_budget(self, q, modes, settings, budget):
+            secs = 8.0 * settings.k / 5 * settings.max_new_tokens / 32
+            return Cost(secs, 1, {}, heavy=secs > budget.heavy_seconds)
+
+        def estimate(self, q, modes, settings):
+            return Cost(8.0 * settings.k / 5 * settings.max_new_tokens / 32, 1, {})
+
+    serving = ui.Serving(budget=Budget(heavy_seconds=6.0))
+    assert serving.check(Pipe(), "q", ui.RagSettings()).heavy is False  # 8 s > 6 s, but it is the default
+    assert serving.check(Pipe(), "q", ui.RagSettings(k=5, max_new_tokens=40)).heavy is False  # within 1.5x
+    assert serving.check(Pipe(), "q", ui.RagSettings(k=20, max_new_tokens=128)).heavy is True
+
+
 def test_client_gone_reads_the_queue_jobs_of_the_session():
     class Ev:
         def __init__(self, sh, alive=True):
