@@ -754,7 +754,17 @@ class Serving:
         what to change) when it is over the budget; None without a budget."""
         if self.budget is None or not hasattr(pipe, "check_budget"):
             return None
-        cost = pipe.check_budget(question, list(MODES), settings, self.budget)
+        try:
+            cost = pipe.check_budget(question, list(MODES), settings, self.budget)
+        except ValueError:
+            if not within_defaults(settings):
+                raise
+            # the page's defaults are always admitted (the time limit still bounds them): the
+            # estimate is a worst case calibrated at warm-up, and on a busy CPU it put the
+            # defaults themselves over max_seconds, which would refuse every ordinary question
+            cost = pipe.estimate(question, list(MODES), settings)
+            cost.heavy = False
+            return cost
         if cost.heavy:  # never expensive: a question no costlier than the page's default settings
             # (heavy_seconds is absolute; on a slow or busy CPU the calibrated estimate of the
             # defaults exceeds it, and every ordinary question would run at low priority and
@@ -776,6 +786,13 @@ class Serving:
             gate=self.gate,
             cancelled=client_gone(self.queue, request),
         )
+
+
+def within_defaults(settings: RagSettings) -> bool:
+    """Whether `settings` cost no more than the page's defaults in every dimension."""
+    d = RagSettings()
+    return (settings.k <= d.k and settings.num_beams <= d.num_beams and settings.max_new_tokens <= d.max_new_tokens
+            and settings.max_doc_tokens <= d.max_doc_tokens)
 
 
 def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool] | None:

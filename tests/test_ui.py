@@ -432,6 +432,24 @@ def test_questions_no_costlier_than_the_defaults_are_never_expensive():
     assert serving.check(Pipe(), "q", ui.RagSettings(k=20, max_new_tokens=128)).heavy is True
 
 
+def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budget():
+    from rag_demo.budget import Budget, Cost
+
+    class SlowCpu:  # a warm-up calibrated on a busy CPU: even the defaults look too slow
+        def check_budget(self, q, modes, settings, budget):
+            raise ValueError("This request (K=...) would need about 57 s of generation (limit 45 s)")
+
+        def estimate(self, q, modes, settings):
+            return Cost(57.0, 1, {})
+
+    serving = ui.Serving(budget=Budget())
+    cost = serving.check(SlowCpu(), "q", ui.RagSettings())
+    assert cost.seconds == 57.0 and cost.heavy is False
+    assert serving.check(SlowCpu(), "q", ui.RagSettings(k=2, max_new_tokens=8)).heavy is False
+    with pytest.raises(ValueError, match="would need about 57 s"):
+        serving.check(SlowCpu(), "q", ui.RagSettings(k=6))
+
+
 def test_client_gone_reads_the_queue_jobs_of_the_session():
     class Ev:
         def __init__(self, sh, alive=True):
