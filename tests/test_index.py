@@ -173,19 +173,19 @@ def test_damaged_cache_is_rebuilt_not_trusted(
 def test_concurrent_writer_that_finishes_first_wins(corpus, encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import shutil
 
-    import rag_demo.index as index_module
+    import rag_demo.publish as publish_module
 
     _, info = load_or_build_index(corpus, encoder, tmp_path)
     winner = tmp_path / "winner"
     shutil.copytree(info.path, winner)
     (winner / "meta.json").write_text((winner / "meta.json").read_text().replace('"three"', '"three (other process)"'))
-    remove = index_module._remove
+    remove = publish_module._remove
 
     def remove_then_other_process_renames(folder: Path) -> None:
         remove(folder)
         winner.rename(folder)  # lands between our delete and our rename
 
-    monkeypatch.setattr(index_module, "_remove", remove_then_other_process_renames)
+    monkeypatch.setattr(publish_module, "_remove", remove_then_other_process_renames)
     index, info2 = load_or_build_index(corpus, encoder, tmp_path, rebuild=True)
     assert info2.source == "built" and len(index) == 3
     assert json.loads((info.path / "meta.json").read_text())["corpus"] == "three (other process)"
