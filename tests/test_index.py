@@ -127,7 +127,7 @@ def test_cache_is_written_then_loaded(corpus: Corpus, encoder: MiniLMEncoder, tm
     s1, p1 = built.search(q, 3)
     s2, p2 = loaded.search(q, 3)
     # scores are computed (FAISS inner products over identical vectors): 0 measured; 1e-6 relative
-    # (a few ulps at 0.8) allows only for a kernel that reorders the 384-term sum
+    # (~8 ulps) allows only for a kernel that reorders the 384-term sum
     np.testing.assert_allclose(s2, s1, rtol=1e-6, atol=0)
     assert p1 == p2
 
@@ -170,7 +170,7 @@ def test_damaged_cache_is_rebuilt_not_trusted(
         rebuilt, info2 = load_or_build_index(corpus, encoder, tmp_path)
     assert info2.source == "built"
     assert any("unusable" in r.message and "rebuilding" in r.message for r in caplog.records)
-    # re-encoded with the same model and batches: 0 measured; 1e-6 abs (~8 ulps on unit-vector
+    # re-encoded with the same model and batches: 0 measured; 1e-6 abs (~70 ulps on unit-vector
     # entries <= 0.2) for kernels that reorder sums; another passage's vector differs by > 0.11
     np.testing.assert_allclose(rebuilt.embeddings, built.embeddings, rtol=0, atol=1e-6)
     assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "cache"  # the rebuilt cache is good
