@@ -50,6 +50,17 @@ Table G (two docs, searched as two independent groups, RAG-Sequence style):
            (A)     : A .3   B .6   EOS .1
            (A,B)   : A .15  B .05  EOS .8
 
+Table F (three docs, prior p(z|x) = [.2, .3, .5]; RAG-Sequence fast vs thorough decoding):
+    doc 0  ()   : A .6   B .3   EOS .1
+           (A)  : A .06  B .04  EOS .9
+           (B)  : A .3   B .2   EOS .5
+    doc 1  ()   : A .45  B .5   EOS .05
+           (A)  : A .06  B .04  EOS .9
+           (B)  : A .12  B .08  EOS .8
+    doc 2  ()   : A .45  B .5   EOS .05
+           (A)  : A .06  B .04  EOS .9
+           (B)  : A .1   B .06  EOS .84
+
 Table M (two docs, prior p(z|x) = [1/4, 3/4] from scores [0, ln 3]; RAG-Token mixing):
     doc 0  ()   : A .7   B .25  EOS .05        doc 1  ()   : A .05  B .45  EOS .5
            (A)  : A .3   B .1   EOS .6                (A)  : A .2   B .1   EOS .7
@@ -65,6 +76,8 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
+from rag_demo import engine
+from rag_demo.config import RagSettings
 from rag_demo.decoding import Hyp, Rows, _strip, search
 from rag_demo.generators import Generator
 from rag_demo.marginalize import doc_log_prior
@@ -89,6 +102,11 @@ G = {
 M = {
     (0, ()): (.7, .25, .05), (0, (A,)): (.3, .1, .6), (0, (B,)): (.06, .04, .9),
     (1, ()): (.05, .45, .5), (1, (A,)): (.2, .1, .7), (1, (B,)): (.12, .08, .8), (1, (EOS,)): (.4, .3, .3),
+}
+F = {
+    (0, ()): (.6, .3, .1), (0, (A,)): (.06, .04, .9), (0, (B,)): (.3, .2, .5),
+    (1, ()): (.45, .5, .05), (1, (A,)): (.06, .04, .9), (1, (B,)): (.12, .08, .8),
+    (2, ()): (.45, .5, .05), (2, (A,)): (.06, .04, .9), (2, (B,)): (.1, .06, .84),
 }
 PRIOR_M = doc_log_prior(torch.tensor([0.0, math.log(3.0)]))  # (2,) ln [1/4, 3/4]
 
@@ -127,9 +145,10 @@ class TableGenerator(Generator):
         assert abs(sum(p) - 1) < 1e-12, (doc, prefix)  # a table row is a distribution (exact decimals)
         return torch.tensor(p, dtype=torch.float64).log().float()  # (V,)
 
-    def prefill(self, docs: Sequence[int]) -> tuple[torch.Tensor, TableState]:
-        """One row per doc, nothing generated yet -> first-step log-probs (R, V) and the state."""
-        return torch.stack([self._lp(d, ()) for d in docs]), TableState(list(docs), [()] * len(docs))
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, TableState]:
+        """One row per prompt; a prompt is [doc] -> first-step log-probs (R, V) and the state."""
+        docs = [p[0] for p in prompts]
+        return torch.stack([self._lp(d, ()) for d in docs]), TableState(docs, [()] * len(docs))
 
     def advance(self, state: TableState, tokens: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
         """Feed tokens (R, L), in place -> next-token log-probs after each of them (R, L, V)."""
@@ -152,7 +171,7 @@ def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, pri
     """Search `table` the way the engine does -> (hypotheses per group, the generator).
     prior None: one group per doc (RAG-Sequence, closed-book); else one RAG-Token group over all docs."""
     gen = TableGenerator(table)
-    lp, state = gen.prefill(docs)  # (K, V)
+    lp, state = gen.prefill([[d] for d in docs])  # (K, V)
     if prior is None:
         rows, groups = Rows(gen, state, per_beam=1, prior=None), len(docs)
     else:
@@ -410,3 +429,37 @@ def test_rag_token_beam_search_is_beam_search_over_the_mixed_distribution():
     (ref,), _ = run(mixed, docs=(0,), num_beams=3, max_new_tokens=5)
     assert toks(rag) == toks(ref) and len(rag) == 3
     assert all(lp_close(h.logprob, r.logprob) for h, r in zip(rag, ref))
+
+
+# ---------------------------------------------------------------- RAG-Sequence: fast vs thorough
+
+
+def test_rag_sequence_fast_uses_only_producing_docs():
+    """Table F, RAG-Sequence, greedy search under each doc, prior p(z|x) = [.2, .3, .5].
+
+    Searches: doc 0 -> [A, EOS] (.6 * .9 = .54); doc 1 -> [B, EOS] (.5 * .8 = .4);
+              doc 2 -> [B, EOS] (.5 * .84 = .42). Candidates, first seen first: [A, EOS], [B, EOS].
+    Each candidate under each doc (teacher-forced): [A, EOS]: .54, .45 * .9 = .405, .405;
+                                                    [B, EOS]: .3 * .5 = .15, .4, .42.
+    fast (paper 2.5): sum over only the docs whose search produced y of p(z|x) p(y|x,z):
+        [A, EOS]: .2 * .54 = .108                      (doc 0 alone)
+        [B, EOS]: .3 * .4 + .5 * .42 = .12 + .21 = .33 (docs 1 and 2) -> fast answers [B, EOS]
+    thorough: the sum over every doc:
+        [A, EOS]: .108 + .3 * .405 + .5 * .405 = .108 + .1215 + .2025 = .432
+        [B, EOS]: .2 * .15 + .33 = .36                                 -> thorough answers [A, EOS]
+    Leaving out docs 1 and 2's .324 of [A, EOS] flips the answer. Attribution is over all docs in
+    both: p(z | x, y) for fast's [B, EOS] is [.03, .12, .21] / .36 = [1/12, 1/3, 7/12], for
+    thorough's [A, EOS] [.108, .1215, .2025] / .432 = [.25, .28125, .46875].
+    """
+    gen = TableGenerator(F)
+    prompts, scores = [[0], [1], [2]], torch.log(torch.tensor([.2, .3, .5]))  # prior = softmax(scores)
+    fast = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, sequence_decoding="fast", max_new_tokens=4))
+    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, sequence_decoding="thorough", max_new_tokens=4))
+    assert [c for c, _ in fast.candidates] == [c for c, _ in thorough.candidates] == [[A, EOS], [B, EOS]]
+    assert lp_close(fast.candidates[0][1], ln(.2 * .54)) and lp_close(fast.candidates[1][1], ln(.3 * .4 + .5 * .42))
+    assert lp_close(thorough.candidates[0][1], ln(.432)) and lp_close(thorough.candidates[1][1], ln(.36))
+    assert fast.tokens == [B, EOS] and lp_close(fast.logprob, ln(.33))
+    assert thorough.tokens == [A, EOS] and lp_close(thorough.logprob, ln(.432))
+    # posteriors: float32 softmax of the values above, within 1e-7 of exact (1e-6 as for scores)
+    torch.testing.assert_close(fast.doc_posterior, torch.tensor([1 / 12, 1 / 3, 7 / 12]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(thorough.doc_posterior, torch.tensor([.25, .28125, .46875]), rtol=0, atol=1e-6)
