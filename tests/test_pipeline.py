@@ -50,7 +50,8 @@ def test_answer_structure_all_modes(pipe):
         assert set(a.timings) == {"encode", "retrieve", "generate", "attribute", "total"}
         assert a.sequence_logprob < 0
         json.dumps(a.to_dict())  # serialisable as the CLI's --json
-    assert out["sequence"].candidates  # thorough decoding lists its candidates
+    # thorough decoding lists its candidates; the answer is the best-scored one (the same float, copied)
+    assert max(c["logprob"] for c in out["sequence"].candidates) == out["sequence"].sequence_logprob
     cb = out["closed-book"]
     assert cb.docs == [] and cb.token_doc_posteriors == [] and cb.timings["retrieve"] == 0.0
 
