@@ -151,7 +151,9 @@ class TableGenerator(Generator):
         return torch.stack([self._lp(d, ()) for d in docs]), TableState(docs, [()] * len(docs))
 
     def advance(self, state: TableState, tokens: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
-        """Feed tokens (R, L), in place -> next-token log-probs after each of them (R, L, V)."""
+        """Feed tokens (R, L), in place -> next-token log-probs after each of them (R, L, V).
+        log_probs=False (teacher forcing asks for logits) returns the same: log-probs are logits
+        that log_softmax leaves unchanged."""
         self.advance_calls += 1
         out = []
         for r, row in enumerate(tokens.tolist()):
