@@ -150,10 +150,12 @@ class TableGenerator(Generator):
         docs = [p[0] for p in prompts]
         return torch.stack([self._lp(d, ()) for d in docs]), TableState(docs, [()] * len(docs))
 
-    def advance(self, state: TableState, tokens: torch.Tensor, log_probs: bool = True) -> torch.Tensor:
-        """Feed tokens (R, L), in place -> next-token log-probs after each of them (R, L, V).
-        log_probs=False (teacher forcing asks for logits) returns the same: log-probs are logits
-        that log_softmax leaves unchanged."""
+    vocab_size = 3
+
+    def _hidden(self, state: TableState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (R, L), in place -> next-token log-probs after each of them (R, L, V), as
+        the "hidden state": `_logits` is the identity, and log_softmax leaves log-probs unchanged,
+        so the generator's own `advance` and `advance_gather` run on the table."""
         self.advance_calls += 1
         out = []
         for r, row in enumerate(tokens.tolist()):
@@ -163,6 +165,9 @@ class TableGenerator(Generator):
                 steps.append(self._lp(state.docs[r], state.prefixes[r]))
             out.append(torch.stack(steps))
         return torch.stack(out)  # (R, L, V)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
 
     def select(self, state: TableState, rows: torch.Tensor) -> TableState:
         rows = rows.tolist()
