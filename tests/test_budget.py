@@ -247,3 +247,30 @@ def test_greedy_drops_finished_rows_and_keeps_their_answers():
     assert [h.tokens for h in hyps] == [[2], [0, 0, 2]]
     assert gen.rows_seen == [1, 1]  # steps 2 and 3 ran group 1's row alone
     assert hyps[1].logprob == pytest.approx(float(2 * L[1][0] + L[0][2]))
+
+
+def test_kv_cache_grows_in_place_and_matches_concatenation(pipe):
+    """Decoding steps write into the GrowingLayer's spare room (no new buffer per step, unlike
+    transformers' concatenating DynamicLayer) and the model reads the same keys as with a
+    DynamicCache: identical next-token log-probs (same kernels on the same values: 1e-6)."""
+    from transformers.cache_utils import DynamicCache
+
+    from rag_demo.generators import GrowingLayer
+
+    gen = pipe.stack.modes["token"].generator
+    prompts = [gen.prompt("who painted it", p, 64) for p in pipe.index.corpus.passages[:2]]
+    _, state = gen.prefill(prompts)
+    layer = state.cache.self_attention_cache.layers[0]
+    assert isinstance(layer, GrowingLayer)
+    buffer = layer._k.data_ptr()
+    plain = gen.select(state, torch.arange(2))
+    plain.cache.self_attention_cache = DynamicCache(
+        [(lay.keys.clone(), lay.values.clone()) for lay in state.cache.self_attention_cache.layers])
+    for tok in (5, 9, 11):
+        a = gen.advance(state, torch.tensor([[tok], [tok]]))
+        b = gen.advance(plain, torch.tensor([[tok], [tok]]))
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    layer = state.cache.self_attention_cache.layers[0]
+    assert layer._k.data_ptr() == buffer and layer.keys.shape[-2] == plain.cache.self_attention_cache.layers[0].keys.shape[-2]
+    picked = gen.select(state, torch.tensor([1]))  # selecting rows keeps the growing kind
+    assert isinstance(picked.cache.self_attention_cache.layers[0], GrowingLayer)
