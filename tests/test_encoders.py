@@ -39,10 +39,14 @@ def test_minilm_matches_sentence_transformers(minilm: MiniLMEncoder, passages: l
     questions = ["Who painted A Sunday Afternoon on the Island of La Grande Jatte?", "What is jazz?", "word " * 400]
     ours = minilm.encode_questions(questions)
     assert ours.shape == (3, 384) and ours.dtype == np.float32 and ours.flags["C_CONTIGUOUS"]
-    np.testing.assert_allclose(ours, st.encode(questions, normalize_embeddings=True), atol=1e-5)
+    # Same float32 model, other batching (sentence-transformers sorts by length, so rows are padded
+    # differently): matmul reordering only, 1.5e-8 (questions) and 8.2e-8 (passages) measured on
+    # unit vectors (entries <= 0.21) on an AVX2 EPYC. 1e-5 abs leaves room for other CPUs' kernels;
+    # CLS pooling or a missing normalisation moves entries by > 0.19 (measured).
+    np.testing.assert_allclose(ours, st.encode(questions, normalize_embeddings=True), rtol=0, atol=1e-5)
     texts = [f"{p.title}: {p.text}" for p in passages]
     np.testing.assert_allclose(
-        minilm.encode_passages(passages, batch_size=8), st.encode(texts, normalize_embeddings=True), atol=1e-5
+        minilm.encode_passages(passages, batch_size=8), st.encode(texts, normalize_embeddings=True), rtol=0, atol=1e-5
     )
 
 
@@ -52,8 +56,11 @@ def test_minilm_passages_keep_input_order_and_report_progress(minilm: MiniLMEnco
         passages[:10], batch_size=4, progress=lambda done, total: calls.append((done, total))
     )
     one_by_one = np.concatenate([minilm.encode_passages([p]) for p in passages[:10]])
-    np.testing.assert_allclose(batched, one_by_one, atol=1e-5)
-    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    # padded batch vs one row: float32 reordering, 6.7e-8 measured (as above, 1e-5 for other CPUs;
+    # two passages' vectors differ by > 0.11, so rows out of order fail)
+    np.testing.assert_allclose(batched, one_by_one, rtol=0, atol=1e-5)
+    # unit vectors: a float32 norm is 1 within a few ulps (6e-8 measured); unnormalised would be O(1) off
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, rtol=0, atol=1e-5)
     assert calls == [(4, 10), (8, 10), (10, 10)]
     assert minilm.encode_passages([]).shape == (0, 384)
     assert minilm.encode_questions([]).shape == (0, 384)
@@ -142,7 +149,10 @@ def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
     ]
     d = enc.encode_passages(ps)
     assert d.shape == (2, 32) and d.dtype == np.float32 and enc.dim == 32
-    np.testing.assert_array_equal(d, enc.encode_passages(ps))  # deterministic (eval mode, no dropout)
+    # deterministic (eval mode, no dropout): the same call again gives the same vectors. Computed
+    # floats, so a tolerance: 0 measured; 1e-6 (~4 ulps at |x| = 2.5) only allows for threaded
+    # kernels that reorder sums; dropout left on changes entries by ~1.6 (measured in train mode).
+    np.testing.assert_allclose(enc.encode_passages(ps), d, rtol=0, atol=1e-6)
     model = transformers.DPRContextEncoder.from_pretrained(ctx_folder).eval()
     tok = transformers.AutoTokenizer.from_pretrained(ctx_folder)
     pair = tok("Paris", "Paris is the capital of France.", return_tensors="pt")
@@ -150,7 +160,9 @@ def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
     with torch.no_grad():
         expected = model(**pair).pooler_output[0].numpy()
         flat = model(**tok("Paris Paris is the capital of France.", return_tensors="pt")).pooler_output[0].numpy()
-    np.testing.assert_allclose(d[0], expected, atol=1e-5)
+    # our wrapper (a padded batch of 2) vs the model on one pair: float32 reordering at most, 0
+    # measured here; 1e-5 (~40 ulps at |x| = 2.5) for other CPUs, far below the 1e-3 the format makes
+    np.testing.assert_allclose(d[0], expected, rtol=0, atol=1e-5)
     assert np.abs(d[0] - flat).max() > 1e-3  # the pair format matters
     with pytest.raises(ValueError, match="encodes passages only"):
         enc.encode_questions(["who painted it?"])
@@ -179,13 +191,16 @@ def test_dpr_question_encoder_wraps_a_loaded_model():
     questions = ["Who painted the Grande Jatte?", "What is the capital of France?", "the " * 600]
     q = enc.encode_questions(questions)
     assert q.shape == (3, 32) and q.dtype == np.float32 and enc.dim == 32
-    np.testing.assert_array_equal(q, enc.encode_questions(questions))
+    # the same call again: computed floats, 0 measured, 1e-6 for reordering kernels (as above)
+    np.testing.assert_allclose(enc.encode_questions(questions), q, rtol=0, atol=1e-6)
     with torch.no_grad():
         expected = model(**tok(questions[:1], return_tensors="pt")).pooler_output.numpy()
         cut = model(**tok(["the " * 254], return_tensors="pt")).pooler_output.numpy()  # 256 tokens with [CLS] [SEP]
-    np.testing.assert_allclose(q[:1], expected, atol=1e-5)
-    np.testing.assert_allclose(q[2:], cut, atol=1e-5)  # truncated to 256 tokens, not 602
-    assert np.abs(q).max() > 0 and not np.allclose(np.linalg.norm(q, axis=1), 1.0)  # raw, not normalised
+    # a batch of 3 (padded) vs one question: float32 reordering, 0 measured; 1e-5 as for passages
+    np.testing.assert_allclose(q[:1], expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(q[2:], cut, rtol=0, atol=1e-5)  # truncated to 256 tokens, not 602
+    # raw, not normalised: the LayerNorm'd CLS vector has norm ~sqrt(32) = 5.66 (measured), not 1
+    assert (np.linalg.norm(q, axis=1) > 2).all()
     other = DPRQuestionEncoder(transformers.DPRQuestionEncoder(tiny_config()), tok, name="tiny-rag")
     assert enc.fingerprint() == DPRQuestionEncoder(model, tok, name="tiny-rag").fingerprint()
     assert other.fingerprint() != enc.fingerprint()  # same name and config, other weights

@@ -29,46 +29,51 @@ from rag_demo.marginalize import (
 
 SCORES = torch.tensor([0.0, math.log(3.0)])
 LP = torch.log(torch.tensor([[0.5, 0.2], [0.1, 0.6]]))  # (K=2, T=2)
+# Results are float32 logs / exps / logsumexps of the hand-set probabilities: within 6e-8 of the
+# exact fractions (measured). 1e-6 absolute on probabilities <= 1 is ~15x that, and far below
+# every difference these tests tell apart (.07 vs .1, .2 vs .6, a missing prior or mask).
+HAND = {"rtol": 0.0, "atol": 1e-6}
 
 
 def test_doc_prior_is_softmax_of_scores():
-    torch.testing.assert_close(doc_log_prior(SCORES).exp(), torch.tensor([0.25, 0.75]))
+    torch.testing.assert_close(doc_log_prior(SCORES).exp(), torch.tensor([0.25, 0.75]), **HAND)
 
 
 def test_rag_token_probability():
     got = rag_token_logprob(LP, doc_log_prior(SCORES)).exp()
-    torch.testing.assert_close(got, torch.tensor(0.1))
+    torch.testing.assert_close(got, torch.tensor(0.1), **HAND)
 
 
 def test_rag_sequence_probability():
     got = rag_sequence_logprob(LP, doc_log_prior(SCORES)).exp()
-    torch.testing.assert_close(got, torch.tensor(0.07))
+    torch.testing.assert_close(got, torch.tensor(0.07), **HAND)
 
 
 def test_token_and_sequence_differ_where_the_prior_enters():
     """Same numbers, different models: .1 vs .07 (prior per token vs per sequence)."""
     prior = doc_log_prior(SCORES)
-    assert float(rag_token_logprob(LP, prior).exp()) != pytest.approx(float(rag_sequence_logprob(LP, prior).exp()))
+    token, sequence = float(rag_token_logprob(LP, prior).exp()), float(rag_sequence_logprob(LP, prior).exp())
+    assert token - sequence == pytest.approx(0.1 - 0.07, abs=HAND["atol"])
 
 
 def test_rag_token_next_mixes_the_vocabulary():
     """Vocab [a, b]: doc 1 [.5, .5], doc 2 [.1, .9] -> a: .25*.5+.75*.1 = .2, b: .8."""
     lp = torch.log(torch.tensor([[[0.5, 0.5], [0.1, 0.9]]]))  # (B=1, K=2, V=2)
     got = rag_token_next(lp, doc_log_prior(SCORES)).exp()
-    torch.testing.assert_close(got, torch.tensor([[0.2, 0.8]]))
-    torch.testing.assert_close(got.sum(-1), torch.tensor([1.0]))
+    torch.testing.assert_close(got, torch.tensor([[0.2, 0.8]]), **HAND)
+    torch.testing.assert_close(got.sum(-1), torch.tensor([1.0]), **HAND)
 
 
 def test_token_posteriors():
     got = token_posteriors(LP, doc_log_prior(SCORES))  # (T, K)
-    torch.testing.assert_close(got, torch.tensor([[0.625, 0.375], [0.1, 0.9]]))
-    torch.testing.assert_close(got.sum(-1), torch.ones(2))
+    torch.testing.assert_close(got, torch.tensor([[0.625, 0.375], [0.1, 0.9]]), **HAND)
+    torch.testing.assert_close(got.sum(-1), torch.ones(2), **HAND)
 
 
 def test_sequence_posteriors_last_row_is_doc_posterior():
     got = sequence_posteriors(LP, doc_log_prior(SCORES))  # (T, K)
-    torch.testing.assert_close(got, torch.tensor([[0.625, 0.375], [5 / 14, 9 / 14]]))
-    torch.testing.assert_close(got.sum(-1), torch.ones(2))
+    torch.testing.assert_close(got, torch.tensor([[0.625, 0.375], [5 / 14, 9 / 14]]), **HAND)
+    torch.testing.assert_close(got.sum(-1), torch.ones(2), **HAND)
 
 
 def test_mask_ignores_padding():
@@ -76,8 +81,8 @@ def test_mask_ignores_padding():
     lp3 = torch.cat([LP, torch.full((2, 1), -7.0)], dim=1)  # (K, 3)
     mask = torch.tensor([1.0, 1.0, 0.0])
     prior = doc_log_prior(SCORES)
-    torch.testing.assert_close(rag_sequence_logprob(lp3, prior, mask).exp(), torch.tensor(0.07))
-    torch.testing.assert_close(rag_token_logprob(lp3, prior, mask).exp(), torch.tensor(0.1))
+    torch.testing.assert_close(rag_sequence_logprob(lp3, prior, mask).exp(), torch.tensor(0.07), **HAND)
+    torch.testing.assert_close(rag_token_logprob(lp3, prior, mask).exp(), torch.tensor(0.1), **HAND)
 
 
 def test_reference_convention_loses_prior_on_one_token_answers():
@@ -87,8 +92,9 @@ def test_reference_convention_loses_prior_on_one_token_answers():
     lp1 = LP[:, :1]  # (K, 1)
     mask = torch.ones(1)
     prior = doc_log_prior(SCORES)
-    torch.testing.assert_close(rag_sequence_logprob(lp1, prior, mask).exp(), torch.tensor(0.2))
-    torch.testing.assert_close(rag_sequence_logprob_hf(lp1, prior, mask, first_is_bos=False).exp(), torch.tensor(0.6))
+    torch.testing.assert_close(rag_sequence_logprob(lp1, prior, mask).exp(), torch.tensor(0.2), **HAND)
+    hf = rag_sequence_logprob_hf(lp1, prior, mask, first_is_bos=False)
+    torch.testing.assert_close(hf.exp(), torch.tensor(0.6), **HAND)
 
 
 def test_reference_convention_skips_bos():
@@ -97,4 +103,5 @@ def test_reference_convention_skips_bos():
     lp = torch.cat([torch.zeros(2, 1), LP], dim=1)  # (K, 3): log p(bos) = 0
     mask = torch.ones(3)
     prior = doc_log_prior(SCORES)
-    torch.testing.assert_close(rag_sequence_logprob_hf(lp, prior, mask, first_is_bos=True).exp(), torch.tensor(0.07))
+    hf = rag_sequence_logprob_hf(lp, prior, mask, first_is_bos=True)
+    torch.testing.assert_close(hf.exp(), torch.tensor(0.07), **HAND)

@@ -488,6 +488,11 @@ def test_gradio_queue_still_marks_dead_jobs_the_way_client_gone_reads_them():
 def test_default_unavailable_names_the_reason_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert ui.default_unavailable("offline") is None
+    # the clock is for the probe, not for the first import of torch and transformers it triggers
+    # (13 s measured on a loaded 2-core machine)
+    import huggingface_hub  # noqa: F401
+    import rag_demo.stacks  # noqa: F401
+
     t0 = time.perf_counter()
     reason = ui.default_unavailable("paper")
     assert time.perf_counter() - t0 < 5
@@ -569,9 +574,11 @@ def test_ask_endpoint_returns_three_answers(app, small_pipe):
         assert a["mode"] == mode and a["text"].strip() and 1 <= len(a["tokens"]) <= 8
         assert [d["rank"] for d in a["docs"]] == [1, 2] and a["docs"][0]["title"] == "The Starry Night"
         assert {d["title"] for d in a["docs"]} <= titles
-        assert abs(sum(d["prior"] for d in a["docs"]) - 1) < 1e-4
+        # float32 softmaxes over K = 2 docs sum to 1 within a few ulps: 4e-8 (priors) and 7e-8
+        # (posterior rows) measured with float32 and bfloat16 weights alike (the softmax is float32)
+        assert sum(d["prior"] for d in a["docs"]) == pytest.approx(1.0, abs=1e-6)
         assert len(a["token_doc_posteriors"]) == len(a["tokens"])
-        assert all(len(row) == 2 and abs(sum(row) - 1) < 1e-3 for row in a["token_doc_posteriors"])
+        assert all(len(row) == 2 and sum(row) == pytest.approx(1.0, abs=1e-6) for row in a["token_doc_posteriors"])
         assert set(a["timings"]) >= {"encode", "retrieve", "generate", "attribute", "total"}
         assert isinstance(a["sequence_logprob"], float) and a["sequence_logprob"] <= 0
     cb = r["answers"]["closed-book"]
@@ -755,7 +762,7 @@ def test_edit_a_passage_the_answer_follows_and_the_shared_index_is_unchanged(app
     assert "Monet" in raw["answers"]["token"]["text"] or "Monet" in raw["answers"]["sequence"]["text"]
     # the shared base index and the other sessions are untouched
     assert "Vincent van Gogh" in small_pipe.index.corpus.passages[small_pipe.index.corpus.position(pid)].text
-    assert (small_pipe.index.embeddings == before).all()
+    assert (small_pipe.index.embeddings == before).all()  # stored vectors, untouched: compared bitwise
     other = ask_session(client(app[1]), "Who painted The Starry Night?", k=1, max_new_tokens=2)
     assert "Vincent van Gogh" in other[4] and "edited by you" not in other[4]
     # undo
