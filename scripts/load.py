@@ -154,8 +154,9 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
                                                         for v in (r.get("stopped") or {}).values()))
     rss = rss_bytes(pid) if pid else None
     line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
-            f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered "
-            f"({cut} cut by the time limit), {counts['expensive'][1]} refused, {counts['expensive'][2]} failed; "
+            f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered, "
+            f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; {cut} answered with a mode "
+            f"cut by the time limit; "
             f"cheap latency p50 {pct(cheap, 50):.1f} s p95 {pct(cheap, 95):.1f} s; RSS {gb(rss)}; "
             f"load avg {load_avg()}")
     print(line, flush=True)
