@@ -175,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bursts", type=int, default=5)
     p.add_argument("--clients", type=int, default=12)
     p.add_argument("--expensive", type=int, default=4, help="expensive clients per mixed burst (default 4)")
+    p.add_argument("--expensive-settings", default="20,4,128,thorough", metavar="K,BEAMS,TOKENS,DECODING",
+                   help="the expensive clients' settings (default 20,4,128,thorough: refused by the default "
+                   "budget; e.g. 10,2,48,fast is admitted as expensive and exercises the step gate)")
     p.add_argument("--burst-timeout", type=float, default=300.0)
     p.add_argument("--max-minutes", type=float, default=30.0)
     args = p.parse_args(argv)
+    k, beams, tokens, decoding = args.expensive_settings.split(",")
+    EXPENSIVE.update(k=int(k), num_beams=int(beams), max_new_tokens=int(tokens), sequence_decoding=decoding)
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("loopback only: --url must be http://127.0.0.1:PORT/ or http://localhost:PORT/")
     t_end = time.monotonic() + 60 * args.max_minutes
