@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expensive", type=int, default=4, help="expensive clients per mixed burst (default 4)")
     p.add_argument("--expensive-settings", default="20,4,128,thorough", metavar="K,BEAMS,TOKENS,DECODING",
                    help="the expensive clients' settings (default 20,4,128,thorough: refused by the default "
-                   "budget; e.g. 10,2,48,fast is admitted as expensive and exercises the step gate)")
+                   "budget; something just under the budget, e.g. 10,2,48,fast on a quiet CPU (about 17 s with the "
+                   "uncalibrated constants), is admitted as expensive and exercises the step gate; on a busy CPU "
+                   "the calibrated estimate of that was 75 s, refused)")
     p.add_argument("--burst-timeout", type=float, default=300.0)
     p.add_argument("--max-minutes", type=float, default=30.0)
     args = p.parse_args(argv)
