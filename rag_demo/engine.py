@@ -61,7 +61,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # than a decoding step for BART's cross-attention cache).
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.stop_token_ids(s.answer_style), gen.pad_token_id, s.length_penalty)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
@@ -91,7 +91,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
-    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)
+    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.stop_token_ids(s.answer_style), gen.pad_token_id, s.length_penalty)
     cands = _dedupe([h for group in hyps for h in group])
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
     if s.sequence_decoding == "thorough":
@@ -120,7 +120,7 @@ def closed_book(gen: Generator, prompt: list[int], s: RagSettings) -> Generation
     t0 = time.perf_counter()
     first_lp, state = gen.prefill([prompt])  # (1, V)
     rows = Rows(gen, state, per_beam=1, prior=None)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)[0])
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.stop_token_ids(s.answer_style), gen.pad_token_id, s.length_penalty)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
     return out

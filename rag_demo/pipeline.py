@@ -200,7 +200,7 @@ class RagPipeline:
         gen = mm.generator
         logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,) p(z|x) is their softmax
         prior = doc_log_prior(logits).exp()  # (K,)
-        prompts = [gen.prompt(q, p, s.max_doc_tokens) for p in passages]
+        prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style) for p in passages]
         run = rag_token if mode == "token" else rag_sequence
         g = run(gen, prompts, logits, s)  # steps 3 and 4: generate, attribute
         docs = [
@@ -211,7 +211,7 @@ class RagPipeline:
 
     def _closed_book(self, q: str, s: RagSettings) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens), s)
+        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style), s)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
