@@ -317,7 +317,7 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
             assert row["docs"][0]["posterior"] in (None, pytest.approx(1.0))  # None: no shown token
     text = ev.format_report(report)
     assert "given retrieval" in text and "| RAG-Token | BM25 (bm25s, k1=1.5, b=0.75) | B | 1 |" in text
-    assert report["settings"]["answer_style"] == "short"
+    assert report["settings"]["answer_style"] == RagSettings().answer_style
 
 
 def test_sample_items_is_deterministic_and_validated():
