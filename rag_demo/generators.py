@@ -30,8 +30,14 @@ DECODER_ONLY = "decoder-only"
 
 SYSTEM_PROMPT = "Answer the question in a few words, using the passage."
 CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
-# answer_style="short" (RagSettings): ask for a span, as the paper's NQ answers are, and end
-# the answer at the first newline (`stop_token_ids`). The closed-book prompt asks the same.
+# answer_style="short" (RagSettings): ask for a span, as the paper's NQ answers are; the
+# assistant turn is opened with SHORT_ANSWER_CUE (prompt tokens, neither generated nor scored,
+# like BART's decoder start token), so the model's habit "The answer is: X. ..." becomes the
+# span " X"; the answer ends at the first line end or sentence-final period (`stop_token_ids`).
+# SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and a
+# worked example did not shorten its answers either (docs/reader_results.md).
+# The closed-book prompt asks the same.
+SHORT_ANSWER_CUE = "The answer is:"
 SHORT_SYSTEM_PROMPT = (
     "Answer with the shortest phrase from the passage that answers the question: "
     "a name, a place, a date or a number, not a sentence."
@@ -253,15 +259,20 @@ class DecoderOnlyGenerator(Generator):
         ]
 
     def stop_token_ids(self, style: str = "sentence") -> list[int]:
-        """short: EOS and every token that ends a line (its text is a newline, possibly after
-        other characters, with only whitespace after it), so an answer is one line."""
+        """short: EOS, every token that ends a line (its text holds a newline with only
+        whitespace after it) and every sentence-final period token ("." alone, or followed by
+        whitespace only), so an answer is one phrase. A period inside an abbreviation ("St.
+        Louis") also stops it: the price of a stop that needs no look-ahead."""
         if style != "short":
             return self.eos_token_ids
         if not hasattr(self, "_line_end_ids"):
             vocab = self.tokenizer.get_vocab()
             ids = sorted(vocab.values())
             texts = self.tokenizer.batch_decode([[i] for i in ids])
-            self._line_end_ids = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
+            self._line_end_ids = [
+                i for i, t in zip(ids, texts)
+                if ("\n" in t and not t.split("\n", 1)[1].strip()) or t.strip() == "."
+            ]
         return sorted(set(self.eos_token_ids) | set(self._line_end_ids))
 
     def prompt(self, question, doc, max_doc_tokens, style="sentence"):
@@ -270,6 +281,8 @@ class DecoderOnlyGenerator(Generator):
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
+        if style == "short":  # open the answer with the cue; the model writes the span after it
+            ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
         return list(ids)
 
     @torch.inference_mode()

@@ -71,6 +71,13 @@ def test_short_style_changes_the_prompt(smol_tiny):
     assert "shortest phrase" in short[0]["content"]
     assert "Port Amsel" in short[-1]["content"] and Q in short[-1]["content"]
     assert smol_tiny.prompt(Q, DOC, 192, "short") != smol_tiny.prompt(Q, DOC, 192, "sentence")
+    # short opens the assistant turn with the cue; sentence leaves it to the model
+    cue = smol_tiny.tokenizer(G.SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
+    for doc in (DOC, None):
+        ids = smol_tiny.prompt(Q, doc, 192, "short")
+        assert ids[-len(cue):] == cue
+        assert smol_tiny.tokenizer.decode(ids).rstrip().endswith("assistant\n" + G.SHORT_ANSWER_CUE)
+        assert not smol_tiny.tokenizer.decode(smol_tiny.prompt(Q, doc, 192, "sentence")).rstrip().endswith(G.SHORT_ANSWER_CUE)
     # closed-book asks for the same style, so the comparison with RAG stays fair
     cb_short, cb_sentence = smol_tiny.messages(Q, None, 192, "short"), smol_tiny.messages(Q, None, 192, "sentence")
     assert cb_short[0]["content"] == G.SHORT_CLOSED_BOOK_SYSTEM_PROMPT
@@ -85,11 +92,13 @@ def test_short_style_stops_at_line_ends(smol_tiny):
     short, sentence = smol_tiny.stop_token_ids("short"), smol_tiny.stop_token_ids("sentence")
     assert sentence == smol_tiny.eos_token_ids
     assert set(smol_tiny.eos_token_ids) < set(short) and newline[0] in short
-    for i in short:  # every stop id ends a line (or is EOS): nothing but whitespace after its newline
+    period = tok(".", add_special_tokens=False)["input_ids"]
+    assert len(period) == 1 and period[0] in short  # a sentence-final period ends a short answer
+    for i in short:  # every stop id is EOS, ends a line (only whitespace after its newline) or is a period
         text = tok.decode([i])
-        assert i in smol_tiny.eos_token_ids or ("\n" in text and not text.split("\n", 1)[1].strip())
-    word = tok(" Paris", add_special_tokens=False)["input_ids"]
-    assert word[0] not in short
+        assert i in smol_tiny.eos_token_ids or ("\n" in text and not text.split("\n", 1)[1].strip()) or text.strip() == "."
+    for word in (" Paris", ",", " 1889", " St"):
+        assert tok(word, add_special_tokens=False)["input_ids"][0] not in short
 
 
 def _force_next(gen, token_id: int) -> torch.nn.Module:
