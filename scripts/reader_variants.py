@@ -14,6 +14,7 @@ files into the markdown tables of docs/reader_results.md, over the questions all
 Prefer `python -m rag_demo eval --sample N --retrievers dense,bm25 --answer-style ...` once the
 dense index is cached: it reports the same numbers for both retrievers."""
 import json, sys, time, argparse, random
+from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import torch
 from rag_demo import generators as G
@@ -80,9 +81,14 @@ s = RagSettings(k=a.k, max_doc_tokens=a.max_doc_tokens, max_new_tokens=a.max_new
 modes = a.modes.split(",")
 recs = []
 t0 = time.time()
+done_qs = set()
+if Path(a.out + ".jsonl").is_file():  # resume: questions already answered in OUT.jsonl are skipped
+    done_qs = {json.loads(line)["question"] for line in open(a.out + ".jsonl")}
 for fname, items in (("ext", ext), ("dev", dev)):
     for it in items:
         q = it.question
+        if q in done_qs:
+            continue
         _, ps = bm25.search([q], a.k); ps = ps[0]
         qv = mm.question_encoder.encode_questions([q])
         pv = stack.ctx_encoder.encode_passages(ps) if hasattr(stack.ctx_encoder, "encode_passages") else None
