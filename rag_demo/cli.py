@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import GENERATOR_DTYPES, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -58,6 +58,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "instead of Wikipedia Vital Articles; repeatable")
 
 
+def _add_answer_style(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--answer-style", default=RagSettings.answer_style,
+                   help=f"{' or '.join(ANSWER_STYLES)}: a phrase of a few words, stopped at the end of the line, or a "
+                   f"full sentence (default {RagSettings.answer_style})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rag_demo", description="Retrieval-Augmented Generation demo")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
     ask.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
+    _add_answer_style(ask)
     _add_common(ask)
     index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
     _add_common(index)
@@ -78,10 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retrievers", default="dense,bm25", help="whose passages the RAG modes read: dense, bm25 or both")
     ev.add_argument("--k", type=int, default=RagSettings.k, help=f"passages per answer, 1-{MAX_K} (default 5)")
     ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
+    ev.add_argument("--sample", type=int, help="evaluate a random sample of N questions (deterministic: see --seed)")
+    ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
     ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help="beam size (default 1: greedy)")
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
     ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
+    _add_answer_style(ev)
     _add_common(ev)
     be = sub.add_parser("bench", help="latency per stage, memory, index throughput, cold start, reference ratios")
     be.add_argument("--n", type=int, default=20, help="questions per mode (default 20)")
@@ -91,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
+    _add_answer_style(be)
     _add_common(be)
     return parser
 
@@ -132,7 +143,7 @@ def cmd_ask(args) -> int:
     modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [check_mode(args.mode)]
     check_question(args.question)  # fail before loading models, not after
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding)
+                           sequence_decoding=args.decoding, answer_style=args.answer_style)
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
     pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index)
@@ -154,14 +165,16 @@ def cmd_index(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate, format_report, parse_modes, parse_retrievers, read_qa, save_report
+    from .evaluate import evaluate, format_report, parse_modes, parse_retrievers, read_qa, sample_items, save_report
     from .pipeline import RagPipeline
 
+    if args.limit is not None and args.sample is not None:
+        raise ValueError("--limit and --sample both choose questions: pass one of them.")
     qa = read_qa(args.qa, args.limit)
-    items = qa.items
+    items = qa.items if args.sample is None else sample_items(qa.items, args.sample, args.seed)
     modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding)
+                           sequence_decoding=args.decoding, answer_style=args.answer_style)
     pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
                             rebuild_index=args.rebuild_index)
     partial = Path(args.out).with_suffix(".partial.json")

@@ -16,6 +16,7 @@ MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": 
 STACKS = ("offline", "paper")
 GENERATOR_DTYPES = ("auto", "float32", "bfloat16")
 SEQUENCE_DECODINGS = ("thorough", "fast")
+ANSWER_STYLES = ("short", "sentence")
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
@@ -52,6 +53,14 @@ class RagSettings:
     # Tokens of passage text fed to the generator per doc (the question is never cut):
     # ~100-word passages are ~130-150 tokens, so 192 keeps them whole but bounds the worst case.
     max_doc_tokens: int = 192
+    # "short": the prompt asks for the shortest phrase from the passage, the answer is cued with
+    # "The answer is:" and a newline or sentence-final period ends it (the paper's NQ answers are
+    # spans of a few words, and exact match can only credit those); "sentence": the earlier
+    # prompt, answers run to EOS. "sentence" stays the default until short is measured on the
+    # whole external file: on 12 dev questions short raised EM 0 -> 33-42%, on 15 external ones it
+    # lowered contains (docs/reader_results.md), too few to choose. BART (paper stack) ignores it:
+    # it was fine-tuned on NQ spans and its input format is the reference's.
+    answer_style: str = "sentence"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -73,6 +82,11 @@ class RagSettings:
             )
         if not 16 <= int(self.max_doc_tokens) <= 1024:
             raise ValueError(f"max_doc_tokens={self.max_doc_tokens!r} is out of range: use 16 to 1024.")
+        if self.answer_style not in ANSWER_STYLES:
+            raise ValueError(
+                f"answer_style={self.answer_style!r} is unknown: use one of {', '.join(ANSWER_STYLES)} "
+                "(short: a phrase of a few words; sentence: a full sentence)."
+            )
 
     def merged(self, **overrides) -> "RagSettings":
         """A validated copy with the non-None overrides applied (per-call args fall back to self)."""

@@ -58,6 +58,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
+    ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
@@ -66,7 +67,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # than a decoding step for BART's cross-attention cache).
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                         s.length_penalty, stop)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
@@ -76,7 +77,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     logprob = float(rag_token_logprob(doc_lp, prior))
     out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior))
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
-    out.stopped = _stopped(best.tokens, rows.stopped, gen, s)
+    out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
 
 
@@ -95,11 +96,12 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
+    ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
-    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop)
     cands = _dedupe([h for group in hyps for h in group])
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
@@ -128,7 +130,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)],
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
-    out.stopped = _stopped(out.tokens, rows.stopped, gen, s)
+    out.stopped = _stopped(out.tokens, rows.stopped, ends, s)
     return out
 
 
@@ -136,13 +138,14 @@ def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunC
     """The generator alone, no documents (the paper's parametric-only baseline)."""
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
+    ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     first_lp, state = gen.prefill([prompt])  # (1, V)
     rows = Rows(gen, state, per_beam=1, prior=None)
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, gen.eos_token_ids, gen.pad_token_id,
+    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                         s.length_penalty, stop)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
-    out.stopped = _stopped(best.tokens, rows.stopped, gen, s)
+    out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
 
 
@@ -153,9 +156,10 @@ def _controlled(gen: Generator, control: RunControl | None):
     return control.wrap(gen), control.stop_reason
 
 
-def _stopped(tokens: list[int], early: str | None, gen: Generator, s: RagSettings) -> str:
-    """Why an answer ended: a stop reason, its EOS, or the token limit."""
-    if tokens and tokens[-1] in gen.eos_token_ids:
+def _stopped(tokens: list[int], early: str | None, ends: list[int], s: RagSettings) -> str:
+    """Why an answer ended: its own end (EOS, or a short answer's stop token), a stop reason, or
+    the token limit."""
+    if tokens and tokens[-1] in ends:
         return "eos"
     if early:
         return early

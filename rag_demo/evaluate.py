@@ -5,7 +5,14 @@ recall@k), the QA file format and its loader, the evaluation loop behind
 `python -m rag_demo eval`, and its report (markdown tables on stdout, JSON on disk).
 
 QA file: JSON Lines, one object per line, `{"question": str, "answers": [str, ...]}`; other
-fields (type, topic, source) are kept and used to break results down by question type.
+fields (type, topic, source) are kept and used to break results down by question type and by
+source.
+
+Reader accuracy given retrieval: each row's EM / F1 / contains also over only the questions
+whose K passages that row read hold a gold answer (has_answer on title + text), with their
+count n. It measures the generator apart from the retriever: an answer the passages do not hold
+is not the reader's fault. Closed-book reads no passages; its given-retrieval numbers are over
+the questions whose dense top K hold an answer, for comparison with the dense RAG rows.
 
 Two retrievers are scored the same way: the stack's dense retriever (FAISS over the
 passage encoder's vectors) and BM25 (bm25.py). For RAG answers from BM25's passages the doc
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import random
 import re
 import statistics
 import string
@@ -229,6 +237,19 @@ def read_qa(path: str | Path, limit: int | None = None) -> QAFile:
     return out
 
 
+def sample_items(items: list[QAItem], n: int, seed: int = 0) -> list[QAItem]:
+    """A deterministic random sample of n questions (same n, seed and file: same questions),
+    kept in file order. QA files are often ordered by source, so the first N are not
+    representative; a sample is.
+
+    >>> [it.question for it in sample_items([QAItem(q, ["a"]) for q in "abcdef"], 3, seed=1)]
+    ['a', 'b', 'e']
+    """
+    if not isinstance(n, int) or not 1 <= n <= len(items):
+        raise ValueError(f"sample={n!r} is out of range: choose 1 to {len(items)} questions (the file's usable rows).")
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
 def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
     """The usable questions of a QA file (see `read_qa`)."""
     return read_qa(path, limit).items
@@ -324,6 +345,7 @@ def evaluate(
     for item in bar:
         q = item.question
         rec = {"question": q, "answers": item.answers, **item.meta, "retrieval": {}, "answers_by_row": {}}
+        read_hit: dict[str, bool] = {}  # retriever -> do its top K hold an answer
         # retrieval, both retrievers, to depth 20
         dense = pipe.retrieve(q, enc_mode, depth)
         ret_ms["dense"].append(1000 * (dense.timings["encode"] + dense.timings["retrieve"]))
@@ -335,6 +357,7 @@ def evaluate(
             rank = first_hit([passage_text(p) for p in passages], item.answers)
             hits[r].append(rank)
             rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in passages[: settings.k]]}
+            read_hit[r] = rank is not None and rank <= settings.k
         # generation
         for mode, r in rows:
             if mode == "closed-book":
@@ -348,7 +371,12 @@ def evaluate(
             rec["answers_by_row"][key] = {
                 "text": a.text, "em": exact_match(a.text, item.answers), "f1": f1_score(a.text, item.answers),
                 "contains": contains_answer(a.text, item.answers), "seconds": a.timings["total"],
-                "n_tokens": len(a.token_ids), "docs": [d.id for d in a.docs],
+                "n_tokens": len(a.token_ids), "logprob": a.sequence_logprob,
+                # do the passages this row read hold an answer (closed-book: the dense top K's)
+                "hit": reader_hit(a.docs, item.answers) if a.docs else read_hit.get("dense"),
+                "docs": [{"id": d.id, "title": d.title, "prior": d.prior, "posterior": post}
+                         for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs))],
+                **({"candidates": a.candidates} if a.candidates else {}),
             }
             f1_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
         records.append(rec)
@@ -361,6 +389,29 @@ def evaluate(
                          for k, v in f1_running.items()}, refresh=False)
     bar.close()
     return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
+
+
+def reader_hit(docs, golds: list[str]) -> bool:
+    """True when one of the passages a mode read (title + text) holds a gold answer."""
+    return any(has_answer(passage_text(d), golds) for d in docs)
+
+
+def answer_scores(res: list[dict]) -> dict:
+    """n, EM, F1, contains (means) of per-question answer records."""
+    return {"n": len(res), "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
+            "contains": _mean(x["contains"] for x in res)}
+
+
+def given_retrieval(res: list[dict]) -> dict:
+    """Reader accuracy given retrieval: EM / F1 / contains over the records whose passages hold
+    an answer (`hit`), and their count n.
+
+    >>> r = [{"em": 1, "f1": 1, "contains": 1, "hit": True}, {"em": 0, "f1": 0.5, "contains": 1, "hit": True},
+    ...      {"em": 0, "f1": 0, "contains": 0, "hit": False}]
+    >>> given_retrieval(r)
+    {'n': 2, 'em': 0.5, 'f1': 0.75, 'contains': 1.0}
+    """
+    return answer_scores([x for x in res if x.get("hit")])
 
 
 def _mean(xs) -> float:
@@ -378,6 +429,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
     }
     generation = []
     types = sorted({it.type for it in items})
+    sources = sorted({str(it.meta["source"]) for it in items if "source" in it.meta})
     for mode, r in rows:
         key = f"{mode}|{r}"
         res = [rec["answers_by_row"][key] for rec in records]
@@ -385,6 +437,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             "mode": mode, "retriever": r if r == "-" else ret_names[r],
             "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
             "contains": _mean(x["contains"] for x in res), "n": len(res),
+            "given_retrieval": given_retrieval(res),
             "seconds_p50": statistics.median(x["seconds"] for x in res),
             "tokens_mean": _mean(x["n_tokens"] for x in res),
             "by_type": {
@@ -393,6 +446,11 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
                     "contains": _mean(x["contains"] for x, rec in zip(res, records) if rec.get("type", "?") == t)}
                 for t in types
             },
+            "by_source": {
+                src: {**answer_scores([x for x, rec in zip(res, records) if rec.get("source") == src]),
+                      "given_retrieval": given_retrieval([x for x, rec in zip(res, records) if rec.get("source") == src])}
+                for src in sources
+            },
         }
         generation.append(row)
     return {
@@ -400,7 +458,8 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
         "stack": pipe.stack.describe(),
         "corpus": {"name": pipe.index.corpus.name, "passages": len(pipe.index)},
         "settings": {"k": settings.k, "num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens,
-                     "sequence_decoding": settings.sequence_decoding, "modes": modes, "retrievers": list(retrievers)},
+                     "sequence_decoding": settings.sequence_decoding, "answer_style": settings.answer_style,
+                     "max_doc_tokens": settings.max_doc_tokens, "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
         "generation": generation,
         "machine": machine_info(),
@@ -411,6 +470,8 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             "EM/F1: SQuAD v1.1 normalisation, max over gold answers. contains: a gold answer's tokens occur "
             "in the prediction (lenient; for chatty generators).",
             "BM25 rows: BM25 picks the K passages; p(z|x) is the dense question encoder's softmax over them.",
+            "given retrieval: over the n questions whose K passages that row read hold a gold answer "
+            "(closed-book: the dense top K); measures the reader apart from the retriever.",
         ],
     }
 
@@ -438,15 +499,19 @@ def format_report(report: dict) -> str:
     lines += [
         "",
         f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
-        f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']})",
+        f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']}, "
+        f"{s.get('answer_style', 'sentence')} answers)",
         "",
-        "| mode | passages from | EM | F1 | contains | s/answer p50 | tokens/answer |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "
+        "| s/answer p50 | tokens/answer |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     titles = {"closed-book": "Closed-book", "sequence": "RAG-Sequence", "token": "RAG-Token"}
     for g in report["generation"]:
+        gr = g.get("given_retrieval") or {"n": 0, "em": float("nan"), "f1": float("nan"), "contains": float("nan")}
         lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {_pct(g['em'])} | {_pct(g['f1'])} "
-                     f"| {_pct(g['contains'])} | {g['seconds_p50']:.1f} | {g['tokens_mean']:.1f} |")
+                     f"| {_pct(g['contains'])} | {gr['n']} | {_pct(gr['em'])} | {_pct(gr['f1'])} | {_pct(gr['contains'])} "
+                     f"| {g['seconds_p50']:.1f} | {g['tokens_mean']:.1f} |")
     gens = report["generation"]
     if gens:
         types = list(gens[0]["by_type"])
@@ -457,6 +522,18 @@ def format_report(report: dict) -> str:
         for g in gens:
             cells = " | ".join(f"{_pct(g['by_type'][t]['f1'])} / {_pct(g['by_type'][t]['contains'])}" for t in types)
             lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {cells} |")
+        sources = list(gens[0].get("by_source") or {})
+        if sources:
+            lines += ["", "### By source: EM / F1 / contains, overall and given retrieval (n)", "",
+                      "| mode | passages from | source | n | EM | F1 | contains | n given | EM | F1 | contains |",
+                      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for g in gens:
+                for src in sources:
+                    b = g["by_source"][src]
+                    gr = b["given_retrieval"]
+                    lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {src} | {b['n']} | {_pct(b['em'])} "
+                                 f"| {_pct(b['f1'])} | {_pct(b['contains'])} | {gr['n']} | {_pct(gr['em'])} "
+                                 f"| {_pct(gr['f1'])} | {_pct(gr['contains'])} |")
     m = report["machine"]
     lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['threads']} threads), "
               f"load average at the end {m.get('load_avg', '?')}. Scores in %."]

@@ -34,6 +34,21 @@ DECODER_ONLY = "decoder-only"
 
 SYSTEM_PROMPT = "Answer the question in a few words, using the passage."
 CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
+# answer_style="short" (RagSettings): ask for a span, as the paper's NQ answers are; the
+# assistant turn is opened with SHORT_ANSWER_CUE (prompt tokens, neither generated nor scored,
+# like BART's decoder start token), so the model's habit "The answer is: X. ..." becomes the
+# span " X"; the answer ends at the first line end or sentence-final period (`stop_token_ids`).
+# SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and a
+# worked example did not shorten its answers either (docs/reader_results.md).
+# The closed-book prompt asks the same.
+SHORT_ANSWER_CUE = "The answer is:"
+SHORT_SYSTEM_PROMPT = (
+    "Answer with the shortest phrase from the passage that answers the question: "
+    "a name, a place, a date or a number, not a sentence."
+)
+SHORT_CLOSED_BOOK_SYSTEM_PROMPT = (
+    "Answer with the shortest phrase that answers the question: a name, a place, a date or a number, not a sentence."
+)
 
 
 @dataclass
@@ -160,8 +175,15 @@ class Generator:
     eos_token_ids: list[int]
     pad_token_id: int
 
-    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[int]:
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[int]:
+        """Input ids for one (question, doc) pair, or the closed-book input (doc None), in
+        answer style `style` (RagSettings.answer_style)."""
         raise NotImplementedError
+
+    def stop_token_ids(self, style: str = "sentence") -> list[int]:
+        """The ids that end an answer in `style`: EOS, and for styles that stop early more. A stop
+        token is a generated token: it is kept in the answer's ids and scored like any other."""
+        return self.eos_token_ids
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, GenState]:
         """Run R prompts; -> next-token log-probs (R, V) and the state after them."""
@@ -248,7 +270,8 @@ class EncoderDecoderGenerator(Generator):
     def start_tokens(self) -> list[int]:
         return [self.decoder_start_token_id]
 
-    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[int]:
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[int]:
+        # `style` is ignored: BART-NQ was fine-tuned to answer in spans, with this input format.
         tok = self.tokenizer
         if doc is None:
             return tok(question, truncation=True, max_length=self.max_input_tokens)["input_ids"]
@@ -323,25 +346,50 @@ class DecoderOnlyGenerator(Generator):
         self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
 
-    def messages(self, question: str, doc: Passage | None, max_doc_tokens: int) -> list[dict]:
+    def messages(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[dict]:
+        short = style == "short"
         if doc is None:
             return [
-                {"role": "system", "content": CLOSED_BOOK_SYSTEM_PROMPT},
+                {"role": "system", "content": SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT},
                 {"role": "user", "content": f"Question: {question}"},
             ]
         text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
         text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        if short:
+            return [
+                {"role": "system", "content": SHORT_SYSTEM_PROMPT},
+                {"role": "user", "content": f"{doc.title}: {text}\n\nQuestion: {question}"},
+            ]
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"{doc.title}: {text}\n\nQuestion: {question}\nAnswer in a few words."},
         ]
 
-    def prompt(self, question, doc, max_doc_tokens):
+    def stop_token_ids(self, style: str = "sentence") -> list[int]:
+        """short: EOS, every token that ends a line (its text holds a newline with only
+        whitespace after it) and every sentence-final period token ("." alone, or followed by
+        whitespace only), so an answer is one phrase. A period inside an abbreviation ("St.
+        Louis") also stops it: the price of a stop that needs no look-ahead."""
+        if style != "short":
+            return self.eos_token_ids
+        if not hasattr(self, "_line_end_ids"):
+            vocab = self.tokenizer.get_vocab()
+            ids = sorted(vocab.values())
+            texts = self.tokenizer.batch_decode([[i] for i in ids])
+            self._line_end_ids = [
+                i for i, t in zip(ids, texts)
+                if ("\n" in t and not t.split("\n", 1)[1].strip()) or t.strip() == "."
+            ]
+        return sorted(set(self.eos_token_ids) | set(self._line_end_ids))
+
+    def prompt(self, question, doc, max_doc_tokens, style="sentence"):
         ids = self.tokenizer.apply_chat_template(
-            self.messages(question, doc, max_doc_tokens), add_generation_prompt=True, tokenize=True
+            self.messages(question, doc, max_doc_tokens, style), add_generation_prompt=True, tokenize=True
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
+        if style == "short":  # open the answer with the cue; the model writes the span after it
+            ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
         return list(ids)
 
     @torch.inference_mode()

@@ -208,7 +208,7 @@ class RagPipeline:
         gen = mm.generator
         logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,) p(z|x) is their softmax
         prior = doc_log_prior(logits).exp()  # (K,)
-        prompts = [gen.prompt(q, p, s.max_doc_tokens) for p in passages]
+        prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style) for p in passages]
         run = rag_token if mode == "token" else rag_sequence
         g = run(gen, prompts, logits, s, control=control)  # steps 3 and 4: generate, attribute
         docs = [
@@ -219,7 +219,7 @@ class RagPipeline:
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens), s, control)
+        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style), s, control)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
@@ -261,7 +261,7 @@ class RagPipeline:
         for mode in [check_mode(m) for m in modes]:
             gen = self.stack.modes[mode].generator
             doc = None if mode == "closed-book" else Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))
-            prompt_tokens = len(gen.prompt(q, doc, s.max_doc_tokens))  # the longest a passage can make it
+            prompt_tokens = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style))  # the longest a passage can make it
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
                                                thorough=s.sequence_decoding == "thorough")
             per_mode[mode] = sec

@@ -263,11 +263,77 @@ def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
         assert g["n"] == 2 and 0.0 <= g["em"] <= g["f1"] + 1e-9 <= 1.0 + 1e-9
     for rec in report["questions"]:
         assert len(rec["answers_by_row"]) == 5
-        assert rec["answers_by_row"]["token|bm25"]["docs"] == rec["retrieval"]["bm25"]["top"]
+        assert [d["id"] for d in rec["answers_by_row"]["token|bm25"]["docs"]] == rec["retrieval"]["bm25"]["top"]
     text = ev.format_report(report)
     assert "| RAG-Token | BM25" in text and "recall@20" in text
     saved = ev.save_report(report, tmp_path / "r.json")
     assert json.loads(saved.read_text())["n_questions"] == 2
+
+
+# ---------------------------------------------------------------- reader accuracy given retrieval
+
+
+def test_given_retrieval_worked_example():
+    """Four answers, three whose passages hold a gold answer (hit). Overall: EM (1+0+0+0)/4 = 0.25,
+    F1 (1+0.5+0+0.8)/4 = 0.575, contains (1+1+0+1)/4 = 0.75. Given retrieval, over the three hits
+    only: EM 1/3, F1 (1+0.5+0)/3 = 0.5, contains 2/3, n = 3."""
+    res = [
+        {"em": 1.0, "f1": 1.0, "contains": 1.0, "hit": True},
+        {"em": 0.0, "f1": 0.5, "contains": 1.0, "hit": True},
+        {"em": 0.0, "f1": 0.0, "contains": 0.0, "hit": True},
+        {"em": 0.0, "f1": 0.8, "contains": 1.0, "hit": False},  # right without the passages: not counted
+    ]
+    overall, given = ev.answer_scores(res), ev.given_retrieval(res)
+    assert overall == pytest.approx({"n": 4, "em": 0.25, "f1": 0.575, "contains": 0.75})
+    assert given == pytest.approx({"n": 3, "em": 1 / 3, "f1": 0.5, "contains": 2 / 3})
+    assert ev.given_retrieval([{"em": 1.0, "f1": 1.0, "contains": 1.0, "hit": False}])["n"] == 0
+
+
+def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pipe):
+    """K=1 on the 3-passage corpus. BM25 puts each question's own passage first, so the two
+    answerable questions are hits and "Who wrote Hamlet?" (no passage names Shakespeare) is not:
+    the BM25 rows' given-retrieval n is 2 of 3, and their numbers are the means over those two.
+    Each row's `hit` is has_answer over the passages that row read; each record keeps the
+    passages' ids, titles, priors and posteriors; the report breaks results down by source."""
+    from rag_demo.config import RagSettings
+
+    qs = [ev.QAItem(q.question, q.answers, {**q.meta, "source": "A"}) for q in QUESTIONS[:2]]
+    qs.append(ev.QAItem("Who wrote Hamlet?", ["Shakespeare"], {"type": "who", "source": "B"}))
+    report = ev.evaluate(tiny_pipe, qs, ["closed-book", "sequence", "token"], RagSettings(k=1, max_new_tokens=3),
+                         ["dense", "bm25"], progress=False)
+    by_row = {(g["mode"], g["retriever"].split(" ")[0]): g for g in report["generation"]}
+    for mode in ("sequence", "token"):
+        g = by_row[(mode, "BM25")]
+        res = [rec["answers_by_row"][f"{mode}|bm25"] for rec in report["questions"]]
+        assert [x["hit"] for x in res] == [True, True, False]
+        assert g["given_retrieval"]["n"] == 2
+        assert g["given_retrieval"]["f1"] == pytest.approx((res[0]["f1"] + res[1]["f1"]) / 2)
+        assert g["by_source"]["A"]["n"] == 2 and g["by_source"]["B"]["n"] == 1
+        assert g["by_source"]["B"]["given_retrieval"]["n"] == 0
+    for rec, item in zip(report["questions"], qs):
+        for key, row in rec["answers_by_row"].items():
+            if key.startswith("closed-book"):  # reads nothing: compared on the dense top K's hits
+                assert row["docs"] == [] and row["hit"] == (rec["retrieval"]["dense"]["first_hit"] == 1)
+                continue
+            doc = tiny_pipe.index.corpus.passages[tiny_pipe.index.corpus.position(row["docs"][0]["id"])]
+            assert row["hit"] == ev.has_answer(ev.passage_text(doc), item.answers)
+            assert row["docs"][0]["title"] == doc.title and row["docs"][0]["prior"] == pytest.approx(1.0)
+            assert row["docs"][0]["posterior"] in (None, pytest.approx(1.0))  # None: no shown token
+    text = ev.format_report(report)
+    assert "given retrieval" in text and "| RAG-Token | BM25 (bm25s, k1=1.5, b=0.75) | B | 1 |" in text
+    assert report["settings"]["answer_style"] == RagSettings().answer_style
+
+
+def test_sample_items_is_deterministic_and_validated():
+    items = [ev.QAItem(f"q{i}?", ["a"]) for i in range(50)]
+    a, b = ev.sample_items(items, 10, seed=3), ev.sample_items(items, 10, seed=3)
+    assert [x.question for x in a] == [x.question for x in b]  # same seed, same questions
+    assert [x.question for x in a] != [x.question for x in ev.sample_items(items, 10, seed=4)]
+    assert [x.question for x in a] != [x.question for x in items[:10]]  # not the first N
+    idx = [items.index(x) for x in a]
+    assert idx == sorted(idx)  # file order kept
+    with pytest.raises(ValueError, match="sample=51 is out of range: choose 1 to 50"):
+        ev.sample_items(items, 51)
 
 
 def test_cli_eval_rejects_bad_modes(tmp_path, capsys):

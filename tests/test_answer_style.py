@@ -1,0 +1,193 @@
+"""The answer style setting (RagSettings.answer_style): validation, what each value changes in
+the prompt, and that a stop token ends the answer while the answer's score stays exact."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
+
+from rag_demo import engine  # noqa: E402
+from rag_demo.config import ANSWER_STYLES, RagSettings, StackSpec  # noqa: E402
+from rag_demo.corpus import Passage  # noqa: E402
+from rag_demo.marginalize import doc_log_prior, rag_sequence_logprob, rag_token_logprob  # noqa: E402
+
+DOC = Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel.")
+Q = "What is the capital of Veltrania?"
+
+
+def test_answer_style_default_and_validation():
+    assert RagSettings().answer_style in ANSWER_STYLES and set(ANSWER_STYLES) == {"short", "sentence"}
+    assert RagSettings(answer_style="sentence").answer_style == "sentence"
+    with pytest.raises(ValueError, match=r"answer_style='long' is unknown: use one of short, sentence"):
+        RagSettings(answer_style="long")
+    with pytest.raises(ValueError, match=r"answer_style='Short' is unknown"):
+        RagSettings().merged(answer_style="Short")
+
+
+def test_cli_takes_answer_style_and_rejects_a_bad_one(capsys):
+    from rag_demo.cli import build_parser, main
+
+    for cmd in (["ask", "Q?"], ["eval"], ["bench"]):
+        assert build_parser().parse_args(cmd + ["--answer-style", "sentence"]).answer_style == "sentence"
+        assert build_parser().parse_args(cmd).answer_style == RagSettings.answer_style
+    assert main(["eval", "--qa", "assets/qa_dev.jsonl", "--answer-style", "essay"]) == 2
+    assert "answer_style='essay' is unknown" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- SmolLM2's prompts and stop ids
+
+
+@pytest.fixture(scope="module")
+def smol_tiny():
+    """SmolLM2's real tokenizer and chat template (from the converted-model cache) on a tiny
+    random Llama, so prompts are the real ones and decoding is cheap."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from rag_demo.generators import DecoderOnlyGenerator
+    from rag_demo.stacks import converted_smollm_dir, smollm_location
+
+    where, gguf = smollm_location(StackSpec())
+    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
+    if folder is None or not (folder / "tokenizer_config.json").is_file():
+        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
+    tok = AutoTokenizer.from_pretrained(folder)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    return DecoderOnlyGenerator(model, tok, name="tiny-llama")
+
+
+def test_short_style_changes_the_prompt(smol_tiny):
+    from rag_demo import generators as G
+
+    short, sentence = smol_tiny.messages(Q, DOC, 192, "short"), smol_tiny.messages(Q, DOC, 192, "sentence")
+    assert short[0]["content"] == G.SHORT_SYSTEM_PROMPT and sentence[0]["content"] == G.SYSTEM_PROMPT
+    assert "shortest phrase" in short[0]["content"]
+    assert "Port Amsel" in short[-1]["content"] and Q in short[-1]["content"]
+    assert smol_tiny.prompt(Q, DOC, 192, "short") != smol_tiny.prompt(Q, DOC, 192, "sentence")
+    # short opens the assistant turn with the cue; sentence leaves it to the model
+    cue = smol_tiny.tokenizer(G.SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
+    for doc in (DOC, None):
+        ids = smol_tiny.prompt(Q, doc, 192, "short")
+        assert ids[-len(cue):] == cue
+        assert smol_tiny.tokenizer.decode(ids).rstrip().endswith("assistant\n" + G.SHORT_ANSWER_CUE)
+        assert not smol_tiny.tokenizer.decode(smol_tiny.prompt(Q, doc, 192, "sentence")).rstrip().endswith(G.SHORT_ANSWER_CUE)
+    # closed-book asks for the same style, so the comparison with RAG stays fair
+    cb_short, cb_sentence = smol_tiny.messages(Q, None, 192, "short"), smol_tiny.messages(Q, None, 192, "sentence")
+    assert cb_short[0]["content"] == G.SHORT_CLOSED_BOOK_SYSTEM_PROMPT
+    assert cb_sentence[0]["content"] == G.CLOSED_BOOK_SYSTEM_PROMPT
+    assert "Port Amsel" not in cb_short[-1]["content"]
+
+
+def test_short_style_stops_at_line_ends(smol_tiny):
+    tok = smol_tiny.tokenizer
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    assert len(newline) == 1
+    short, sentence = smol_tiny.stop_token_ids("short"), smol_tiny.stop_token_ids("sentence")
+    assert sentence == smol_tiny.eos_token_ids
+    assert set(smol_tiny.eos_token_ids) < set(short) and newline[0] in short
+    period = tok(".", add_special_tokens=False)["input_ids"]
+    assert len(period) == 1 and period[0] in short  # a sentence-final period ends a short answer
+    for i in short:  # every stop id is EOS, ends a line (only whitespace after its newline) or is a period
+        text = tok.decode([i])
+        assert i in smol_tiny.eos_token_ids or ("\n" in text and not text.split("\n", 1)[1].strip()) or text.strip() == "."
+    for word in (" Paris", ",", " 1889", " St"):
+        assert tok(word, add_special_tokens=False)["input_ids"][0] not in short
+
+
+def _force_next(gen, token_id: int) -> torch.nn.Module:
+    """Make `token_id` the argmax of every step (a large bias on its output logit); returns the
+    original output layer."""
+    old = gen.model.lm_head
+    new = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        new.weight.copy_(old.weight)
+        new.bias.zero_()
+        new.bias[token_id] = 100.0
+    gen.model.lm_head = new
+    return old
+
+
+def test_short_style_ends_generation_at_the_newline_and_scores_it(smol_tiny):
+    """A model that always emits "\\n": short style stops after that one token (generated, kept
+    and scored), sentence style runs on to max_new_tokens. RAG-Token's score is the exact
+    marginal of the generated ids, newline included."""
+    nl = smol_tiny.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    saved = _force_next(smol_tiny, nl)
+    try:
+        s_short, s_sent = RagSettings(answer_style="short", max_new_tokens=6), RagSettings(answer_style="sentence", max_new_tokens=6)
+        cb_short = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "short"), s_short)
+        cb_sent = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "sentence"), s_sent)
+        assert cb_short.tokens == [nl] and cb_sent.tokens == [nl] * 6
+        first_lp, _ = smol_tiny.prefill([smol_tiny.prompt(Q, None, 192, "short")])
+        assert cb_short.logprob == pytest.approx(float(first_lp[0, nl]), abs=1e-5)
+        docs = [DOC, Passage(id="p2", title="Other", text="Something else entirely.")]
+        prompts = [smol_tiny.prompt(Q, d, 192, "short") for d in docs]
+        scores = torch.tensor([2.0, 0.5])
+        tok_out = engine.rag_token(smol_tiny, prompts, scores, s_short)
+        assert tok_out.tokens == [nl] and tok_out.doc_lp.shape == (2, 1)
+        lp0, _ = smol_tiny.prefill(prompts)
+        assert tok_out.logprob == pytest.approx(float(rag_token_logprob(lp0[:, [nl]], doc_log_prior(scores))), abs=1e-5)
+        seq_out = engine.rag_sequence(smol_tiny, prompts, scores, s_short)
+        assert seq_out.tokens == [nl]
+        assert seq_out.logprob == pytest.approx(
+            float(rag_sequence_logprob(lp0[:, [nl]].unsqueeze(0), doc_log_prior(scores).unsqueeze(0), torch.ones(1, 1))),
+            abs=1e-5)
+    finally:
+        smol_tiny.model.lm_head = saved
+
+
+# ---------------------------------------------------------------- stop ids in the engine (tiny BART)
+
+
+@pytest.fixture(scope="module")
+def tiny_bart(tiny_ckpts):
+    from rag_demo.stacks import load_rag_checkpoint
+
+    _, gen = load_rag_checkpoint(str(tiny_ckpts["rag_token"]), "token")
+    return gen
+
+
+def test_a_stop_token_ends_every_mode_and_the_score_stays_exact(tiny_bart, monkeypatch):
+    """Greedy with EOS suppressed gives an 8-token answer y. Making one of y's tokens (its first
+    new one after the start) a stop token cuts every mode's answer right after it (the stop
+    token is generated and kept), and the score is the exact RAG marginal of the tokens kept:
+    the same per-doc log-probs as the long run's first columns."""
+    gen = tiny_bart
+    prompts = [gen.prompt(Q, d, 64) for d in (DOC, Passage(id="p2", title="Other", text="Something else."))]
+    scores = torch.tensor([1.0, 0.2])
+    prior = doc_log_prior(scores)
+    s = RagSettings(max_new_tokens=8, answer_style="sentence")
+    bias = gen.model.final_logits_bias.clone()
+    gen.model.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4  # the random model would stop at once
+    try:
+        _cut_at_stop(gen, prompts, scores, prior, s, monkeypatch)
+    finally:
+        gen.model.final_logits_bias.copy_(bias)
+
+
+def _cut_at_stop(gen, prompts, scores, prior, s, monkeypatch):
+    long_ = engine.rag_token(gen, prompts, scores, s)
+    assert len(long_.tokens) == 8
+    # the first token that did not occur before it (the random model repeats itself)
+    j = next((j for j in range(1, 8) if long_.tokens[j] not in long_.tokens[:j]), 0)
+    stop = long_.tokens[j]
+    monkeypatch.setattr(type(gen), "stop_token_ids", lambda self, style="sentence": self.eos_token_ids + [stop])
+    short = engine.rag_token(gen, prompts, scores, s)
+    assert short.tokens == long_.tokens[: j + 1] and len(short.tokens) < 8
+    assert torch.allclose(short.doc_lp, long_.doc_lp[:, : j + 1], atol=1e-5)
+    assert short.logprob == pytest.approx(float(rag_token_logprob(long_.doc_lp[:, : j + 1], prior)), abs=1e-5)
+    seq = engine.rag_sequence(gen, prompts, scores, s)
+    for toks, _ in seq.candidates:  # every candidate ends at EOS, a stop token, or the length limit
+        assert toks[-1] in (gen.eos_token_ids[0], stop) or len(toks) == 8
+        assert stop not in toks[:-1]
+    assert seq.logprob == pytest.approx(
+        float(rag_sequence_logprob(seq.doc_lp.unsqueeze(0), prior.unsqueeze(0), torch.ones(1, seq.doc_lp.shape[1]))), abs=1e-5)
+    cb = engine.closed_book(gen, gen.prompt(Q, None, 64), s)
+    assert stop not in cb.tokens[:-1]
