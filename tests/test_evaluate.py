@@ -365,3 +365,18 @@ def test_cli_eval_finishes_and_reports_skipped_rows(tiny_ckpts, tmp_path, capsys
     report = json.loads(out.read_text())
     assert report["n_questions"] == 1 and report["qa_file"]["rows_used"] == 1
     assert report["qa_file"]["skipped"][0].startswith("qa.jsonl line 2")
+
+
+def test_by_source_table_is_printed_only_when_sources_group_questions():
+    """A source per question (the dev set's article titles) would print a row per question: the
+    report says how many there are and leaves the table to the JSON."""
+    gen = {"mode": "token", "retriever": "dense", "em": 0.0, "f1": 0.5, "contains": 1.0, "n": 20,
+           "seconds_p50": 1.0, "tokens_mean": 3.0, "by_type": {},
+           "by_source": {f"s{i}": {"n": 1, "em": 0.0, "f1": 0.5, "contains": 1.0, "given": {"n": 1, "em": 0.0,
+                                                                                              "f1": 0.5, "contains": 1.0}}
+                         for i in range(20)}}
+    report = {"settings": {"k": 5, "num_beams": 1, "max_new_tokens": 32, "sequence_decoding": "thorough"},
+              "corpus": {"name": "c", "passages": 3}, "n_questions": 20, "retrieval": {}, "generation": [gen],
+              "machine": {"processor": "cpu", "cpus": 2, "torch": "x", "threads": 2}, "notes": []}
+    text = ev.format_report(report)
+    assert "20 distinct sources" in text and "| s3 |" not in text
