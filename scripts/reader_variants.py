@@ -13,7 +13,10 @@ files into the markdown tables of docs/reader_results.md, over the questions all
 `--variant default` is the prompt of rag_demo/generators.py for `--style`.
 Prefer `python -m rag_demo eval --sample N --retrievers dense,bm25 --answer-style ...` once the
 dense index is cached: it reports the same numbers for both retrievers."""
-import json, sys, time, argparse, random
+import argparse
+import json
+import sys
+import time
 from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import torch

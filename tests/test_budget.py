@@ -9,7 +9,6 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from rag_demo import engine
 from rag_demo.budget import Budget, CostModel, ModelDims, RunControl, StepGate
 from rag_demo.config import RagSettings, StackSpec
 from rag_demo.corpus import corpus_from_documents
