@@ -258,10 +258,15 @@ class RagPipeline:
         s = (settings or self.settings).merged(**overrides)
         k = min(s.k, len(self.index))
         seconds, peak, per_mode = 0.0, 0, {}
+        longest = Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))
+        lengths: dict[tuple[int, bool], int] = {}  # (generator, with a passage) -> prompt tokens
         for mode in [check_mode(m) for m in modes]:
             gen = self.stack.modes[mode].generator
-            doc = None if mode == "closed-book" else Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))
-            prompt_tokens = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style))  # the longest a passage can make it
+            key = (id(gen), mode != "closed-book")
+            if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
+                doc = longest if key[1] else None
+                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style))  # the longest a passage can make it
+            prompt_tokens = lengths[key]
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
                                                thorough=s.sequence_decoding == "thorough")
             per_mode[mode] = sec

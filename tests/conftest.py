@@ -32,3 +32,18 @@ def free_port():
             return s.getsockname()[1]
 
     return pick
+
+
+@pytest.fixture(scope="session")
+def stop_process():
+    """A function ending a process the tests launched: terminate, then kill after 20 s."""
+    import subprocess
+
+    def stop(proc) -> None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    return stop

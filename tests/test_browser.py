@@ -49,7 +49,7 @@ def _require_browser() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, free_port):
+def server(tmp_path_factory, free_port, stop_process):
     """`python app.py` on the 3-file fixture corpus, on a free port; yields its URL."""
     _require_browser()
     port = free_port()
@@ -77,11 +77,7 @@ def server(tmp_path_factory, free_port):
                 time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def served(free_port, tmp_path_factory):
+def served(free_port, tmp_path_factory, stop_process):
     port = free_port()
     log_path = tmp_path_factory.mktemp("serving") / "app.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -53,11 +53,7 @@ def served(free_port, tmp_path_factory):
                 time.sleep(2)
             yield url, proc.pid, log_path
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc)
 
 
 def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_stays_bounded(served):
