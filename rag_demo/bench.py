@@ -134,7 +134,7 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
     for i, q in enumerate(questions):
         r = pipe.retrieve(q, "token", settings.k)
         docs, scores = r.passages, r.scores
-        prompts = [gen.prompt(q, p, settings.max_doc_tokens, settings.answer_style) for p in docs]
+        prompts = [gen.prompt(q, p, settings.max_doc_tokens, settings.answer_style, settings.question_position) for p in docs]
         g = rag_token(gen, prompts, scores * mm.score_scale, settings)
         n = len(g.tokens)
         plain = plain_generate(gen, prompts, n)
@@ -281,9 +281,11 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         raise ValueError(f"--n {args.n} is out of range: use 1 or more questions.")
     questions = [it.question for it in load_qa(args.qa)][: args.n]
     modes = parse_modes(args.modes)
-    settings = RagSettings(answer_style=getattr(args, "answer_style", None) or RagSettings.answer_style)
+    from .cli import READER_FIELDS
+
+    settings = RagSettings(**{f: getattr(args, f) for f in READER_FIELDS if getattr(args, f, None) is not None})
     r: dict = {"n": len(questions), "settings": {"k": settings.k, "max_new_tokens": settings.max_new_tokens,
-                                                 "answer_style": settings.answer_style},
+                                                 **{f: getattr(settings, f) for f in READER_FIELDS}},
                "load_avg": {"start": load_avg()}, "machine": machine_info()}
     pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()

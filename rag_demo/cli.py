@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -58,10 +58,30 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "instead of Wikipedia Vital Articles; repeatable")
 
 
-def _add_answer_style(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--answer-style", default=RagSettings.answer_style,
+def _add_reader_settings(p: argparse.ArgumentParser) -> None:
+    """The reader's RagSettings (#11), each defaulting to RagSettings' own default."""
+    d = RagSettings()
+    p.add_argument("--answer-style", default=d.answer_style,
                    help=f"{' or '.join(ANSWER_STYLES)}: a phrase of a few words, stopped at the end of the line, or a "
-                   f"full sentence (default {RagSettings.answer_style})")
+                   f"full sentence (default {d.answer_style})")
+    p.add_argument("--prior-temperature", type=float, default=d.prior_temperature,
+                   help=f"p(z|x) = softmax(scores / T): above 1 flatter, below 1 sharper (default {d.prior_temperature:g})")
+    p.add_argument("--question-position", default=d.question_position,
+                   help=f"{' or '.join(QUESTION_POSITIONS)}: the question after the passage, or before and after "
+                   f"(default {d.question_position})")
+    p.add_argument("--passage-sentences", type=int, default=d.passage_sentences,
+                   help="feed the generator only each passage's N sentences closest to the question; 0 = the "
+                   f"whole passage (default {d.passage_sentences})")
+    p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
+                   help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
+
+
+def reader_settings(args) -> dict:
+    """The reader settings of parsed arguments, as RagSettings keyword arguments."""
+    return {name: getattr(args, name) for name in READER_FIELDS}
+
+
+READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "max_doc_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
     ask.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
-    _add_answer_style(ask)
+    _add_reader_settings(ask)
     _add_common(ask)
     index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
     _add_common(index)
@@ -91,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
     ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
-    _add_answer_style(ev)
+    _add_reader_settings(ev)
     _add_common(ev)
     be = sub.add_parser("bench", help="latency per stage, memory, index throughput, cold start, reference ratios")
     be.add_argument("--n", type=int, default=20, help="questions per mode (default 20)")
@@ -101,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
-    _add_answer_style(be)
+    _add_reader_settings(be)
     _add_common(be)
     return parser
 
@@ -143,7 +163,7 @@ def cmd_ask(args) -> int:
     modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [check_mode(args.mode)]
     check_question(args.question)  # fail before loading models, not after
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding, answer_style=args.answer_style)
+                           sequence_decoding=args.decoding, **reader_settings(args))
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
     pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index)
@@ -174,7 +194,7 @@ def cmd_eval(args) -> int:
     items = qa.items if args.sample is None else sample_items(qa.items, args.sample, args.seed)
     modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding, answer_style=args.answer_style)
+                           sequence_decoding=args.decoding, **reader_settings(args))
     pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
                             rebuild_index=args.rebuild_index)
     partial = Path(args.out).with_suffix(".partial.json")

@@ -17,6 +17,8 @@ STACKS = ("offline", "paper")
 GENERATOR_DTYPES = ("auto", "float32", "bfloat16")
 SEQUENCE_DECODINGS = ("thorough", "fast")
 ANSWER_STYLES = ("short", "sentence")
+QUESTION_POSITIONS = ("after", "both")
+MAX_PASSAGE_SENTENCES = 20
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
@@ -61,12 +63,25 @@ class RagSettings:
     # lowered contains (docs/reader_results.md), too few to choose. BART (paper stack) ignores it:
     # it was fine-tuned on NQ spans and its input format is the reference's.
     answer_style: str = "sentence"
+    # Sharpness of p(z|x) = softmax(scale * q(x).d(z) / T): 1 is the stack's own prior (DPR's
+    # inner products; the offline stack's 20 * cosine). T > 1 spreads the mixture over more
+    # passages, T < 1 leans on the top one. Every RAG formula uses the tempered prior.
+    prior_temperature: float = 1.0
+    # Decoder-only prompts: "after" puts the question after the passage; "both" also puts it
+    # before, so the passage's tokens, which attend only to what precedes them, are read knowing
+    # the question (Liu et al. 2023, "Lost in the Middle": query-aware contextualisation).
+    # BART's encoder sees the whole input at once, so the paper stack ignores it.
+    question_position: str = "after"
+    # Sentences of each passage the generator reads: 0 = the whole passage; n > 0 = the n
+    # sentences the retriever's own encoders find closest to the question, in passage order
+    # (the UI shows the passage whole, with the sentences read marked).
+    passage_sentences: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("k", "num_beams", "max_new_tokens", "max_doc_tokens"):
+        for name in ("k", "num_beams", "max_new_tokens", "max_doc_tokens", "passage_sentences"):
             setattr(self, name, _whole(name, getattr(self, name)))
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise ValueError(f"k={self.k!r} is out of range: choose a number of passages from 1 to {MAX_K}.")
@@ -82,6 +97,26 @@ class RagSettings:
             )
         if not 16 <= int(self.max_doc_tokens) <= 1024:
             raise ValueError(f"max_doc_tokens={self.max_doc_tokens!r} is out of range: use 16 to 1024.")
+        try:
+            temperature = float(self.prior_temperature)
+        except (TypeError, ValueError):
+            raise ValueError(f"prior_temperature={self.prior_temperature!r} is not a number: give e.g. 1.0.") from None
+        if isinstance(self.prior_temperature, bool) or not 0.05 <= temperature <= 20:
+            raise ValueError(
+                f"prior_temperature={self.prior_temperature!r} is out of range: use 0.05 (sharper) to 20 "
+                "(flatter); 1 is the retriever's own p(z|x)."
+            )
+        self.prior_temperature = temperature
+        if self.question_position not in QUESTION_POSITIONS:
+            raise ValueError(
+                f"question_position={self.question_position!r} is unknown: use one of {', '.join(QUESTION_POSITIONS)} "
+                "(after: passage then question; both: the question before and after the passage)."
+            )
+        if not 0 <= self.passage_sentences <= MAX_PASSAGE_SENTENCES:
+            raise ValueError(
+                f"passage_sentences={self.passage_sentences!r} is out of range: use 0 (the whole passage) "
+                f"to {MAX_PASSAGE_SENTENCES}."
+            )
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(
                 f"answer_style={self.answer_style!r} is unknown: use one of {', '.join(ANSWER_STYLES)} "

@@ -84,13 +84,14 @@ class Encoder(abc.ABC):
             return _to_numpy(self._questions_batch(list(questions)))  # (N, D)
 
     def encode_passages(
-        self, passages: list[Passage], batch_size: int = 64, progress: Progress | None = None
+        self, passages: list[Passage], batch_size: int = 64, progress: Progress | None = None,
+        show_bar: bool = True,
     ) -> np.ndarray:
         """(N, D) float32 passage vectors, in input order.
 
         Batches hold passages of similar length (sorted longest first, so padding is small and
-        the slowest batch comes first); a tqdm bar goes to stderr and `progress(done, total)` is
-        called after every batch.
+        the slowest batch comes first); a tqdm bar goes to stderr (unless show_bar is False) and
+        `progress(done, total)` is called after every batch.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is out of range: use 1 or more (64 is a good default).")
@@ -103,7 +104,7 @@ class Encoder(abc.ABC):
                 desc=f"embedding ({self.name})",
                 unit="passage",
                 file=sys.stderr,
-                disable=not passages,
+                disable=not passages or not show_bar,
             ) as bar,
         ):
             for start in range(0, len(order), batch_size):

@@ -336,6 +336,10 @@ def evaluate(
     depth = min(max(max(RECALL_KS), settings.k), n_pass)
     rag_modes = [m for m in modes if m != "closed-book"]
     enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses
+    by_encoder: list[list[str]] = []
+    for m in rag_modes:
+        same = [g for g in by_encoder if pipe.stack.modes[g[0]].question_encoder is pipe.stack.modes[m].question_encoder]
+        same[0].append(m) if same else by_encoder.append([m])
     dense_name = f"dense ({pipe.stack.modes[enc_mode].question_encoder.name})"
     ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)"}
     rows = [("closed-book", "-")] if "closed-book" in modes else []
@@ -361,15 +365,24 @@ def evaluate(
             hits[r].append(rank)
             rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in passages[: settings.k]]}
             read_hit[r] = rank is not None and rank <= settings.k
-        # generation
+        # generation: the RAG modes of one retriever share its K passages (and one prefill)
+        answers = {}
+        if "closed-book" in modes:
+            answers[("closed-book", "-")] = pipe.answer(q, "closed-book", settings)
+        for r in retrievers:
+            for group in by_encoder:  # modes with one question encoder (the paper stack has two)
+                if r == "dense" and group[0] == enc_mode:  # the depth-20 search's top K = retrieve(q, mode, K)
+                    passages, scores = dense.passages[: settings.k], dense.scores[: settings.k]
+                elif r == "dense":
+                    got = pipe.retrieve(q, group[0], settings.k)
+                    passages, scores = got.passages, got.scores
+                else:
+                    passages = ranked["bm25"][: settings.k]
+                    scores = pipe.passage_scores(q, group[0], passages)
+                for mode, a in pipe.answer_from_modes(q, group, passages, scores, settings).items():
+                    answers[(mode, r)] = a
         for mode, r in rows:
-            if mode == "closed-book":
-                a = pipe.answer(q, "closed-book", settings)
-            elif r == "dense":
-                a = pipe.answer(q, mode, settings)
-            else:
-                passages = ranked["bm25"][: settings.k]
-                a = pipe.answer_from(q, mode, passages, pipe.passage_scores(q, mode, passages), settings)
+            a = answers[(mode, r)]
             key = f"{mode}|{r}"
             rec["answers_by_row"][key] = {
                 "text": a.text, "em": exact_match(a.text, item.answers), "f1": f1_score(a.text, item.answers),
@@ -462,7 +475,9 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
         "corpus": {"name": pipe.index.corpus.name, "passages": len(pipe.index)},
         "settings": {"k": settings.k, "num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens,
                      "sequence_decoding": settings.sequence_decoding, "answer_style": settings.answer_style,
-                     "max_doc_tokens": settings.max_doc_tokens, "modes": modes, "retrievers": list(retrievers)},
+                     "max_doc_tokens": settings.max_doc_tokens, "prior_temperature": settings.prior_temperature,
+                     "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
+                     "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
         "generation": generation,
         "machine": machine_info(),
@@ -503,7 +518,9 @@ def format_report(report: dict) -> str:
         "",
         f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
         f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']}, "
-        f"{s.get('answer_style', 'sentence')} answers)",
+        f"{s.get('answer_style', 'sentence')} answers, prior temperature {s.get('prior_temperature', 1.0):g}, "
+        f"question {s.get('question_position', 'after')}, "
+        f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'})",
         "",
         "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "
         "| s/answer p50 | tokens/answer |",

@@ -175,9 +175,11 @@ class Generator:
     eos_token_ids: list[int]
     pad_token_id: int
 
-    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[int]:
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
+               question_position: str = "after") -> list[int]:
         """Input ids for one (question, doc) pair, or the closed-book input (doc None), in
-        answer style `style` (RagSettings.answer_style)."""
+        answer style `style` (RagSettings.answer_style), the question placed by
+        `question_position` (RagSettings.question_position)."""
         raise NotImplementedError
 
     def stop_token_ids(self, style: str = "sentence") -> list[int]:
@@ -270,8 +272,10 @@ class EncoderDecoderGenerator(Generator):
     def start_tokens(self) -> list[int]:
         return [self.decoder_start_token_id]
 
-    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[int]:
-        # `style` is ignored: BART-NQ was fine-tuned to answer in spans, with this input format.
+    def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
+               question_position: str = "after") -> list[int]:
+        # `style` and `question_position` are ignored: BART-NQ was fine-tuned to answer in spans,
+        # with this input format, and its encoder reads the whole input at once.
         tok = self.tokenizer
         if doc is None:
             return tok(question, truncation=True, max_length=self.max_input_tokens)["input_ids"]
@@ -346,7 +350,10 @@ class DecoderOnlyGenerator(Generator):
         self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
 
-    def messages(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence") -> list[dict]:
+    def messages(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
+                 question_position: str = "after") -> list[dict]:
+        """The chat turns for one doc (None: closed-book). question_position "both" puts the
+        question before the passage as well as after it (RagSettings.question_position)."""
         short = style == "short"
         if doc is None:
             return [
@@ -355,14 +362,15 @@ class DecoderOnlyGenerator(Generator):
             ]
         text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
         text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        before = f"Question: {question}\n\n" if question_position == "both" else ""
         if short:
             return [
                 {"role": "system", "content": SHORT_SYSTEM_PROMPT},
-                {"role": "user", "content": f"{doc.title}: {text}\n\nQuestion: {question}"},
+                {"role": "user", "content": f"{before}{doc.title}: {text}\n\nQuestion: {question}"},
             ]
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{doc.title}: {text}\n\nQuestion: {question}\nAnswer in a few words."},
+            {"role": "user", "content": f"{before}{doc.title}: {text}\n\nQuestion: {question}\nAnswer in a few words."},
         ]
 
     def stop_token_ids(self, style: str = "sentence") -> list[int]:
@@ -382,9 +390,10 @@ class DecoderOnlyGenerator(Generator):
             ]
         return sorted(set(self.eos_token_ids) | set(self._line_end_ids))
 
-    def prompt(self, question, doc, max_doc_tokens, style="sentence"):
+    def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after"):
         ids = self.tokenizer.apply_chat_template(
-            self.messages(question, doc, max_doc_tokens, style), add_generation_prompt=True, tokenize=True
+            self.messages(question, doc, max_doc_tokens, style, question_position), add_generation_prompt=True,
+            tokenize=True
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
@@ -424,3 +433,31 @@ class DecoderOnlyGenerator(Generator):
             mask=state.mask.index_select(0, rows),
             next_pos=state.next_pos.index_select(0, rows),
         )
+
+
+class SharedPrefill:
+    """A generator whose prefill of the same prompts runs once.
+
+    RAG-Token and RAG-Sequence read the same K prompts with the same generator (offline stack),
+    so a question answered in both modes pays for one prefill, the larger part of its time on a
+    CPU. Every caller gets its own copy of the state (`select` copies), so neither sees the
+    other's decoding, and the log-probs are a copy too: what each mode computes is exactly what
+    it computes alone. Everything else is the wrapped generator's. Use one per question.
+    """
+
+    def __init__(self, gen: Generator) -> None:
+        self._gen = gen
+        self._key: tuple | None = None
+        self._out: tuple[torch.Tensor, GenState] | None = None
+        self.prefills = 0  # how many prefills actually ran (tests read it)
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def prefill(self, prompts):
+        key = tuple(tuple(p) for p in prompts)
+        if key != self._key or self._out is None:
+            self._out, self._key = self._gen.prefill(prompts), key
+            self.prefills += 1
+        first_lp, state = self._out  # (R, V), R rows
+        return first_lp.clone(), self._gen.select(state, torch.arange(state.rows))

@@ -2,6 +2,7 @@
 
     1 encode    the question with the mode's question encoder
     2 retrieve  the top K passages from the FAISS index, with scores and p(z|x)
+      2b focus  (optional) the sentences of each passage the generator reads (focus.py)
     3 generate  RAG-Sequence | RAG-Token | closed-book (engine.py)
     4 attribute per-token posterior over the K passages (engine.py)
 
@@ -22,6 +23,8 @@ from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, closed_book, rag_sequence, rag_token
+from .focus import focus_passages
+from .generators import SharedPrefill
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .marginalize import doc_log_prior
 from .stacks import LoadedStack, load_stack
@@ -38,6 +41,9 @@ class RetrievedDoc:
     url: str | None
     score: float  # retrieval inner product q(x)·d(z)
     prior: float  # p(z|x) = softmax over the K retrieved docs
+    # RagSettings.passage_sentences > 0: the indices of the sentences (focus.split_sentences) the
+    # generator read; None: it read the whole passage
+    read_sentences: list[int] | None = None
 
 
 @dataclass
@@ -144,23 +150,23 @@ class RagPipeline:
 
     def answer_modes(self, question: str, modes: list[str], settings: RagSettings | None = None,
                      control: RunControl | None = None, **overrides) -> dict[str, Answer]:
-        """Answer in several modes; retrieval is shared by modes with the same question encoder."""
+        """Answer in several modes; retrieval is shared by modes with the same question encoder,
+        and the prefill by modes with the same generator (answer_from_modes)."""
         q = check_question(question)
         modes = [check_mode(m) for m in modes]
         s = (settings or self.settings).merged(**overrides)
         self._check_k(s.k)
-        retrieved: dict[int, Retrieval] = {}
-        out = {}
+        by_encoder: dict[int, list[str]] = {}
         for mode in modes:
-            if mode == "closed-book":
-                out[mode] = self._closed_book(q, s, control)
-                continue
-            key = id(self.stack.modes[mode].question_encoder)
-            if key not in retrieved:
-                retrieved[key] = self.retrieve(q, mode, s.k)
-            r = retrieved[key]
-            out[mode] = self.answer_from(q, mode, r.passages, r.scores, s, timings=r.timings, control=control)
-        return out
+            if mode != "closed-book":
+                by_encoder.setdefault(id(self.stack.modes[mode].question_encoder), []).append(mode)
+        out = {}
+        for group in by_encoder.values():
+            r = self.retrieve(q, group[0], s.k)
+            out.update(self.answer_from_modes(q, group, r.passages, r.scores, s, timings=r.timings, control=control))
+        if "closed-book" in modes:
+            out["closed-book"] = self._closed_book(q, s, control)
+        return {mode: out[mode] for mode in modes}
 
     def _check_k(self, k: int) -> None:
         if k > len(self.index):
@@ -194,28 +200,57 @@ class RagPipeline:
     def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
                     settings: RagSettings | None = None, timings: dict | None = None,
                     control: RunControl | None = None, **overrides) -> Answer:
-        """Steps 3-4 on given passages and their retrieval scores q(x)·d(z) (K,): another
+        """Steps 2b-4 on given passages and their retrieval scores q(x)·d(z) (K,): another
         retriever's picks, a passage taken away, an edited text. p(z|x) is the softmax of the
-        scores times the stack's scale, over these passages only."""
+        scores times the stack's scale over the prior temperature, over these passages only."""
+        return self.answer_from_modes(question, [mode], passages, scores, settings, timings, control, **overrides)[mode]
+
+    def answer_from_modes(self, question: str, modes: list[str], passages: list[Passage], scores: torch.Tensor,
+                          settings: RagSettings | None = None, timings: dict | None = None,
+                          control: RunControl | None = None, **overrides) -> dict[str, Answer]:
+        """`answer_from` in several RAG modes over the same passages; modes with the same
+        generator share one prefill of the K prompts (generators.SharedPrefill)."""
         q = check_question(question)
-        mode = check_mode(mode)
-        if mode == "closed-book":
+        modes = [check_mode(m) for m in modes]
+        if "closed-book" in modes:
             raise ValueError("mode='closed-book' uses no passages: call answer(question, 'closed-book').")
         if not passages or len(passages) != len(scores):
             raise ValueError(f"got {len(passages)} passages and {len(scores)} scores: pass one score per passage.")
         s = (settings or self.settings).merged(**overrides)
-        mm = self.stack.modes[mode]
-        gen = mm.generator
-        logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,) p(z|x) is their softmax
-        prior = doc_log_prior(logits).exp()  # (K,)
-        prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style) for p in passages]
-        run = rag_token if mode == "token" else rag_sequence
-        g = run(gen, prompts, logits, s, control=control)  # steps 3 and 4: generate, attribute
-        docs = [
-            RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]))
-            for i, p in enumerate(passages)
-        ]
-        return self._answer(q, mode, gen, g, docs, dict(timings or {"encode": 0.0, "retrieve": 0.0}))
+        shared: dict[int, SharedPrefill] = {}
+        fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
+        out = {}
+        for mode in modes:
+            mm = self.stack.modes[mode]
+            if id(mm.generator) not in shared:
+                shared[id(mm.generator)] = SharedPrefill(mm.generator)
+            gen = shared[id(mm.generator)]
+            # step 2b: the part of each passage the generator reads (focus.py; all of it by default)
+            key = id(mm.question_encoder)
+            if key not in fed_for:
+                t0 = time.perf_counter()
+                fed, kept = passages, [[] for _ in passages]
+                if s.passage_sentences:
+                    qv = mm.question_encoder.encode_questions([q])[0]  # (D,)
+                    fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.passage_sentences)
+                fed_for[key] = (fed, kept, time.perf_counter() - t0)
+            fed, kept, focus_s = fed_for[key]
+            # the doc log-prior enters here: p(z|x) = softmax(scale * q(x)·d(z) / T) over the K passages
+            logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
+            prior = doc_log_prior(logits).exp()  # (K,)
+            prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position) for p in fed]
+            run = rag_token if mode == "token" else rag_sequence
+            g = run(gen, prompts, logits, s, control=control)  # steps 3 and 4: generate, attribute
+            docs = [
+                RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
+                             read_sentences=kept[i] if s.passage_sentences else None)
+                for i, p in enumerate(passages)
+            ]
+            t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
+            if s.passage_sentences:
+                t["focus"] = focus_s
+            out[mode] = self._answer(q, mode, gen, g, docs, t)
+        return out
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
@@ -265,7 +300,7 @@ class RagPipeline:
             key = (id(gen), mode != "closed-book")
             if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
                 doc = longest if key[1] else None
-                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style))  # the longest a passage can make it
+                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style, s.question_position))  # the longest a passage can make it
             prompt_tokens = lengths[key]
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
                                                thorough=s.sequence_decoding == "thorough")

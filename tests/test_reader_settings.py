@@ -1,0 +1,200 @@
+"""The reader's settings (#11): prior temperature, question position, passage sentences, and
+the prefill shared by RAG-Token and RAG-Sequence. Validation, what each value changes, and that
+sharing changes nothing but the time. Offline stack made of real MiniLM (retriever and
+sentence chooser) and a tiny random Llama with SmolLM2's real tokenizer, over a 3-passage corpus."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rag_demo import generators as G  # noqa: E402
+from rag_demo.config import QUESTION_POSITIONS, RagSettings, StackSpec  # noqa: E402
+from rag_demo.corpus import Passage, corpus_from_documents  # noqa: E402
+from rag_demo.focus import closest_sentences, focus_passages, split_sentences  # noqa: E402
+
+Q = "Who discovered penicillin?"
+FLEMING = Passage(
+    id="f#0", title="Alexander Fleming",
+    text=("Sir Alexander Fleming was a Scottish physician. He was born in Ayrshire in 1881. "
+          "In 1928 he discovered penicillin, the first broadly effective antibiotic. "
+          "He shared the Nobel Prize in 1945."),
+)
+DOCS = [
+    ("Alexander Fleming", FLEMING.text),
+    ("Mount Kilimanjaro", "Mount Kilimanjaro is a dormant volcano in Tanzania. It is the highest mountain in Africa."),
+    ("Hamlet", "Hamlet is a tragedy by William Shakespeare. It was written around 1600. It is set in Denmark."),
+]
+
+
+# ---------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "field, bad, message",
+    [
+        ("prior_temperature", 0.0, r"prior_temperature=0.0 is out of range: use 0.05 \(sharper\) to 20"),
+        ("prior_temperature", 25, r"prior_temperature=25 is out of range"),
+        ("prior_temperature", "warm", r"prior_temperature='warm' is not a number"),
+        ("prior_temperature", True, r"prior_temperature=True is out of range"),
+        ("question_position", "before", r"question_position='before' is unknown: use one of after, both"),
+        ("passage_sentences", -1, r"passage_sentences=-1 is out of range: use 0 \(the whole passage\) to 20"),
+        ("passage_sentences", 2.5, r"passage_sentences=2.5 is not a whole number"),
+    ],
+)
+def test_new_settings_reject_bad_values_by_name(field, bad, message):
+    with pytest.raises(ValueError, match=message):
+        RagSettings(**{field: bad})
+    with pytest.raises(ValueError, match=message):
+        RagSettings().merged(**{field: bad})
+
+
+def test_new_settings_accept_their_range():
+    s = RagSettings(prior_temperature="2", question_position="both", passage_sentences="3")
+    assert (s.prior_temperature, s.question_position, s.passage_sentences) == (2.0, "both", 3)
+    assert set(QUESTION_POSITIONS) == {"after", "both"}
+
+
+# ---------------------------------------------------------------- sentences
+
+
+def test_split_sentences_worked_examples():
+    assert split_sentences(FLEMING.text) == [
+        "Sir Alexander Fleming was a Scottish physician.",
+        "He was born in Ayrshire in 1881.",
+        "In 1928 he discovered penicillin, the first broadly effective antibiotic.",
+        "He shared the Nobel Prize in 1945.",
+    ]
+    # initials, titles and "U.S." do not end a sentence; ?, ! and a closing quote do
+    assert split_sentences('J. R. R. Tolkien lived in St. Louis. Dr. No was filmed in the U.S. in 1962. "Why?" he asked! Yes.') == [
+        "J. R. R. Tolkien lived in St. Louis.",
+        "Dr. No was filmed in the U.S. in 1962.",
+        '"Why?" he asked!',
+        "Yes.",
+    ]
+    assert split_sentences("no end mark") == ["no end mark"] and split_sentences("  ") == []
+    # the pieces are the text, up to white space
+    text = DOCS[2][1]
+    assert " ".join(split_sentences(text)) == text
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from rag_demo.encoders import MiniLMEncoder
+
+    return MiniLMEncoder()
+
+
+def test_closest_sentences_keeps_the_answer_sentence_in_passage_order(minilm):
+    qv = minilm.encode_questions([Q])[0]  # (D,)
+    short = Passage(id="k#0", title=DOCS[1][0], text=DOCS[1][1])  # two sentences
+    chosen = closest_sentences(qv, [FLEMING, short], minilm, 2)
+    assert 2 in chosen[0] and len(chosen[0]) == 2 and chosen[0] == sorted(chosen[0])  # the penicillin sentence
+    assert chosen[1] == [0, 1]  # n or fewer sentences: all kept
+    (one,), _ = focus_passages(qv, [FLEMING], minilm, 1)
+    assert one.text == "In 1928 he discovered penicillin, the first broadly effective antibiotic."
+    assert (one.id, one.title) == (FLEMING.id, FLEMING.title)
+    same, kept = focus_passages(qv, [FLEMING], minilm, 0)
+    assert same == [FLEMING] and kept == [[0, 1, 2, 3]]
+
+
+# ---------------------------------------------------------------- a tiny offline stack
+
+
+@pytest.fixture(scope="module")
+def tiny_offline(minilm, tmp_path_factory):
+    """The offline stack's shape: MiniLM retrieves (scale 20), one tiny random Llama with
+    SmolLM2's tokenizer generates for all three modes (as SmolLM2 does)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from rag_demo.generators import DecoderOnlyGenerator
+    from rag_demo.index import load_or_build_index
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels, converted_smollm_dir, smollm_location
+
+    where, gguf = smollm_location(StackSpec())
+    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
+    if folder is None or not (folder / "tokenizer_config.json").is_file():
+        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
+    tok = AutoTokenizer.from_pretrained(folder)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    gen = DecoderOnlyGenerator(LlamaForCausalLM(cfg), tok, name="tiny-llama")
+    spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
+    stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
+                                       for m in ("token", "sequence", "closed-book")}, 0.0)
+    corpus = corpus_from_documents("three", [(t, x, None) for t, x in DOCS])
+    index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
+    return RagPipeline(stack, index, RagSettings(k=3, max_new_tokens=5), info)
+
+
+def test_prior_temperature_is_the_softmax_of_scaled_scores_over_t(tiny_offline):
+    got = {t: tiny_offline.answer(Q, "token", prior_temperature=t) for t in (0.5, 1.0, 4.0)}
+    scores = torch.tensor([d.score for d in got[1.0].docs])
+    for t, a in got.items():
+        want = torch.softmax(scores * 20.0 / t, 0)
+        # float32 softmax of the same numbers: equal within a few ulps (measured 0); 1e-6 is margin
+        assert [d.prior for d in a.docs] == pytest.approx(want.tolist(), abs=1e-6)
+    top = [got[t].docs[0].prior for t in (0.5, 1.0, 4.0)]
+    assert top[0] > top[1] > top[2]  # sharper below 1, flatter above
+    assert got[1.0].docs[0].title == "Alexander Fleming"  # the retrieval itself is unchanged
+    # the tempered prior is the one the math uses: the token posteriors differ with it
+    assert got[0.5].token_doc_posteriors != got[4.0].token_doc_posteriors
+
+
+def test_question_position_both_puts_the_question_before_the_passage(tiny_offline):
+    gen = tiny_offline.stack.modes["token"].generator
+    after, both = gen.messages(Q, FLEMING, 192, "short", "after"), gen.messages(Q, FLEMING, 192, "short", "both")
+    assert after[-1]["content"].count(Q) == 1 and both[-1]["content"].count(Q) == 2
+    assert both[-1]["content"].startswith(f"Question: {Q}\n\n{FLEMING.title}: ")
+    assert both[-1]["content"].endswith(after[-1]["content"])
+    # closed-book has no passage: unchanged
+    assert gen.messages(Q, None, 192, "short", "both") == gen.messages(Q, None, 192, "short", "after")
+    a = tiny_offline.answer(Q, "token", question_position="both")
+    b = tiny_offline.answer(Q, "token")
+    assert a.sequence_logprob != b.sequence_logprob  # another prompt, another model input
+
+
+def test_passage_sentences_feed_only_the_chosen_sentences(tiny_offline, monkeypatch):
+    seen = []
+    gen = tiny_offline.stack.modes["token"].generator
+    real = type(gen).prompt
+    monkeypatch.setattr(type(gen), "prompt", lambda self, q, doc, *a: seen.append(doc) or real(self, q, doc, *a))
+    a = tiny_offline.answer(Q, "token", passage_sentences=1)
+    fleming = next(d for d in a.docs if d.title == "Alexander Fleming")
+    assert fleming.read_sentences == [2] and fleming.text == FLEMING.text  # the UI still gets the whole passage
+    fed = next(p for p in seen if p.title == "Alexander Fleming")
+    assert fed.text == "In 1928 he discovered penicillin, the first broadly effective antibiotic."
+    assert all(len(split_sentences(p.text)) == 1 for p in seen)
+    assert "focus" in a.timings
+    whole = tiny_offline.answer(Q, "token")
+    assert all(d.read_sentences is None for d in whole.docs) and "focus" not in whole.timings
+
+
+def test_shared_prefill_runs_once_and_changes_no_number(tiny_offline, monkeypatch):
+    counts = []
+    real_init = G.SharedPrefill.__init__
+
+    def spy(self, gen):
+        real_init(self, gen)
+        counts.append(self)
+
+    monkeypatch.setattr(G.SharedPrefill, "__init__", spy)
+    for s in (RagSettings(k=3, max_new_tokens=5), RagSettings(k=3, max_new_tokens=5, num_beams=2)):
+        both = tiny_offline.answer_modes(Q, ["token", "sequence"], s)
+        assert len(counts) == 1 and counts[0].prefills == 1  # one wrapper, one prefill, two modes
+        counts.clear()
+        for mode in ("token", "sequence"):
+            alone = tiny_offline.answer(Q, mode, s)
+            counts.clear()
+            assert both[mode].token_ids == alone.token_ids
+            # the same float32 computation on a copied state: equal (measured 0 difference); 1e-6 margin
+            assert both[mode].sequence_logprob == pytest.approx(alone.sequence_logprob, abs=1e-6)
+            torch.testing.assert_close(torch.tensor(both[mode].token_doc_posteriors),
+                                       torch.tensor(alone.token_doc_posteriors), atol=1e-6, rtol=0)
