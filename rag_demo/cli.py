@@ -72,6 +72,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-sentences", type=int, default=d.passage_sentences,
                    help="feed the generator only each passage's N sentences closest to the question; 0 = the "
                    f"whole passage (default {d.passage_sentences})")
+    p.add_argument("--extractive", default=str(d.extractive).lower(), choices=("true", "false"),
+                   help="true: answers copy a span of the passages (decoding may only continue one); "
+                   f"default {str(d.extractive).lower()}")
     p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
                    help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
 
@@ -81,7 +84,8 @@ def reader_settings(args) -> dict:
     return {name: getattr(args, name) for name in READER_FIELDS}
 
 
-READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "max_doc_tokens")
+READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "extractive",
+                 "max_doc_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:

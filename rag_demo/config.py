@@ -76,6 +76,12 @@ class RagSettings:
     # sentences the retriever's own encoders find closest to the question, in passage order
     # (the UI shows the passage whole, with the sentences read marked).
     passage_sentences: int = 0
+    # Extractive decoding: every answer token must continue a span copied from the passages
+    # (RAG-Sequence: each doc's search copies from its own passage; RAG-Token: from any of the
+    # K), or end the answer. It restricts which tokens the search may pick, never their scores,
+    # so log p(y|x) and the attributions stay exact. The paper's NQ answers are such spans;
+    # BART (paper stack) ignores it, as it does answer_style. Closed-book has nothing to copy.
+    extractive: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,6 +123,10 @@ class RagSettings:
                 f"passage_sentences={self.passage_sentences!r} is out of range: use 0 (the whole passage) "
                 f"to {MAX_PASSAGE_SENTENCES}."
             )
+        if not isinstance(self.extractive, bool):
+            if str(self.extractive).lower() not in ("true", "false"):
+                raise ValueError(f"extractive={self.extractive!r} is not true or false: pass True or False.")
+            self.extractive = str(self.extractive).lower() == "true"
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(
                 f"answer_style={self.answer_style!r} is unknown: use one of {', '.join(ANSWER_STYLES)} "

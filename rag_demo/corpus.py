@@ -126,6 +126,12 @@ def _ends_sentence(word: str, next_word: str) -> bool:
     return not initial and word.lower() not in _ABBREVIATIONS
 
 
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text` (white space normalised), by the same rule that cuts passages:
+    a word ending in . ! or ? followed by a capitalised word, not an initial or abbreviation."""
+    return [" ".join(s) for s in _sentences(text.split(), max_words=len(text) + 1)]
+
+
 def _sentences(words: list[str], max_words: int) -> list[list[str]]:
     """Word lists of sentences; a sentence over max_words is cut into near-equal pieces."""
     sentences, start = [], 0

@@ -39,6 +39,38 @@ class Hyp:
     row_lp: torch.Tensor | None = None  # (r, T) greedy only: each row's log-prob of each chosen token
 
 
+class SpanConstraint:
+    """Extractive decoding (RagSettings.extractive): the next token must continue a span copied
+    from the group's passages, or end the answer (an end token, once one token was copied).
+
+    spans: the passages' token ids (Generator.span_ids); groups[g]: which spans group g may copy
+    from (RAG-Sequence: its own doc; RAG-Token: all K). It only restricts which tokens the search
+    may choose; every score stays the model's own log-prob of what was chosen.
+    """
+
+    def __init__(self, spans: list[list[int]], groups: list[list[int]], ends: list[int]):
+        self.spans, self.groups, self.ends = spans, groups, sorted(set(ends))
+
+    def __call__(self, group: int, tokens: list[int]) -> list[int]:
+        t = len(tokens)
+        out: set[int] = set()
+        for z in self.groups[group]:
+            span = self.spans[z]
+            for j in range(len(span) - t):  # every place the tokens so far occur, and what follows
+                if span[j: j + t] == tokens:
+                    out.add(span[j + t])
+        if t or not out:  # something was copied (or nothing can be): the answer may end here
+            out.update(self.ends)
+        return sorted(out)
+
+    def mask(self, groups: list[int], tokens: list[list[int]], vocab: int) -> torch.Tensor:
+        """(N, V) additive mask: 0 where the beam's next token is allowed, NEG elsewhere."""
+        m = torch.full((len(groups), vocab), NEG)  # (N, V)
+        for i, (g, toks) in enumerate(zip(groups, tokens)):
+            m[i, self(g, toks)] = 0.0
+        return m
+
+
 class Rows:
     """How search beams map to generator rows, and how row log-probs become beam log-probs."""
 
@@ -77,7 +109,7 @@ class Rows:
 
 
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int],
-           stop: Callable[[], str | None] | None = None) -> list[Hyp]:
+           stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
@@ -85,16 +117,24 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     A group that emits EOS is finished: its rows leave the state (no more compute or cache for
     it) and its score is the sum of log-probs up to and including EOS. `stop()` is asked between
     steps; when it names a reason ("time_limit", "cancelled") decoding ends there, the
-    unfinished groups keep what they have, and `rows.stopped` holds the reason."""
+    unfinished groups keep what they have, and `rows.stopped` holds the reason. `allowed`
+    restricts the argmax (not the scores) to the tokens it allows (SpanConstraint)."""
     eos_t = torch.tensor(eos)
+    made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
     r = 1 if rows.prior is None and rows.per_beam == 1 else rows.per_beam
     toks: list[torch.Tensor] = []  # per step (G,) chosen token, -1 once a group has finished
     hist: list[torch.Tensor] = []  # per step (G, 1 + r) the beam's log-prob, then each row's
     one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
-        tok = lp.argmax(-1)  # (A,)
-        c = lp.gather(1, tok.unsqueeze(1))  # (A, 1)
+        if allowed is None:
+            tok = lp.argmax(-1)  # (A,)
+        else:
+            act = active.tolist()
+            tok = (lp + allowed.mask(act, [made[g] for g in act], lp.shape[-1])).argmax(-1)  # (A,)
+            for g, x in zip(act, tok.tolist()):
+                made[g].append(x)
+        c = lp.gather(1, tok.unsqueeze(1))  # (A, 1) the model's own log-prob of the choice
         row_c = c if one_row else rows.chosen_row_lp(tok)  # (A, r)
         step_tok = torch.full((groups,), -1, dtype=torch.long)  # (G,)
         step_tok[active] = tok
@@ -140,15 +180,19 @@ def beam_search(
     pad: int,
     length_penalty: float = 1.0,
     stop: Callable[[], str | None] | None = None,
+    allowed: SpanConstraint | None = None,
 ) -> list[list[Hyp]]:
     """Beam search for G groups of B beams; lp (G*B, V) first-step log-probs (beams identical).
 
     Finished hypotheses are ranked by sum_logprob / length**length_penalty (the reference's
     rule); each group returns its B finished hypotheses, best first. When `stop()` names a
     reason between steps, the running beams are finished where they are (as at max length)
-    and `rows.stopped` holds the reason.
+    and `rows.stopped` holds the reason. `allowed` (SpanConstraint) adds NEG to the tokens it
+    does not allow; a beam that had to take one scores ~NEG and is dropped, so every returned
+    score is the model's own.
     """
     G, B, V = groups, num_beams, lp.shape[-1]
+    beam_group = torch.arange(G).repeat_interleave(B).tolist()  # (G*B,) the group of each beam
     eos_t = torch.tensor(eos)
     run_seq = torch.full((G, B, max_new_tokens), pad, dtype=torch.long)  # (G, B, T)
     run_score = torch.full((G, B), NEG)  # (G, B)
@@ -161,6 +205,8 @@ def beam_search(
     top_b = torch.arange(2 * B) < B  # (2B,) only the top B candidates may finish
     group_off = (torch.arange(G) * B).unsqueeze(1)  # (G, 1)
     for t in range(max_new_tokens):
+        if allowed is not None:
+            lp = lp + allowed.mask(beam_group, run_seq[:, :, :t].reshape(G * B, t).tolist(), V)  # (G*B, V)
         acc = (lp.view(G, B, V) + run_score.unsqueeze(-1)).view(G, B * V)  # (G, B*V)
         top_lp, top_idx = torch.topk(acc, 2 * B)  # (G, 2B)
         parent, tok = top_idx // V, top_idx % V  # (G, 2B)
@@ -202,7 +248,8 @@ def beam_search(
         rows.reorder((run_parent + group_off).reshape(-1))
         lp = rows.step(run_seq[:, :, t].reshape(-1))  # (G*B, V)
     return [
-        [Hyp(_strip(fin_seq[g, b].tolist(), eos, pad), float(fin_raw[g, b]), g) for b in range(B) if bool(fin_flag[g, b])]
+        [Hyp(_strip(fin_seq[g, b].tolist(), eos, pad), float(fin_raw[g, b]), g) for b in range(B)
+         if bool(fin_flag[g, b]) and float(fin_raw[g, b]) > NEG / 2]  # (a beam forced off the constraint: dropped)
         for g in range(G)
     ]
 
@@ -219,17 +266,17 @@ def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
 
 def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
-    length_penalty: float, stop: Callable[[], str | None] | None = None,
+    length_penalty: float, stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
 ) -> list[list[Hyp]]:
     """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
     lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs.
-    `stop()`: asked between steps (see greedy / beam_search)."""
+    `stop()`: asked between steps (see greedy / beam_search); `allowed`: extractive decoding."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
-    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop)
+    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed)
 
 
 def score_candidates(

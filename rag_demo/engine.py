@@ -18,7 +18,7 @@ import torch
 
 from .budget import RunControl
 from .config import RagSettings
-from .decoding import Hyp, Rows, score_candidates, search
+from .decoding import Hyp, Rows, SpanConstraint, score_candidates, search
 from .generators import Generator
 from .marginalize import (
     doc_log_prior,
@@ -50,11 +50,13 @@ def _decoding_name(s: RagSettings) -> str:
 
 
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
-              control: RunControl | None = None) -> Generation:
+              control: RunControl | None = None, spans: list[list[int]] | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
-    cancel check and step gate of this request (see budget.RunControl).
+    cancel check and step gate of this request (see budget.RunControl); spans: the K passages'
+    token ids when decoding is extractive (RagSettings.extractive): the answer then copies a
+    span of any of the K passages.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -67,8 +69,9 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # than a decoding step for BART's cross-attention cache).
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
+    allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
     best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop)[0])
+                        s.length_penalty, stop, allowed)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
@@ -82,7 +85,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
 
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
-                 hf_compat_score: bool = False, control: RunControl | None = None) -> Generation:
+                 hf_compat_score: bool = False, control: RunControl | None = None,
+                 spans: list[list[int]] | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -92,7 +96,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
 
     hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
     ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
-    the parity checks against the reference turn it on.
+    the parity checks against the reference turn it on. spans: the K passages' token ids when
+    decoding is extractive: each doc's search copies a span of its own passage.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -101,8 +106,9 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     K = len(prompts)
     first_lp, state0 = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
+    allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                  s.length_penalty, stop)
+                  s.length_penalty, stop, allowed)
     cands = _dedupe([h for group in hyps for h in group])
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
     lp = None

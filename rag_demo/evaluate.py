@@ -477,6 +477,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
                      "sequence_decoding": settings.sequence_decoding, "answer_style": settings.answer_style,
                      "max_doc_tokens": settings.max_doc_tokens, "prior_temperature": settings.prior_temperature,
                      "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
+                     "extractive": settings.extractive,
                      "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
         "generation": generation,
@@ -520,7 +521,8 @@ def format_report(report: dict) -> str:
         f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']}, "
         f"{s.get('answer_style', 'sentence')} answers, prior temperature {s.get('prior_temperature', 1.0):g}, "
         f"question {s.get('question_position', 'after')}, "
-        f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'})",
+        f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
+        f"{', extractive' if s.get('extractive') else ''})",
         "",
         "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "
         "| s/answer p50 | tokens/answer |",

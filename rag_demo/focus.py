@@ -1,42 +1,22 @@
 """Which part of each retrieved passage the generator reads (`RagSettings.passage_sentences`).
 
-Owns sentence splitting and the choice, per passage, of the n sentences the stack's own
+Owns the choice, per passage, of the n sentences the stack's own
 retriever finds closest to the question: the question encoder embeds the question, the passage
 encoder embeds each sentence formatted as a passage ("title: sentence"), and the n best by inner
 product are kept in passage order. This is step 2b of the pipeline, between retrieve and
 generate. Retrieval scores, p(z|x) and the passages the UI shows are unchanged; only the text in
 the generator's prompt is shorter (fewer distracting sentences for a small reader, and a shorter
-prefill). A passage with n sentences or fewer is fed whole.
+prefill). A passage with n sentences or fewer is fed whole. Sentences are split by the rule
+that cuts documents into passages (corpus.split_sentences).
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
-from .corpus import Passage
+from .corpus import Passage, split_sentences
 from .encoders import Encoder
-
-# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by white space
-# and a capital letter, digit, quote or bracket.
-_BOUNDARY = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
-# ...unless the word before the period is an initial or a short title ("J.", "U.S.", "St.", "Dr.").
-_ABBREVIATION = re.compile(r"(?:\b[A-Z]|\b(?:[A-Z]\.)+[A-Z]|\b(?:St|Mr|Mrs|Ms|Dr|Jr|Sr|Mt|Ft|No|Co|Inc|Ltd|vs|c|ca)|\b[a-z])\.$")
-
-
-def split_sentences(text: str) -> list[str]:
-    """The sentences of `text`, each stripped; their concatenation with spaces is the text up to white space."""
-    pieces: list[str] = []
-    start = 0
-    for m in _BOUNDARY.finditer(text):
-        if _ABBREVIATION.search(text[start : m.start()]):
-            continue  # "J. R. R. Tolkien", "St. Louis": not a sentence end
-        pieces.append(text[start : m.start()].strip())
-        start = m.end()
-    pieces.append(text[start:].strip())
-    return [p for p in pieces if p]
-
 
 def closest_sentences(
     question_vec: np.ndarray, passages: list[Passage], encoder: Encoder, n: int

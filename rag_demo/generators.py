@@ -401,6 +401,13 @@ class DecoderOnlyGenerator(Generator):
             ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
         return list(ids)
 
+    def span_ids(self, doc: Passage, max_doc_tokens: int) -> list[int]:
+        """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
+        in the prompt), tokenized as words after a space, the way an answer after the cue starts."""
+        text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+        text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        return self.tokenizer(f" {doc.title}: {text}", add_special_tokens=False)["input_ids"]
+
     @torch.inference_mode()
     def prefill(self, prompts):
         ids, mask = pad_rows(prompts, self.pad_token_id, left=True)  # (R, S) left-padded

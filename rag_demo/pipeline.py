@@ -24,7 +24,7 @@ from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_quest
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, closed_book, rag_sequence, rag_token
 from .focus import focus_passages
-from .generators import SharedPrefill
+from .generators import DECODER_ONLY, SharedPrefill
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .marginalize import doc_log_prior
 from .stacks import LoadedStack, load_stack
@@ -239,8 +239,11 @@ class RagPipeline:
             logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
             prior = doc_log_prior(logits).exp()  # (K,)
             prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position) for p in fed]
+            spans = None
+            if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
+                spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
-            g = run(gen, prompts, logits, s, control=control)  # steps 3 and 4: generate, attribute
+            g = run(gen, prompts, logits, s, control=control, spans=spans)  # steps 3 and 4: generate, attribute
             docs = [
                 RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
                              read_sentences=kept[i] if s.passage_sentences else None)

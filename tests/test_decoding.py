@@ -78,7 +78,7 @@ import torch
 
 from rag_demo import engine
 from rag_demo.config import RagSettings
-from rag_demo.decoding import Hyp, Rows, _strip, search
+from rag_demo.decoding import Hyp, Rows, SpanConstraint, _strip, search
 from rag_demo.generators import Generator
 from rag_demo.marginalize import doc_log_prior
 
@@ -174,7 +174,7 @@ class TableGenerator(Generator):
         return TableState([state.docs[r] for r in rows], [state.prefixes[r] for r in rows])
 
 
-def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, prior=None, pad=PAD):
+def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, prior=None, pad=PAD, spans=None):
     """Search `table` the way the engine does -> (hypotheses per group, the generator).
     prior None: one group per doc (RAG-Sequence, closed-book); else one RAG-Token group over all docs."""
     gen = TableGenerator(table)
@@ -183,7 +183,11 @@ def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, pri
         rows, groups = Rows(gen, state, per_beam=1, prior=None), len(docs)
     else:
         rows, groups = Rows(gen, state, per_beam=len(docs), prior=prior), 1
-    hyps = search(rows, lp, groups, num_beams, max_new_tokens, [EOS], pad, length_penalty)
+    allowed = None
+    if spans is not None:  # extractive: each group copies from its own doc's span, RAG-Token from all
+        allowed = SpanConstraint(spans, [[z] for z in range(len(docs))] if prior is None else [list(range(len(docs)))],
+                                 [EOS])
+    hyps = search(rows, lp, groups, num_beams, max_new_tokens, [EOS], pad, length_penalty, allowed=allowed)
     return hyps, gen
 
 
@@ -470,3 +474,59 @@ def test_rag_sequence_fast_uses_only_producing_docs():
     # posteriors: float32 softmax of the values above, within 1e-7 of exact (1e-6 as for scores)
     torch.testing.assert_close(fast.doc_posterior, torch.tensor([1 / 12, 1 / 3, 7 / 12]), rtol=0, atol=1e-6)
     torch.testing.assert_close(thorough.doc_posterior, torch.tensor([.25, .28125, .46875]), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- extractive decoding (SpanConstraint)
+
+
+def test_span_constraint_allows_what_continues_a_copied_span():
+    """Span [A, B, A]: at the start any of its tokens (no end: nothing copied yet); after [A] the
+    token after either A that has a successor (B), or an end; after [A, B] its successor A, or an
+    end; after a prefix that occurs nowhere only an end."""
+    c = SpanConstraint([[A, B, A]], [[0]], [EOS])
+    assert c(0, []) == [A, B]
+    assert c(0, [A]) == [B, EOS]
+    assert c(0, [A, B]) == [A, EOS]
+    assert c(0, [A, B, A]) == [EOS] and c(0, [B, B]) == [EOS]
+    two = SpanConstraint([[A], [B, A]], [[0], [1], [0, 1]], [EOS])
+    assert two(0, []) == [A] and two(1, []) == [A, B] and two(2, [B]) == [A, EOS]
+    m = two.mask([0, 1], [[], [B]], 3)  # (2, V)
+    assert m[0].tolist() == [0.0, -1e9, -1e9] and m[1].tolist() == [0.0, -1e9, 0.0]
+
+
+def test_extractive_greedy_picks_only_copyable_tokens_and_scores_them_unchanged():
+    """Table S, greedy, the passage is [B]: free greedy says [A, EOS]; copying, step 1 may only
+    take B (ln .4), then the span is used up and only EOS may follow (ln .9): [B, EOS], scored
+    ln(.4 * .9) by the model's own table, the constraint adds nothing to the score."""
+    (hyps,), _ = run(S, max_new_tokens=3, spans=[[B]])
+    assert toks(hyps) == [["B", "EOS"]]
+    assert lp_close(hyps[0].logprob, ln(.4, .9))
+
+
+def test_extractive_beam_search_drops_beams_forced_off_the_span():
+    """Table S, num_beams=2, passage [B]: at step 1 the second running beam can only be [A]
+    (score ~ -1e9: forced off the span); after it only EOS is allowed. [A, EOS] finishes at
+    ~ -1e9 and is dropped; [B, EOS] (ln .36) is the one hypothesis, with its exact score. (Beams
+    off the span may still be expanded while a slot is free, so rows outside table S read a
+    flat .2 / .2 / .6; at ~ -1e9 in float32 their order among themselves is arbitrary.)"""
+    (hyps,), _ = run(lambda doc, prefix: S.get((doc, prefix), (.2, .2, .6)), num_beams=2, max_new_tokens=3,
+                     spans=[[B]])
+    assert toks(hyps) == [["B", "EOS"]]
+    assert lp_close(hyps[0].logprob, ln(.4, .9))
+
+
+def test_extractive_groups_copy_from_their_own_doc_and_rag_token_from_any():
+    """Table G as two RAG-Sequence groups: doc 0 may copy [B], doc 1 [A]. Free, doc 0 says
+    [EOS] at once; copying, it must start with B (ln .1), then end (the row (B) is not in table
+    G: the test gives doc 0 a row for it). Doc 1 is unconstrained in effect ([A] then EOS or
+    nothing): free it says [A, B, EOS]; copying [A] it must end after A: [A, EOS] (ln .7 + ln .1).
+    Table M as RAG-Token (prior 1/4, 3/4) over docs whose spans are [B] and [A]: the mixture's
+    first step is A .25*.7 + .75*.05 = .2125, B .25*.25 + .75*.45 = .4, EOS .3875; among the
+    copyable {A, B} it takes B (free greedy would too); [B] continues neither span: only an end."""
+    table = dict(G)
+    table[(0, (B,))] = (.2, .2, .6)
+    hyps, _ = run(table, docs=(0, 1), max_new_tokens=4, spans=[[B], [A]])
+    assert [toks(h) for h in hyps] == [[["B", "EOS"]], [["A", "EOS"]]]
+    assert lp_close(hyps[0][0].logprob, ln(.1, .6)) and lp_close(hyps[1][0].logprob, ln(.7, .1))
+    (mixed,), _ = run(M, docs=(0, 1), max_new_tokens=3, prior=PRIOR_M, spans=[[B], [A]])
+    assert toks(mixed)[0][0] == "B" and toks(mixed)[0][-1] == "EOS" and len(mixed[0].tokens) == 2

@@ -15,7 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rag_demo import generators as G  # noqa: E402
 from rag_demo.config import QUESTION_POSITIONS, RagSettings, StackSpec  # noqa: E402
 from rag_demo.corpus import Passage, corpus_from_documents  # noqa: E402
-from rag_demo.focus import closest_sentences, focus_passages, split_sentences  # noqa: E402
+from rag_demo.corpus import split_sentences  # noqa: E402
+from rag_demo.focus import closest_sentences, focus_passages  # noqa: E402
 
 Q = "Who discovered penicillin?"
 FLEMING = Passage(
@@ -198,3 +199,28 @@ def test_shared_prefill_runs_once_and_changes_no_number(tiny_offline, monkeypatc
             assert both[mode].sequence_logprob == pytest.approx(alone.sequence_logprob, abs=1e-6)
             torch.testing.assert_close(torch.tensor(both[mode].token_doc_posteriors),
                                        torch.tensor(alone.token_doc_posteriors), atol=1e-6, rtol=0)
+
+
+def _is_span(tokens: list[int], span: list[int]) -> bool:
+    t = len(tokens)
+    return any(span[j: j + t] == tokens for j in range(len(span) - t + 1))
+
+
+def test_extractive_answers_copy_a_span_of_the_passages(tiny_offline):
+    gen = tiny_offline.stack.modes["token"].generator
+    ends = set(gen.stop_token_ids("short"))
+    for mode in ("token", "sequence"):
+        a = tiny_offline.answer(Q, mode, extractive=True, answer_style="short", max_new_tokens=6)
+        spans = [gen.span_ids(Passage(d.id, d.title, d.text), 192) for d in a.docs]
+        body = [t for t in a.token_ids if t not in ends]
+        assert body and any(_is_span(body, sp) for sp in spans), (mode, a.text)
+        if mode == "sequence":  # every doc's candidate copies from that doc's own passage
+            for c in a.candidates:
+                text = c["text"].strip().rstrip(".").strip()
+                assert text and any(text in f"{d.title}: {d.text}" for d in a.docs), c
+        # the random tiny model left free writes tokens from all over its 49k vocabulary
+        free = tiny_offline.answer(Q, mode, answer_style="short", max_new_tokens=6)
+        assert not any(_is_span([t for t in free.token_ids if t not in ends], sp) for sp in spans)
+    with pytest.raises(ValueError, match="extractive='maybe' is not true or false"):
+        RagSettings(extractive="maybe")
+    assert RagSettings(extractive="true").extractive is True and RagSettings(extractive="False").extractive is False
