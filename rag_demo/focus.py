@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .corpus import Passage
-from .encoders import Encoder
+
+if TYPE_CHECKING:  # annotations only: the UI imports split_sentences, and must not import torch
+    from .encoders import Encoder
 
 # A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by white space
 # and a capital letter, digit, quote or bracket.
