@@ -29,6 +29,7 @@ from typing import Any
 import gradio as gr
 
 from .config import (
+    ANSWER_STYLES,
     MODE_TITLES,
     MODES,
     MAX_BEAMS,
@@ -42,6 +43,7 @@ from .config import (
     check_question,
 )
 from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, check_passage_text, load_documents, supported_extensions
+from .corpus import split_sentences
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -479,11 +481,35 @@ def doc_groups(answers: dict[str, dict]) -> list[tuple[str, list[str]]]:
     the paper stack's two question encoders may retrieve different ones."""
     groups: dict[tuple, list[str]] = {}
     for mode, a in answers.items():
-        if a and a["docs"]:
-            groups.setdefault(tuple(d["id"] for d in a["docs"]), []).append(mode)
+        if a and a["docs"]:  # same passages, and the same sentences read (two question encoders may differ)
+            key = tuple((d["id"], _read(d)) for d in a["docs"])
+            groups.setdefault(key, []).append(mode)
     if len(groups) == 1:
         return [("all", next(iter(groups.values())))]
     return [(modes[0], modes) for modes in groups.values()]
+
+
+def _read(d: dict) -> tuple[int, ...] | None:
+    read = d.get("read_sentences")
+    return None if read is None else tuple(read)
+
+
+def render_passage_text(d: dict) -> str:
+    """A retrieved passage's text. When the generator read only some of its sentences
+    (RagSettings.passage_sentences > 0: d["read_sentences"], indices into corpus.split_sentences
+    of the text), the sentences it read are shown as they are and the others dimmed, with a note
+    saying how many it read; None (it read the whole passage): the text as it is."""
+    read = _read(d)
+    if read is None:
+        return f'<div class="rag-ptext">{esc(d["text"])}</div>'
+    sentences = split_sentences(d["text"])
+    kept = set(read) & set(range(len(sentences)))
+    spans = " ".join(f'<span class="{"rag-read" if j in kept else "rag-unread"}">{esc(sent)}</span>'
+                     for j, sent in enumerate(sentences))
+    note = (f"the generator read the whole passage ({plural(len(sentences), 'sentence')})"
+            if len(kept) == len(sentences) else f"the generator read the {plural(len(kept), 'highlighted sentence')}")
+    return (f'<div class="rag-ptext" data-read="{",".join(map(str, sorted(kept)))}">{spans}</div>'
+            f'<div class="rag-read-note">{esc(note)}</div>')
 
 
 def anchors(answers: dict[str, dict]) -> dict[str, str]:
@@ -513,7 +539,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i]) for m in modes)
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
-                f'<td><div class="rag-ptitle">{title}{tag}</div><div class="rag-ptext">{esc(d["text"])}</div></td>'
+                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}</td>'
                 f'<td class="rag-num">{d["score"]:.3f}</td>{_prob_cell(d["prior"])}{posts}</tr>'
             )
         out.append(
@@ -604,13 +630,24 @@ def user_errors():
         raise gr.Error(str(e)) from e
 
 
-def settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
-    """RagSettings from the settings widgets' values, or a ValueError naming the bad one. The
-    values go through as they came (sliders send 5.0): RagSettings takes whole numbers and names
-    anything else (k=2.5, k='abc'); the app never rounds a value silently."""
+def settings_from_inputs(**values: Any) -> RagSettings:
+    """RagSettings from the settings widgets' values, by RagSettings field name (a setting left
+    out keeps RagSettings' default), or a ValueError naming the bad one. The values go through as
+    they came (sliders send 5.0): RagSettings takes whole numbers and names anything else
+    (k=2.5, k='abc'); the app never rounds a value silently. The "question before the passage
+    too" checkbox sends a bool: True is question_position="both", False "after"."""
+    known = [f.name for f in dataclasses.fields(RagSettings)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown}: known are {known}.")
+    values = dict(values)
+    for name in ("sequence_decoding", "answer_style"):
+        if name in values:
+            values[name] = str(values[name])
+    if isinstance(values.get("question_position"), bool):
+        values["question_position"] = "both" if values["question_position"] else "after"
     try:
-        return RagSettings(k=k, num_beams=num_beams, max_new_tokens=max_new_tokens,
-                           sequence_decoding=str(sequence_decoding))
+        return RagSettings(**values)
     except TypeError as e:
         raise ValueError(f"settings must be whole numbers: {e}") from e
 
@@ -626,9 +663,9 @@ def check_passage_chosen(pid: object, s: Session | None = None) -> None:
         )
 
 
-def _settings(k, num_beams, max_new_tokens, sequence_decoding) -> RagSettings:
+def _settings(**values: Any) -> RagSettings:
     with user_errors():
-        return settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding)
+        return settings_from_inputs(**values)
 
 
 def _valid(check: Callable[[], Any]) -> dict:
@@ -640,45 +677,53 @@ def _valid(check: Callable[[], Any]) -> dict:
     return gr.validate(True, "")
 
 
-def _validate_settings(k, num_beams, max_new_tokens, sequence_decoding) -> list[dict]:
-    return [_valid(lambda: settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding))] * 4
+def _validate_settings(settings: dict[str, Any]) -> list[dict]:
+    """One gr.validate per setting, in `settings`' order: the library's message on the setting it
+    names (RagSettings' messages start "name=value"), or on every setting when it names none."""
+    try:
+        settings_from_inputs(**settings)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        bad = {n for n in settings if msg.startswith(f"{n}=")} or set(settings)
+        return [gr.validate(n not in bad, msg if n in bad else "") for n in settings]
+    return [gr.validate(True, "") for _ in settings]
 
 
 Refuse = Callable[[str, RagSettings, Session], str | None]  # (question, settings, session) -> refusal or None
 
 
-def _refusal(out: list[dict], question, settings_args, s, refuse: Refuse | None, at: int) -> list[dict]:
+def _refusal(out: list[dict], question, settings: dict[str, Any], s, refuse: Refuse | None, at: int) -> list[dict]:
     """out, with the budget's refusal (if any) on input `at` once every input is valid."""
     if refuse is not None and all(r["is_valid"] for r in out):
-        msg = refuse(question, settings_from_inputs(*settings_args), s if isinstance(s, Session) else Session())
+        msg = refuse(question, settings_from_inputs(**settings), s if isinstance(s, Session) else Session())
         if msg:
             out[at] = gr.validate(False, msg)
     return out
 
 
-def validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, refuse: Refuse | None = None
-                 ) -> list[dict]:
+def validate_ask(question, s, refuse: Refuse | None = None, **settings) -> list[dict]:
     """gradio validator of the events that ask a question. It runs before the queue (no model
     runs) and shows the library's message on the question box; a bad question then never
     reaches the outputs, which would otherwise each show an error badge. One gr.validate per
-    input: question, the four settings, the session. `refuse` is the server's budget: a
-    question whose estimated cost is over it is refused here, with the message on the question
-    box (the settings sit in a closed accordion), and nothing runs."""
-    out = [_valid(lambda: check_question(question)),
-           *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, "")]
-    return _refusal(out, question, (k, num_beams, max_new_tokens, sequence_decoding), s, refuse, 0)
+    input, in the event's order: question, session, then the settings (by RagSettings field name,
+    as the event passes them), a bad setting's message on that setting. `refuse` is the server's
+    budget: a question whose estimated cost is over it is refused here, with the message on the
+    question box (the settings sit in a closed accordion), and nothing runs."""
+    out = [_valid(lambda: check_question(question)), gr.validate(True, ""), *_validate_settings(settings)]
+    return _refusal(out, question, settings, s, refuse, 0)
 
 
-def validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None,
-                  refuse: Refuse | None = None) -> list[dict]:
+def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fields) -> list[dict]:
     """gradio validator of "save edit and ask again", like validate_ask: a passage of the last
-    answer must be chosen, its new text must not be empty, and the question must be askable."""
+    answer must be chosen, its new text must not be empty, and the question must be askable.
+    `fields`: the settings and the new title ("new_title"), in the event's order."""
     sess = s if isinstance(s, Session) else Session()
+    settings = {n: v for n, v in fields.items() if n != "new_title"}
+    checks = dict(zip(settings, _validate_settings(settings), strict=True))
     out = [_valid(lambda: check_passage_chosen(pid, sess)), _valid(lambda: check_passage_text(str(pid), new_text)),
-           _valid(lambda: check_question(question)),
-           *_validate_settings(k, num_beams, max_new_tokens, sequence_decoding), gr.validate(True, ""),
-           gr.validate(True, "")]
-    return _refusal(out, question, (k, num_beams, max_new_tokens, sequence_decoding), s, refuse, 2)
+           _valid(lambda: check_question(question)), gr.validate(True, ""),
+           *(checks.get(n, gr.validate(True, "")) for n in fields)]
+    return _refusal(out, question, settings, s, refuse, 2)
 
 
 def check_upload(files: Any) -> Any:
@@ -792,7 +837,9 @@ def within_defaults(settings: RagSettings) -> bool:
     """Whether `settings` cost no more than the page's defaults in every dimension."""
     d = RagSettings()
     return (settings.k <= d.k and settings.num_beams <= d.num_beams and settings.max_new_tokens <= d.max_new_tokens
-            and settings.max_doc_tokens <= d.max_doc_tokens)
+            and settings.max_doc_tokens <= d.max_doc_tokens
+            # "both" puts the question in every passage's prompt twice: longer than "after"
+            and settings.question_position in (d.question_position, "after"))
 
 
 def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool] | None:
@@ -957,24 +1004,23 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
             return None
         return None
 
-    def v_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s):
-        return validate_ask(question, k, num_beams, max_new_tokens, sequence_decoding, s, refuse)
+    def v_ask(question, s, **settings):
+        return validate_ask(question, s, refuse, **settings)
 
-    def v_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None):
-        return validate_edit(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s,
-                             new_title, refuse)
+    def v_edit(pid, new_text, question, s, **fields):
+        return validate_edit(pid, new_text, question, s, refuse, **fields)
 
-    def estimate(k, num_beams, max_new_tokens, sequence_decoding, s):
+    def estimate(s=None, **settings):
         """The settings accordion's cost line: the estimated time and memory of one question (a
-        typical one) with these settings, and whether the server would refuse it. Cheap: the
-        library's cost model, no model runs."""
+        typical one) with these settings (by RagSettings field name; left out: the default), and
+        whether the server would refuse it. Cheap: the library's cost model, no model runs."""
         s = fresh(s)
         pipe = pool.loaded(s.stack)
         if pipe is None or not hasattr(pipe, "estimate"):
             return ('<div class="rag-cost rag-placeholder">The estimated cost of these settings shows here once '
                     "the models are ready.</div>")
         try:
-            settings = settings_from_inputs(k, num_beams, max_new_tokens, sequence_decoding)
+            settings = settings_from_inputs(**settings)
             settings, _ = _fit_k(pipe, active_index(s, pipe), settings)
             cost = pipe.estimate(TYPICAL_QUESTION, list(MODES), settings)
         except ValueError as e:
@@ -1013,32 +1059,44 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
             s,
         )
 
-    def ask_session(question, k, num_beams, max_new_tokens, sequence_decoding, s, progress=gr.Progress(),
-                    request: gr.Request = None):
-        """Answer in all three modes from this session's corpus (upload and edits included)."""
+    def ask_session(question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
+        """Answer in all three modes from this session's corpus (upload and edits included).
+        `settings`: the settings widgets' values by RagSettings field name (gradio's inputs_kwargs)."""
         s = fresh(s)
-        settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
+        settings = _settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(pool, s, progress)
         result, s = _answer_all(pool, pipe, question, settings, progress, s=s, serving=serving, request=request)
         return (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
+    defaults = RagSettings()  # the API's defaults are the library's
+
     def ask(
         question: str,
-        k: int = 5,
-        num_beams: int = 1,
-        max_new_tokens: int = 32,
-        sequence_decoding: str = "thorough",
+        k: int = defaults.k,
+        num_beams: int = defaults.num_beams,
+        max_new_tokens: int = defaults.max_new_tokens,
+        sequence_decoding: str = defaults.sequence_decoding,
         stack: str = "offline",
+        answer_style: str = defaults.answer_style,
+        prior_temperature: float = defaults.prior_temperature,
+        passage_sentences: int = defaults.passage_sentences,
+        question_position: str = defaults.question_position,
+        extractive: bool = defaults.extractive,
         request: gr.Request = None,
     ) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
         built-in corpus (no session state). Returns {"question", "stack", "corpus", "settings",
         "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict() (its
-        "stopped" says why it ended). A question over the server's budget gets an error naming
-        its cost and what to change, and nothing runs."""
-        settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
+        "stopped" says why it ended; with passage_sentences > 0 each doc's "read_sentences" says
+        which sentences the generator read). The reader settings come after `stack`, so callers
+        from before they existed keep working. A question over the server's budget gets an error
+        naming its cost and what to change, and nothing runs."""
+        settings = _settings(k=k, num_beams=num_beams, max_new_tokens=max_new_tokens,
+                             sequence_decoding=sequence_decoding, answer_style=answer_style,
+                             prior_temperature=prior_temperature, passage_sentences=passage_sentences,
+                             question_position=question_position, extractive=extractive)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
         with user_errors():
@@ -1122,14 +1180,14 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         """Put the chosen passage's text and title into the edit boxes."""
         return next(((text, title) for i, title, text in fresh(s).last_docs if i == pid), ("", ""))
 
-    def edit_passage(pid, new_text, question, k, num_beams, max_new_tokens, sequence_decoding, s, new_title=None,
-                     progress=gr.Progress(), request: gr.Request = None):
+    def edit_passage(pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
+                     new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this session's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
         s = fresh(s)
         with user_errors():
             check_passage_chosen(pid, s)
-        settings = _settings(k, num_beams, max_new_tokens, sequence_decoding)
+        settings = _settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(pool, s, progress)
@@ -1172,8 +1230,11 @@ passages). For a question $x$ it runs four steps, each timed under every answer:
 
 1. **encode** the question into a vector $q(x)$;
 2. **retrieve** the top-$K$ passages $z$ by inner product $q(x)\cdot d(z)$, with prior
-   $p(z|x) = \mathrm{softmax}_z\, q(x)\cdot d(z)$ over those $K$;
-3. **generate** with the generator $p(y_i \mid x, z, y_{<i})$ run once per passage, combined in one of two ways;
+   $p(z|x) = \mathrm{softmax}_z\, q(x)\cdot d(z) / T$ over those $K$ ($T$: the *retrieval temperature* in
+   Settings; $T = 1$ is the retriever's own prior);
+3. **generate** with the generator $p(y_i \mid x, z, y_{<i})$ run once per passage, combined in one of two ways
+   (with *sentences per passage* above 0 the generator reads only each passage's sentences closest to the
+   question; the passage table dims the others);
 4. **attribute** each answer token to the passages (the heatmap).
 
 **RAG-Sequence** uses one passage for the whole answer, mixing once per sequence:
@@ -1311,9 +1372,28 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                 label="RAG-Sequence decoding",
                                                 info="thorough: rescore every candidate under every passage; "
                                                 "fast: skip those passes (paper §2.5)", elem_id="rag-decoding")
-                            cost_box = gr.HTML(h["estimate"](settings0.k, settings0.num_beams,
-                                                             settings0.max_new_tokens, settings0.sequence_decoding,
-                                                             None), elem_id="rag-cost")
+                            # the reader: how the generator is asked and what it reads (RagSettings)
+                            style = gr.Radio(list(ANSWER_STYLES), value=settings0.answer_style, label="Answer style",
+                                             info="short: a phrase of a few words; sentence: a full sentence (the "
+                                             "paper stack's BART ignores it)", elem_id="rag-style")
+                            temperature = gr.Slider(0.25, 4, value=settings0.prior_temperature, step=0.25,
+                                                    label="Retrieval temperature", elem_id="rag-temperature",
+                                                    info="p(z|x) = softmax(score / T): higher spreads the answer "
+                                                    "over more passages, lower leans on the top one")
+                            sentences = gr.Slider(0, 6, value=settings0.passage_sentences, step=1,
+                                                  label="Sentences per passage", elem_id="rag-sentences",
+                                                  info="0 = the whole passage; n = the n sentences the retriever "
+                                                  "finds closest to the question (marked in the passages)")
+                            question_both = gr.Checkbox(value=settings0.question_position == "both",
+                                                        label="Question before the passage too",
+                                                        info="the generator then reads the passage knowing the "
+                                                        "question (the paper stack's BART ignores it)",
+                                                        elem_id="rag-question-both")
+                            extractive = gr.Checkbox(value=settings0.extractive, label="Copy the answer from a passage",
+                                                     info="decoding may only continue a span of the passages (each "
+                                                     "passage its own, in RAG-Sequence); scores stay the model's",
+                                                     elem_id="rag-extractive")
+                            cost_box = gr.HTML(h["estimate"](None), elem_id="rag-cost")
                 with gr.Row(equal_height=True):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
@@ -1344,26 +1424,34 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                 )
 
         # ------------------------------------------------------------ events
-        settings_in = [k, beams, max_new, decoding]
+        # every settings widget by its RagSettings field, passed to the handlers by name (gradio's
+        # inputs_kwargs): a new setting is one line here, not a new positional parameter everywhere.
+        # The API keeps its order: (question, the settings in this order) for /ask_session.
+        settings_in = {"k": k, "num_beams": beams, "max_new_tokens": max_new, "sequence_decoding": decoding,
+                       "answer_style": style, "prior_temperature": temperature, "passage_sentences": sentences,
+                       "question_position": question_both, "extractive": extractive}
+        # /edit_passage's positional API was (pid, text, question, the first four settings, title):
+        # the reader settings come after the title, so positional callers keep working
+        edit_in = {**dict(list(settings_in.items())[:4]), "new_title": edit_title, **settings_in}
         answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, session]
         model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
         demo.load(
             h["on_load"], inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
-        ).then(h["estimate"], inputs=[*settings_in, session], outputs=[cost_box], queue=False,
+        ).then(h["estimate"], inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
                show_progress="hidden", api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
-        gr.on([c.change for c in settings_in], h["estimate"], inputs=[*settings_in, session], outputs=[cost_box],
-              queue=False, show_progress="hidden", api_visibility="private")
+        gr.on([c.change for c in settings_in.values()], h["estimate"], inputs=[session], inputs_kwargs=settings_in,
+              outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
         gr.on(
-            [ask_btn.click, question.submit], h["ask_session"], inputs=[question, *settings_in, session],
+            [ask_btn.click, question.submit], h["ask_session"], inputs=[question, session], inputs_kwargs=settings_in,
             outputs=[status, *answer_out], api_name="ask_session", validator=h["validate_ask"], **model,
         )
         examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
                        queue=False).then(
-            h["ask_session"], inputs=[question, *settings_in, session], outputs=[status, *answer_out],
+            h["ask_session"], inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
             api_visibility="private", validator=h["validate_ask"], **model,
         )
         upload_btn.click(
@@ -1381,7 +1469,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text, edit_title],
                         api_visibility="private", queue=False)
         edit_btn.click(
-            h["edit_passage"], inputs=[edit_pick, edit_text, question, *settings_in, session, edit_title],
+            h["edit_passage"], inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
             outputs=[status, *answer_out], api_name="edit_passage", validator=h["validate_edit"], **model,
         )
         reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",

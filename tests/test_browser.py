@@ -289,7 +289,29 @@ def test_settings_show_the_estimated_cost_and_update_it(page, server):
     set_number(page, "rag-max-new", 200)
     page.wait_for_function(f"() => parseFloat(document.querySelector('#rag-cost .rag-cost').dataset.seconds) > {before}",
                            timeout=30_000)
+    for control in ("rag-k", "rag-beams", "rag-max-new", "rag-decoding", "rag-style", "rag-temperature",
+                    "rag-sentences", "rag-question-both"):
+        assert page.locator(f"#{control}").is_visible(), control
+    # the reader settings reach the estimate too: the question before every passage lengthens each prompt
+    before = float(cost.get_attribute("data-seconds"))
+    page.locator("#rag-question-both input[type=checkbox]").click()
+    page.wait_for_function(f"() => parseFloat(document.querySelector('#rag-cost .rag-cost').dataset.seconds) != {before}",
+                           timeout=30_000)
     shot(page, "08-cost-estimate")
+
+
+def test_sentences_per_passage_marks_the_sentences_the_generator_read(page, server):
+    wait_ready(page, server)
+    small_settings(page, k=1, max_new=4)
+    set_number(page, "rag-sentences", 1)
+    ask(page, "Who devised pointillism?")
+    text = page.locator("#rag-passages table.rag-ptable tbody tr").first.locator(".rag-ptext")
+    assert text.locator(".rag-read").count() == 1 and text.locator(".rag-unread").count() >= 1
+    assert "pointillism" in text.locator(".rag-read").inner_text()  # the sentence closest to the question
+    assert "the generator read the 1 highlighted sentence" in page.locator("#rag-passages .rag-read-note").inner_text()
+    opacity = text.locator(".rag-unread").first.evaluate("e => parseFloat(getComputedStyle(e).opacity)")
+    assert opacity < 0.7, opacity  # dimmed
+    shot(page, "09-sentences-read")
 
 
 def test_how_it_works_tab_and_dark_mode(page, server):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rag_demo import ui
+from rag_demo.config import ANSWER_STYLES, RagSettings
 from rag_demo.corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, Corpus, Passage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,22 @@ DOCS = [
     ("Mars", "Mars is the fourth planet from the Sun.", None),
 ]
 SMALL = {"k": 2, "num_beams": 1, "max_new_tokens": 8, "sequence_decoding": "thorough"}
+LEGACY = ("k", "num_beams", "max_new_tokens", "sequence_decoding")  # the settings before the reader's
+DEFAULTS = RagSettings()
+# every setting as the page's widgets send it, in the page's order (the checkbox sends a bool)
+ALL = {**{n: getattr(DEFAULTS, n) for n in LEGACY}, "answer_style": DEFAULTS.answer_style,
+       "prior_temperature": DEFAULTS.prior_temperature, "passage_sentences": DEFAULTS.passage_sentences,
+       "question_position": DEFAULTS.question_position == "both"}
+EDIT = {**{n: ALL[n] for n in LEGACY}, "new_title": "Mars", **ALL}  # /edit_passage's order: title after the four
+# a value of each reader setting that is not its default (the defaults may change), as a widget sends it,
+# and the RagSettings value it must give
+READER = {
+    "answer_style": next((v, v) for v in ANSWER_STYLES if v != DEFAULTS.answer_style),
+    "prior_temperature": next((t, t) for t in (2.5, 0.5) if t != DEFAULTS.prior_temperature),
+    "passage_sentences": next((float(n), n) for n in (2, 3) if n != DEFAULTS.passage_sentences),
+    "question_position": (DEFAULTS.question_position != "both", "after" if DEFAULTS.question_position == "both"
+                          else "both"),
+}
 UNAVAILABLE = "HF_HUB_OFFLINE is set"
 
 
@@ -72,45 +89,51 @@ def test_validators_put_the_library_message_on_the_bad_input_only():
     def bad(results):
         return {i: r["message"] for i, r in enumerate(results) if not r["is_valid"]}
 
-    ok = ui.validate_ask("Who painted The Starry Night?", 5, 1, 32, "thorough", None)
-    assert len(ok) == 6 and bad(ok) == {}
-    assert list(bad(ui.validate_ask("  ", 5, 1, 32, "thorough", None))) == [0]
-    assert "question is empty" in bad(ui.validate_ask("  ", 5, 1, 32, "thorough", None))[0]
-    assert "over the limit of 1000" in bad(ui.validate_ask("x" * 1001, 5, 1, 32, "thorough", None))[0]
-    settings = bad(ui.validate_ask("What is Mars?", 0, 1, 32, "thorough", None))
-    assert list(settings) == [1, 2, 3, 4] and "k=0 is out of range" in settings[1]
+    ok = ui.validate_ask("Who painted The Starry Night?", None, **ALL)
+    assert len(ok) == 2 + len(ALL) and bad(ok) == {}  # question, session, the settings
+    assert list(bad(ui.validate_ask("  ", None, **ALL))) == [0]
+    assert "question is empty" in bad(ui.validate_ask("  ", None, **ALL))[0]
+    assert "over the limit of 1000" in bad(ui.validate_ask("x" * 1001, None, **ALL))[0]
+    settings = bad(ui.validate_ask("What is Mars?", None, **{**ALL, "k": 0}))
+    assert list(settings) == [2] and "k=0 is out of range" in settings[2]  # on K only
 
     mars = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
-    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", 5, 1, 32, "fast", mars)
-    assert len(ok) == 9 and bad(ok) == {}  # pid, text, question, 4 settings, session, title
-    assert "No passage chosen" in bad(ui.validate_edit(None, "x", "What is Mars?", 5, 1, 32, "fast", None))[0]
-    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", 5, 1, 32, "fast", mars))) == [1]
-    assert list(bad(ui.validate_edit("Mars#0", "x", "", 5, 1, 32, "fast", mars))) == [2]
+    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", mars, **EDIT)
+    assert len(ok) == 4 + len(EDIT) and bad(ok) == {}  # pid, text, question, session, settings and title
+    assert "No passage chosen" in bad(ui.validate_edit(None, "x", "What is Mars?", None, **EDIT))[0]
+    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", mars, **EDIT))) == [1]
+    assert list(bad(ui.validate_edit("Mars#0", "x", "", mars, **EDIT))) == [2]
+    # the results follow the event's inputs: the title (never invalid) sits where the event put it
+    wrong = bad(ui.validate_edit("Mars#0", "x", "What is Mars?", mars, **{**EDIT, "passage_sentences": 99}))
+    assert list(wrong) == [4 + list(EDIT).index("passage_sentences")]
 
 
 def test_integer_settings_are_never_rounded_silently():
-    assert ui.settings_from_inputs(5.0, "2", 32.0, "fast").k == 5  # what sliders and forms send
-    assert ui.settings_from_inputs(5.0, "2", 32.0, "fast").num_beams == 2
+    assert ui.settings_from_inputs(k=5.0, num_beams="2", max_new_tokens=32.0).k == 5  # what sliders and forms send
+    assert ui.settings_from_inputs(k=5.0, num_beams="2", max_new_tokens=32.0).num_beams == 2
+    assert ui.settings_from_inputs(passage_sentences=3.0).passage_sentences == 3
     for bad, shown in ((2.5, "k=2.5 is not a whole number"), ("abc", "k='abc' is not a number"),
                        ("2.5", "k='2.5' is not a whole number")):
         with pytest.raises(ValueError) as e:
-            ui.settings_from_inputs(bad, 1, 32, "thorough")
+            ui.settings_from_inputs(k=bad)
         msg = str(e.value)
         assert shown in msg and "invalid literal" not in msg, msg
     with pytest.raises(ValueError, match="max_new_tokens=7.5 is not a whole number"):
-        ui.settings_from_inputs(5, 1, 7.5, "thorough")
-    bad = [r for r in ui.validate_ask("What is Mars?", 2.5, 1, 32, "thorough", None) if not r["is_valid"]]
+        ui.settings_from_inputs(k=5, max_new_tokens=7.5)
+    with pytest.raises(ValueError, match="passage_sentences=2.5 is not a whole number"):
+        ui.settings_from_inputs(passage_sentences=2.5)
+    bad = [r for r in ui.validate_ask("What is Mars?", None, **{**ALL, "k": 2.5}) if not r["is_valid"]]
     assert bad and "k=2.5 is not a whole number" in bad[0]["message"]
 
 
 def test_edit_validator_names_a_passage_that_is_not_in_the_last_answer():
     s = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
-    ok = ui.validate_edit("Mars#0", "Mars is blue.", "What is Mars?", 1, 1, 8, "fast", s)
-    assert all(r["is_valid"] for r in ok) and len(ok) == 9
-    bad = ui.validate_edit("Nope#3", "text", "What is Mars?", 1, 1, 8, "fast", s)
+    ok = ui.validate_edit("Mars#0", "Mars is blue.", "What is Mars?", s, **EDIT)
+    assert all(r["is_valid"] for r in ok) and len(ok) == 4 + len(EDIT)
+    bad = ui.validate_edit("Nope#3", "text", "What is Mars?", s, **EDIT)
     assert [i for i, r in enumerate(bad) if not r["is_valid"]] == [0]
     assert "'Nope#3' is not one of the passages retrieved for your last question" in bad[0]["message"]
-    fresh = ui.validate_edit("Mars#0", "text", "What is Mars?", 1, 1, 8, "fast", None)  # nothing asked yet
+    fresh = ui.validate_edit("Mars#0", "text", "What is Mars?", None, **EDIT)  # nothing asked yet
     assert not fresh[0]["is_valid"] and "ask a question" in fresh[0]["message"]
 
 
@@ -332,9 +355,11 @@ class AnsweringPipe(FakePipe):
         super().__init__(name)
         self.index.__class__.__len__ = lambda self: 1
         self.calls = []
+        self.settings_seen = []
 
     def answer(self, q, mode, settings, **kw):
         self.calls.append((mode, settings.k, kw))
+        self.settings_seen.append(settings)
         return Ans(mode, q)
 
     def with_index(self, index):
@@ -349,11 +374,11 @@ def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     h = ui.make_handlers(pool)
     s = None
     for _ in range(3):
-        out = h["ask_session"]("What is Mars?", 5, 1, 8, "fast", s, progress=noprogress)
+        out = h["ask_session"]("What is Mars?", s, progress=noprogress, k=5, max_new_tokens=8)
         s = out[-1]
     assert warnings == ["This corpus has only 1 passage: using K = 1 instead of 5."]
     assert {k for _, k, _ in pipe.calls} == {1}
-    h["ask_session"]("What is Mars?", 5, 1, 8, "fast", None, progress=noprogress)  # a new session is told too
+    h["ask_session"]("What is Mars?", None, progress=noprogress, k=5)  # a new session is told too
     assert len(warnings) == 2
 
 
@@ -498,6 +523,222 @@ def test_default_unavailable_names_the_reason_offline(monkeypatch):
     assert time.perf_counter() - t0 < 5
     # None only if the three paper checkpoints are in the local HF cache
     assert reason is None or "HF_HUB_OFFLINE" in reason
+
+
+# ---------------------------------------------------------------- the reader settings (#11)
+
+
+def reader_pool(pipe=None):
+    pipe = pipe or AnsweringPipe()
+    return pipe, ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+
+
+def test_the_checkbox_sends_a_bool_and_the_api_a_position():
+    assert ui.settings_from_inputs(question_position=True).question_position == "both"
+    assert ui.settings_from_inputs(question_position=False).question_position == "after"
+    assert ui.settings_from_inputs(question_position="both").question_position == "both"  # the /ask API's value
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['temperature'\]"):
+        ui.settings_from_inputs(temperature=2.0)
+
+
+@pytest.mark.parametrize("name", list(READER))
+def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
+    """From the widgets' values to RagSettings: settings_from_inputs, the validator's budget check
+    (refuse), the page's ask, the edit, the /ask API function and the cost estimate all get it."""
+    monkeypatch.setattr(ui.gr, "Warning", lambda *a, **k: None)
+    monkeypatch.setattr(ui.gr, "Info", lambda *a, **k: None)
+    sent, expected = READER[name]
+    page = {**ALL, name: sent}
+    assert getattr(ui.settings_from_inputs(**ALL), name) == getattr(DEFAULTS, name)
+    built = ui.settings_from_inputs(**page)
+    assert getattr(built, name) == expected
+    assert {f: getattr(built, f) for f in ALL if f != name} == {f: getattr(DEFAULTS, f) for f in ALL if f != name}
+
+    refused = []
+    ok = ui.validate_ask("What is Mars?", None, lambda q, st, s: refused.append(st), **page)
+    assert all(r["is_valid"] for r in ok) and getattr(refused[0], name) == expected
+
+    pipe, pool = reader_pool(EditablePipe())
+    h = ui.make_handlers(pool)
+    out = h["ask_session"]("What is Mars?", None, progress=noprogress, **page)
+    assert out[5]["settings"][name] == expected  # the raw answers say what they ran with
+    h["edit_passage"]("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
+    assert pipe.edited == [("a#0", "Mars is blue.", "Mars")]
+    h["ask"]("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
+    h["ask"]("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
+    runs = [pipe.settings_seen[i:i + 3] for i in range(0, len(pipe.settings_seen), 3)]  # three modes a question
+    assert [[getattr(st, name) for st in run] for run in runs] == [[expected] * 3] * 3 + [[getattr(DEFAULTS, name)] * 3]
+
+    from rag_demo.budget import Budget
+
+    cost_pipe, pool = reader_pool(CostPipe())
+    html = ui.make_handlers(pool)["estimate"](None, **page)  # the cost model alone
+    assert 'class="rag-cost"' in html and "rag-over" not in html
+    assert [getattr(st, name) for st in cost_pipe.estimated] == [expected] and cost_pipe.budgeted == []
+    html = ui.make_handlers(pool, serving=ui.Serving(budget=Budget()))["estimate"](None, **page)  # and the budget
+    assert 'class="rag-cost"' in html and [getattr(st, name) for st in cost_pipe.budgeted] == [expected]
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("answer_style", "long", "answer_style='long' is unknown"),
+    ("prior_temperature", 30, "prior_temperature=30 is out of range"),
+    ("prior_temperature", "hot", "prior_temperature='hot' is not a number"),
+    ("passage_sentences", 2.5, "passage_sentences=2.5 is not a whole number"),
+    ("passage_sentences", 21, "passage_sentences=21 is out of range"),
+    ("question_position", "before", "question_position='before' is unknown"),
+])
+def test_bad_reader_settings_get_the_library_message(name, value, message):
+    import html
+    import re
+
+    out = ui.validate_ask("What is Mars?", None, **{**ALL, name: value})
+    bad = {i: r["message"] for i, r in enumerate(out) if not r["is_valid"]}
+    assert list(bad) == [2 + list(ALL).index(name)] and message in bad[2 + list(ALL).index(name)]  # on it only
+    pipe, pool = reader_pool(CostPipe())
+    h = ui.make_handlers(pool)
+    with pytest.raises(ui.gr.Error, match=re.escape(message)):
+        h["ask_session"]("What is Mars?", None, progress=noprogress, **{**ALL, name: value})
+    with pytest.raises(ui.gr.Error, match=re.escape(message)):
+        h["ask"]("What is Mars?", **{name: value})
+    assert pipe.calls == []  # nothing ran
+    est = h["estimate"](None, **{name: value})
+    assert "rag-over" in est and message in html.unescape(est) and pipe.estimated == []
+
+
+class EditablePipe(AnsweringPipe):
+    """An AnsweringPipe whose index takes edits (recorded, the index is unchanged)."""
+
+    def __init__(self, name="offline"):
+        super().__init__(name)
+        self.edited = []
+        self.stack.ctx_encoder = None
+        self.index.with_edited_passage = lambda pid, text, enc, title=None: self.edited.append((pid, text, title))
+
+
+class CostPipe(AnsweringPipe):
+    """An AnsweringPipe with a cost model that records the settings it prices."""
+
+    def __init__(self, name="offline"):
+        super().__init__(name)
+        self.estimated, self.budgeted = [], []
+
+    @staticmethod
+    def cost(modes):
+        from rag_demo.budget import Cost
+
+        return Cost(1.0, 2**20, {m: 1.0 / len(modes) for m in modes})
+
+    def estimate(self, q, modes, settings):
+        self.estimated.append(settings)
+        return self.cost(modes)
+
+    def check_budget(self, q, modes, settings, budget):
+        self.budgeted.append(settings)
+        return self.cost(modes)
+
+
+def test_the_settings_accordion_has_the_reader_controls_with_the_library_defaults(monkeypatch):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Changed(RagSettings):  # defaults the library might choose one day: the page must follow
+        answer_style: str = next(v for v in ANSWER_STYLES if v != DEFAULTS.answer_style)
+        prior_temperature: float = 2.0 if DEFAULTS.prior_temperature != 2.0 else 0.5
+        passage_sentences: int = 3 if DEFAULTS.passage_sentences != 3 else 2
+        question_position: str = "after" if DEFAULTS.question_position == "both" else "both"
+
+    for settings_cls, d in ((RagSettings, DEFAULTS), (Changed, Changed())):
+        monkeypatch.setattr(ui, "RagSettings", settings_cls)
+        demo = ui.build_app(reader_pool()[1], unavailable=fake_unavailable)
+        by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+        style, temp, sents, both = (by_id[i] for i in ("rag-style", "rag-temperature", "rag-sentences",
+                                                       "rag-question-both"))
+        assert style.value == d.answer_style and [c[1] for c in style.choices] == list(ANSWER_STYLES)
+        assert temp.value == d.prior_temperature and (temp.minimum, temp.maximum, temp.step) == (0.25, 4, 0.25)
+        assert "softmax(score / T)" in temp.info and temp.label == "Retrieval temperature"
+        assert sents.value == d.passage_sentences and (sents.minimum, sents.maximum, sents.step) == (0, 6, 1)
+        assert both.value == (d.question_position == "both") and both.label == "Question before the passage too"
+        # every event that builds settings gets all of them, the cost estimate included
+        controls = {by_id[i]._id for i in ("rag-k", "rag-beams", "rag-max-new", "rag-decoding", "rag-style",
+                                           "rag-temperature", "rag-sentences", "rag-question-both")}
+        for fn_name in ("ask_session", "edit_passage", "estimate"):
+            fns = [f for f in demo.fns.values() if f.name == fn_name]
+            assert fns and all(controls <= {c._id for c in f.inputs} for f in fns), fn_name
+        params = {p["parameter_name"]: p for p in demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]}
+        for name in READER:
+            assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == getattr(d, name)
+
+
+def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working(free_port):
+    """Through gradio and gradio_client: the events pass the settings by name (inputs_kwargs),
+    old positional calls still line up, and new parameters are optional (RagSettings' defaults)."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError, ValidationError
+
+    pipe, pool = reader_pool(EditablePipe())
+    demo = ui.build_app(pool, unavailable=fake_unavailable)
+    port = free_port()
+    ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        reader = {n: getattr(DEFAULTS, n) for n in READER}
+        old = c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask")["settings"]
+        assert old["sequence_decoding"] == "fast" and {n: old[n] for n in READER} == reader
+        new = c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()})["settings"]
+        assert {n: new[n] for n in READER} == {n: v for n, (_, v) in READER.items()}
+        with pytest.raises(AppError, match="prior_temperature=30.0 is out of range"):
+            c.predict("What is Mars?", api_name="/ask", prior_temperature=30.0)
+
+        old = c.predict("What is Mars?", 1, 1, 8, "fast", api_name="/ask_session")[5]["settings"]
+        assert old["max_new_tokens"] == 8 and {n: old[n] for n in READER} == reader
+        new = c.predict("What is Mars?", api_name="/ask_session", **{n: s for n, (s, _) in READER.items()})
+        assert {n: new[5]["settings"][n] for n in READER} == {n: v for n, (_, v) in READER.items()}
+        with pytest.raises(ValidationError, match="passage_sentences=2.5 is not a whole number"):
+            c.predict("What is Mars?", api_name="/ask_session", passage_sentences=2.5)
+
+        out = c.predict("a#0", "Mars is blue.", "What is Mars?", 1, 1, 8, "fast", "Blue Mars",
+                        api_name="/edit_passage")  # the positional order from before the reader settings
+        assert pipe.edited[-1] == ("a#0", "Mars is blue.", "Blue Mars") and out[5]["settings"]["max_new_tokens"] == 8
+        out = c.predict("a#0", "Mars is green.", "What is Mars?", api_name="/edit_passage",
+                        **{n: s for n, (s, _) in READER.items()})
+        assert {n: out[5]["settings"][n] for n in READER} == {n: v for n, (_, v) in READER.items()}
+    finally:
+        demo.close()
+
+
+def test_passage_card_dims_the_sentences_the_generator_did_not_read():
+    text = "Alexander Fleming was a <Scottish> physician. He discovered penicillin in 1928. He shared a Nobel Prize."
+    docs = answer_dict()["docs"]
+    focused = [{**docs[0], "text": text, "read_sentences": [1]}, {**docs[1], "read_sentences": [0]}]
+    html = ui.render_passages({"token": answer_dict("token", docs=focused)})
+    first = html.split("<tr id=")[1]
+    assert first.count('class="rag-unread"') == 2 and first.count('class="rag-read"') == 1
+    assert first.split('class="rag-read">')[1].split("</span>")[0] == "He discovered penicillin in 1928."
+    assert "a &lt;Scottish&gt; physician." in first  # escaped, dimmed
+    assert 'data-read="1"' in first and "the generator read the 1 highlighted sentence" in first
+    second = html.split("<tr id=")[2]  # one sentence, read: nothing dimmed
+    assert "rag-unread" not in second and "the generator read the whole passage (1 sentence)" in second
+    css = ui.CSS_PATH.read_text()
+    assert ".rag-unread" in css and "opacity" in css.split(".rag-unread")[1].split("}")[0]
+
+    for whole in ([{**focused[0], "read_sentences": None}], [{**docs[0], "text": text}]):
+        plain = ui.render_passages({"token": answer_dict("token", docs=whole, rows=[[1.0]] * 3)})
+        assert "rag-read" not in plain and "rag-unread" not in plain and "highlighted" not in plain
+        assert '<div class="rag-ptext">Alexander Fleming was a &lt;Scottish&gt; physician. He discovered' in plain
+
+
+def test_modes_that_read_different_sentences_get_their_own_passage_tables():
+    docs = answer_dict()["docs"]
+    seq = answer_dict("sequence", docs=[{**d, "read_sentences": [0]} for d in docs])
+    tok = answer_dict("token", docs=[{**d, "read_sentences": []} for d in docs])
+    assert ui.render_passages({"sequence": seq, "token": tok}).count("<table") == 2
+    assert ui.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
+
+
+def test_the_question_before_the_passage_is_costlier_than_the_defaults():
+    assert ui.within_defaults(RagSettings(question_position="after")) is True  # never longer than the default
+    assert ui.within_defaults(RagSettings(question_position="both")) is (DEFAULTS.question_position == "both")
+
 
 
 # ---------------------------------------------------------------- the real app (offline models, 3 documents)
@@ -866,7 +1107,8 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     assert calls == ["paper"] and s2.stack == "paper" and s2.upload_stack == "paper"
     assert s2.upload_index is not s.upload_index  # re-embedded with the new stack's passage encoder
     assert 'data-stack="paper"' in out[0] and "zorblax.txt" in out[0]
-    r = h["ask_session"]("Where is the Zorblax Festival held?", 1, 1, 2, "fast", s2, progress=noprogress)
+    r = h["ask_session"]("Where is the Zorblax Festival held?", s2, progress=noprogress, k=1, max_new_tokens=2,
+                         sequence_decoding="fast")
     assert r[5]["stack"] == "paper" and r[5]["answers"]["token"]["docs"][0]["title"] == "zorblax"
     back = h["choose_stack"]("offline", r[-1], progress=noprogress)
     assert calls == ["paper"] and back[-1].stack == "offline"  # loaded once, kept
