@@ -772,7 +772,10 @@ class Serving:
         """Why an expensive request would be refused now (None: a slot is free)."""
         if self._heavy < self.max_heavy:
             return None
-        cheap = f" (under about {self.budget.heavy_seconds:.0f} s)" if self.budget is not None else ""
+        # cheap = under heavy_seconds or at most 1.5x the defaults' estimate (Serving.check): on a slow
+        # CPU the second is the larger, so the message names the defaults rather than a number
+        cheap = (f" (under about {self.budget.heavy_seconds:.0f} s, or no more than 1.5x the default settings; "
+                 "the defaults always run)") if self.budget is not None else ""
         return (f"{plural(self._heavy, 'expensive question')} already running, and this server runs "
                 f"{self.max_heavy} at a time so that cheap questions never wait behind them: try again in a "
                 f"minute, or lower K, beams or max new tokens to make the question cheap{cheap}.")

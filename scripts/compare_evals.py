@@ -18,7 +18,7 @@ import sys
 
 
 def load(label_path: str) -> tuple[str, dict]:
-    label, _, path = label_path.partition("=")
+    label, _, path = label_path.rpartition("=")
     if not path:
         sys.exit(f"{label_path!r}: give LABEL=PATH")
     with open(path) as fh:
