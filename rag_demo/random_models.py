@@ -417,3 +417,21 @@ def make_random_rag_checkpoints(root: Path, size: str = "tiny", seed: int = 0, n
     for name in todo:
         _publish(paths[name], recipes[name], writers[name])
     return paths
+
+
+# ----------------------------------------------------------------------------- a tiny SmolLM2-shaped generator
+
+
+def tiny_smollm_generator(tokenizer_folder: Path, layers: int = 1, kv_heads: int = 2, seed: int = 0):
+    """SmolLM2's real tokenizer and chat template (a converted-model folder) on a tiny random
+    Llama: prompts, stop tokens and spans are the real ones, decoding is cheap. For tests."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from .generators import DecoderOnlyGenerator
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=kv_heads, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return DecoderOnlyGenerator(LlamaForCausalLM(cfg), tok, name="tiny-llama")

@@ -47,3 +47,18 @@ def stop_process():
             proc.kill()
 
     return stop
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer_folder():
+    """The converted SmolLM2 folder (its tokenizer and chat template), or skip when not cached."""
+    from pathlib import Path
+
+    from rag_demo.config import StackSpec
+    from rag_demo.stacks import converted_smollm_dir, smollm_location
+
+    where, gguf = smollm_location(StackSpec())
+    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
+    if folder is None or not (folder / "tokenizer_config.json").is_file():
+        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
+    return folder

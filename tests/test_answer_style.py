@@ -3,7 +3,6 @@ the prompt, and that a stop token ends the answer while the answer's score stays
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 from rag_demo import engine  # noqa: E402
-from rag_demo.config import ANSWER_STYLES, RagSettings, StackSpec  # noqa: E402
+from rag_demo.config import ANSWER_STYLES, RagSettings  # noqa: E402
 from rag_demo.corpus import Passage  # noqa: E402
 from rag_demo.marginalize import doc_log_prior, rag_sequence_logprob, rag_token_logprob  # noqa: E402
 
@@ -42,25 +41,11 @@ def test_cli_takes_answer_style_and_rejects_a_bad_one(capsys):
 
 
 @pytest.fixture(scope="module")
-def smol_tiny():
-    """SmolLM2's real tokenizer and chat template (from the converted-model cache) on a tiny
-    random Llama, so prompts are the real ones and decoding is cheap."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def smol_tiny(smollm_tokenizer_folder):
+    """SmolLM2's real tokenizer and chat template on a tiny random Llama (random_models)."""
+    from rag_demo.random_models import tiny_smollm_generator
 
-    from rag_demo.generators import DecoderOnlyGenerator
-    from rag_demo.stacks import converted_smollm_dir, smollm_location
-
-    where, gguf = smollm_location(StackSpec())
-    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
-    if folder is None or not (folder / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
-    tok = AutoTokenizer.from_pretrained(folder)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    return DecoderOnlyGenerator(model, tok, name="tiny-llama")
+    return tiny_smollm_generator(smollm_tokenizer_folder, layers=1, kv_heads=2)
 
 
 def test_short_style_changes_the_prompt(smol_tiny):

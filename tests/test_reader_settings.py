@@ -5,7 +5,6 @@ sentence chooser) and a tiny random Llama with SmolLM2's real tokenizer, over a 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -107,26 +106,15 @@ def test_closest_sentences_keeps_the_answer_sentence_in_passage_order(minilm):
 
 
 @pytest.fixture(scope="module")
-def tiny_offline(minilm, tmp_path_factory):
+def tiny_offline(minilm, smollm_tokenizer_folder, tmp_path_factory):
     """The offline stack's shape: MiniLM retrieves (scale 20), one tiny random Llama with
     SmolLM2's tokenizer generates for all three modes (as SmolLM2 does)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from rag_demo.generators import DecoderOnlyGenerator
     from rag_demo.index import load_or_build_index
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels, converted_smollm_dir, smollm_location
+    from rag_demo.random_models import tiny_smollm_generator
+    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
 
-    where, gguf = smollm_location(StackSpec())
-    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
-    if folder is None or not (folder / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
-    tok = AutoTokenizer.from_pretrained(folder)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    gen = DecoderOnlyGenerator(LlamaForCausalLM(cfg), tok, name="tiny-llama")
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
     spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
     stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
                                        for m in ("token", "sequence", "closed-book")}, 0.0)
