@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from .config import RagSettings
+from .config import READER_FIELDS, RagSettings
 from .generators import pad_rows
 from .reference import compare_with_transformers, reference_cases
 
@@ -281,8 +281,6 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         raise ValueError(f"--n {args.n} is out of range: use 1 or more questions.")
     questions = [it.question for it in load_qa(args.qa)][: args.n]
     modes = parse_modes(args.modes)
-    from .cli import READER_FIELDS
-
     settings = RagSettings(**{f: getattr(args, f) for f in READER_FIELDS if getattr(args, f, None) is not None})
     r: dict = {"n": len(questions), "settings": {"k": settings.k, "max_new_tokens": settings.max_new_tokens,
                                                  **{f: getattr(settings, f) for f in READER_FIELDS}},

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -82,10 +82,6 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
 def reader_settings(args) -> dict:
     """The reader settings of parsed arguments, as RagSettings keyword arguments."""
     return {name: getattr(args, name) for name in READER_FIELDS}
-
-
-READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "extractive",
-                 "max_doc_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:

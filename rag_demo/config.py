@@ -19,6 +19,9 @@ SEQUENCE_DECODINGS = ("thorough", "fast")
 ANSWER_STYLES = ("short", "sentence")
 QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
+# The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
+READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "extractive",
+                 "max_doc_tokens")
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
@@ -62,8 +65,8 @@ class RagSettings:
     # given-retrieval contains +12 / +4 points; docs/reader_results.md), but on the app's own
     # examples it answered "Sydney." for the capital of Australia where sentence says Canberra,
     # and on the dev set it won EM (0 -> 51-53) but lost contains (86 -> 71 RAG-Token): sentence
-    # stays the default, short is a setting. BART
-    # (paper stack) ignores it: it was fine-tuned on NQ spans and its input format is the reference's.
+    # stays the default, short is a setting. BART (paper stack) ignores it: it was fine-tuned on
+    # NQ spans and its input format is the reference's.
     answer_style: str = "sentence"
     # Sharpness of p(z|x) = softmax(scale * q(x).d(z) / T): 1 is the stack's own prior (DPR's
     # inner products; the offline stack's 20 * cosine). T > 1 spreads the mixture over more

@@ -336,10 +336,7 @@ def evaluate(
     depth = min(max(max(RECALL_KS), settings.k), n_pass)
     rag_modes = [m for m in modes if m != "closed-book"]
     enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses
-    by_encoder: list[list[str]] = []
-    for m in rag_modes:
-        same = [g for g in by_encoder if pipe.stack.modes[g[0]].question_encoder is pipe.stack.modes[m].question_encoder]
-        same[0].append(m) if same else by_encoder.append([m])
+    by_encoder = pipe.modes_by_encoder(rag_modes)  # modes that share retrieval (the paper stack has two groups)
     dense_name = f"dense ({pipe.stack.modes[enc_mode].question_encoder.name})"
     ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)"}
     rows = [("closed-book", "-")] if "closed-book" in modes else []
@@ -370,7 +367,7 @@ def evaluate(
         if "closed-book" in modes:
             answers[("closed-book", "-")] = pipe.answer(q, "closed-book", settings)
         for r in retrievers:
-            for group in by_encoder:  # modes with one question encoder (the paper stack has two)
+            for group in by_encoder:
                 if r == "dense" and group[0] == enc_mode:  # the depth-20 search's top K = retrieve(q, mode, K)
                     passages, scores = dense.passages[: settings.k], dense.scores[: settings.k]
                 elif r == "dense":

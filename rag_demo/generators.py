@@ -360,8 +360,7 @@ class DecoderOnlyGenerator(Generator):
                 {"role": "system", "content": SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT},
                 {"role": "user", "content": f"Question: {question}"},
             ]
-        text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
-        text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        text = self._doc_text(doc, max_doc_tokens)
         before = f"Question: {question}\n\n" if question_position == "both" else ""
         if short:
             return [
@@ -404,9 +403,12 @@ class DecoderOnlyGenerator(Generator):
     def span_ids(self, doc: Passage, max_doc_tokens: int) -> list[int]:
         """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
         in the prompt), tokenized as words after a space, the way an answer after the cue starts."""
+        return self.tokenizer(f" {doc.title}: {self._doc_text(doc, max_doc_tokens)}", add_special_tokens=False)["input_ids"]
+
+    def _doc_text(self, doc: Passage, max_doc_tokens: int) -> str:
+        """The passage text the prompt holds: whole, or cut to its first max_doc_tokens tokens."""
         text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
-        text = doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
-        return self.tokenizer(f" {doc.title}: {text}", add_special_tokens=False)["input_ids"]
+        return doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
 
     @torch.inference_mode()
     def prefill(self, prompts):

@@ -41,7 +41,7 @@ class RetrievedDoc:
     url: str | None
     score: float  # retrieval inner product q(x)·d(z)
     prior: float  # p(z|x) = softmax over the K retrieved docs
-    # RagSettings.passage_sentences > 0: the indices of the sentences (focus.split_sentences) the
+    # RagSettings.passage_sentences > 0: the indices of the sentences (corpus.split_sentences) the
     # generator read; None: it read the whole passage
     read_sentences: list[int] | None = None
 
@@ -156,17 +156,22 @@ class RagPipeline:
         modes = [check_mode(m) for m in modes]
         s = (settings or self.settings).merged(**overrides)
         self._check_k(s.k)
-        by_encoder: dict[int, list[str]] = {}
-        for mode in modes:
-            if mode != "closed-book":
-                by_encoder.setdefault(id(self.stack.modes[mode].question_encoder), []).append(mode)
         out = {}
-        for group in by_encoder.values():
+        for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], s.k)
             out.update(self.answer_from_modes(q, group, r.passages, r.scores, s, timings=r.timings, control=control))
         if "closed-book" in modes:
             out["closed-book"] = self._closed_book(q, s, control)
         return {mode: out[mode] for mode in modes}
+
+    def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
+        """The RAG modes among `modes` grouped by question encoder, in order: modes of one group
+        retrieve the same passages with the same scores (offline: one group; paper: two)."""
+        groups: dict[int, list[str]] = {}
+        for mode in modes:
+            if mode != "closed-book":
+                groups.setdefault(id(self.stack.modes[mode].question_encoder), []).append(mode)
+        return list(groups.values())
 
     def _check_k(self, k: int) -> None:
         if k > len(self.index):
