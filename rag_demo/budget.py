@@ -243,8 +243,8 @@ class _Gated:
         with self._gate.step(self._priority):
             return fn(*args, **kwargs)
 
-    def prefill(self, prompts):
-        return self._call(self._gen.prefill, prompts)
+    def prefill(self, prompts, score_last: int = 0):
+        return self._call(self._gen.prefill, prompts, score_last=score_last)
 
     def advance(self, state, tokens):
         return self._call(self._gen.advance, state, tokens)

@@ -20,8 +20,9 @@ ANSWER_STYLES = ("short", "sentence")
 QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
-READER_FIELDS = ("answer_style", "prior_temperature", "question_position", "passage_sentences", "extractive",
-                 "max_doc_tokens")
+READER_FIELDS = ("answer_style", "prior_temperature", "question_weight", "question_position", "passage_sentences",
+                 "extractive", "max_doc_tokens")
+MAX_QUESTION_WEIGHT = 5.0
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
@@ -72,6 +73,12 @@ class RagSettings:
     # inner products; the offline stack's 20 * cosine). T > 1 spreads the mixture over more
     # passages, T < 1 leans on the top one. Every RAG formula uses the tempered prior.
     prior_temperature: float = 1.0
+    # The reader's vote on p(z|x) (decoder-only generators): p(z|x) = softmax(scale * q(x).d(z) / T
+    # + lambda * log p_G(x|z)), log p_G(x|z) the generator's log-likelihood of the question's
+    # tokens after passage z (Sachan et al. 2022, "UPR"), read from the prefill's logits at no
+    # extra cost. 0 = the retriever's prior alone (the paper's). An encoder-decoder (paper stack)
+    # reads the question, it does not predict it, so there it is always 0.
+    question_weight: float = 0.0
     # Decoder-only prompts: "after" puts the question after the passage; "both" also puts it
     # before, so the passage's tokens, which attend only to what precedes them, are read knowing
     # the question (Liu et al. 2023, "Lost in the Middle": query-aware contextualisation).
@@ -118,6 +125,16 @@ class RagSettings:
                 "(flatter); 1 is the retriever's own p(z|x)."
             )
         self.prior_temperature = temperature
+        try:
+            weight = float(self.question_weight)
+        except (TypeError, ValueError):
+            raise ValueError(f"question_weight={self.question_weight!r} is not a number: give e.g. 0.5.") from None
+        if isinstance(self.question_weight, bool) or not 0 <= weight <= MAX_QUESTION_WEIGHT:
+            raise ValueError(
+                f"question_weight={self.question_weight!r} is out of range: use 0 (the retriever's p(z|x) alone) "
+                f"to {MAX_QUESTION_WEIGHT:g} (the generator's log p(question | passage) counts that many times)."
+            )
+        self.question_weight = weight
         if self.question_position not in QUESTION_POSITIONS:
             raise ValueError(
                 f"question_position={self.question_position!r} is unknown: use one of {', '.join(QUESTION_POSITIONS)} "

@@ -41,8 +41,34 @@ class Generation:
     posteriors: torch.Tensor | None = None  # (T, K) per-token doc posterior
     doc_posterior: torch.Tensor | None = None  # (K,) RAG-Sequence: p(z | x, y)
     candidates: list[tuple[list[int], float]] = field(default_factory=list)  # RAG-Sequence: (tokens, log p(y|x))
+    prior: torch.Tensor | None = None  # (K,) the log p(z|x) every formula above used
+    question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z) when RagSettings.question_weight used it
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
     stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
+
+
+def prefill_and_prior(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
+                      question_tail: tuple[int, int] | None = None):
+    """Prefill the K doc prompts and form the doc log-prior; -> (first_lp (K, V), state,
+    log p(z|x) (K,), log p_G(x|z) (K,) or None).
+
+    log p(z|x) = log_softmax_z( doc_scores_z + lambda * log p_G(x|z) ),
+    doc_scores = scale * q(x)·d(z) / T (the retriever's tempered logits), lambda =
+    s.question_weight and log p_G(x|z) = sum_i log p_G(x_i | prompt before x_i, z): the
+    generator's own likelihood of the question's tokens after passage z (Sachan et al. 2022,
+    "UPR"), read from the prefill's logits at the question's positions (question_tail, from
+    `gen.question_tail`), so it costs no extra pass. lambda = 0, or no question_tail (an
+    encoder-decoder reads the question, it does not predict it): the retriever's prior alone.
+    """
+    use_q = bool(s.question_weight) and question_tail is not None
+    n_q, n_after = question_tail if use_q else (0, 0)
+    first_lp, state = gen.prefill(prompts, score_last=n_q + n_after) if use_q else gen.prefill(prompts)  # (K, V)
+    if not use_q:
+        return first_lp, state, doc_log_prior(doc_scores), None  # (K,)
+    question_lp = state.prompt_lp[:, :n_q].sum(-1)  # (K,) log p_G(x|z)
+    # the doc log-prior enters here: the retriever's logits plus lambda times the reader's vote
+    prior = doc_log_prior(torch.as_tensor(doc_scores, dtype=torch.float32) + s.question_weight * question_lp)  # (K,)
+    return first_lp, state, prior, question_lp
 
 
 def _decoding_name(s: RagSettings) -> str:
@@ -50,20 +76,21 @@ def _decoding_name(s: RagSettings) -> str:
 
 
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
-              control: RunControl | None = None, spans: list[list[int]] | None = None) -> Generation:
+              control: RunControl | None = None, spans: list[list[int]] | None = None,
+              question_tail: tuple[int, int] | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
     cancel check and step gate of this request (see budget.RunControl); spans: the K passages'
     token ids when decoding is extractive (RagSettings.extractive): the answer then copies a
-    span of any of the K passages.
+    span of any of the K passages. question_tail: where the question sits in the prompts
+    (`prefill_and_prior`: p(z|x) with the reader's vote when RagSettings.question_weight > 0).
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
-    prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
-    first_lp, state0 = gen.prefill(prompts)  # (K, V)
+    first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
@@ -78,7 +105,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     else:  # beam search: one teacher-forced pass of the answer under each doc
         doc_lp = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
     logprob = float(rag_token_logprob(doc_lp, prior))
-    out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior))
+    out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior),
+                     prior=prior, question_lp=question_lp)
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
@@ -86,7 +114,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
                  hf_compat_score: bool = False, control: RunControl | None = None,
-                 spans: list[list[int]] | None = None) -> Generation:
+                 spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -97,14 +125,14 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
     ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
     the parity checks against the reference turn it on. spans: the K passages' token ids when
-    decoding is extractive: each doc's search copies a span of its own passage.
+    decoding is extractive: each doc's search copies a span of its own passage. question_tail:
+    as in `rag_token`.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
-    prior = doc_log_prior(doc_scores)  # (K,)
     K = len(prompts)
-    first_lp, state0 = gen.prefill(prompts)  # (K, V)
+    first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
     allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
@@ -133,7 +161,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     post = sequence_posteriors(doc_lp, prior)  # (T, K)
     out = Generation(
         cands[win].tokens, float(scores[win]), name, doc_lp, post, post[-1],
-        [(h.tokens, float(sc)) for h, sc in zip(cands, scores)],
+        [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=prior, question_lp=question_lp,
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(out.tokens, rows.stopped, ends, s)

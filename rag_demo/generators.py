@@ -61,6 +61,10 @@ class GenState:
     next_pos: torch.Tensor | None = None  # (R,) dec-only: position id of the next token
     # enc-dec: the cross-attention mask, built from `mask` once per state (None: no padding)
     cross_mask: torch.Tensor | None = None  # (R, 1, 1, S)
+    # dec-only prefill(score_last=n): log p(prompt token | the prompt before it) of each row's
+    # last n prompt tokens (R, n), read from the prefill's own logits (the question's likelihood
+    # under each passage, RagSettings.question_weight); None when not asked for
+    prompt_lp: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -187,9 +191,18 @@ class Generator:
         token is a generated token: it is kept in the answer's ids and scored like any other."""
         return self.eos_token_ids
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, GenState]:
-        """Run R prompts; -> next-token log-probs (R, V) and the state after them."""
+    def prefill(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> tuple[torch.Tensor, GenState]:
+        """Run R prompts; -> next-token log-probs (R, V) and the state after them. score_last=n
+        (decoder-only) also keeps, in state.prompt_lp (R, n), the log-prob of each row's last n
+        prompt tokens given the tokens before them, from the same forward pass."""
         raise NotImplementedError
+
+    def question_tail(self, prompt: Sequence[int], question: str) -> tuple[int, int] | None:
+        """(n_question, n_after): where the question's tokens sit in `prompt`, counted from its
+        end (prompt[-(n_question + n_after):-n_after]), when the generator predicts them (a
+        decoder-only prompt holds the question after the passage); None when it does not (an
+        encoder reads its input) or they cannot be found as one run of tokens."""
+        return None
 
     @torch.inference_mode()
     def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
@@ -288,7 +301,12 @@ class EncoderDecoderGenerator(Generator):
         return tok(text)["input_ids"]
 
     @torch.inference_mode()
-    def prefill(self, prompts):
+    def prefill(self, prompts, score_last: int = 0):
+        if score_last:
+            raise ValueError(
+                f"score_last={score_last!r}: an encoder-decoder generator reads its input, it does not predict it; "
+                "use score_last=0 (question_tail is None for this generator)."
+            )
         ids, mask = pad_rows(prompts, self.pad_token_id)  # (R, S) right-padded
         return self.prefill_ids(ids, mask)
 
@@ -410,15 +428,32 @@ class DecoderOnlyGenerator(Generator):
         text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
         return doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
 
+    def question_tail(self, prompt, question):
+        """The last run of the question's tokens (tokenized as " question", as it follows
+        "Question:" in `messages`) in the prompt, counted from the end."""
+        q = self.tokenizer(f" {question}", add_special_tokens=False)["input_ids"]
+        ids, n = list(prompt), len(q)
+        for start in range(len(ids) - n - 1, -1, -1):  # at least one token after it (the turn's end)
+            if ids[start:start + n] == q:
+                return n, len(ids) - start - n
+        return None
+
     @torch.inference_mode()
-    def prefill(self, prompts):
+    def prefill(self, prompts, score_last: int = 0):
         ids, mask = pad_rows(prompts, self.pad_token_id, left=True)  # (R, S) left-padded
+        if not 0 <= score_last < min(len(p) for p in prompts):
+            raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, S) positions ignore the left padding
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=_GrowingCache(), use_cache=True,
-            logits_to_keep=1,  # only the last position's logits: (R, 1, V), not (R, S, V)
+            # only the logits needed: the last position's (R, 1, V), and before it the n positions
+            # that predict the last n prompt tokens (left padding: every row's tail is aligned)
+            logits_to_keep=score_last + 1,
         )
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=mask.sum(-1))
+        if score_last:
+            lp = _log_softmax(out.logits[:, :-1])  # (R, n, V): position j predicts token j+1
+            state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)
         return _log_softmax(out.logits[:, -1]), state  # (R, V)
 
     @torch.inference_mode()
@@ -463,10 +498,12 @@ class SharedPrefill:
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
-    def prefill(self, prompts):
-        key = tuple(tuple(p) for p in prompts)
+    def prefill(self, prompts, score_last: int = 0):
+        key = (score_last, tuple(tuple(p) for p in prompts))
         if key != self._key or self._out is None:
-            self._out, self._key = self._gen.prefill(prompts), key
+            self._out, self._key = self._gen.prefill(prompts, score_last=score_last), key
             self.prefills += 1
         first_lp, state = self._out  # (R, V), R rows
-        return first_lp.clone(), self._gen.select(state, torch.arange(state.rows))
+        copy = self._gen.select(state, torch.arange(state.rows))
+        copy.prompt_lp = None if state.prompt_lp is None else state.prompt_lp.clone()  # (R, n)
+        return first_lp.clone(), copy

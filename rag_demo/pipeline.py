@@ -26,7 +26,6 @@ from .engine import Generation, closed_book, rag_sequence, rag_token
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
 from .index import IndexInfo, PassageIndex, load_or_build_index
-from .marginalize import doc_log_prior
 from .stacks import LoadedStack, load_stack
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -40,7 +39,10 @@ class RetrievedDoc:
     text: str
     url: str | None
     score: float  # retrieval inner product q(x)·d(z)
-    prior: float  # p(z|x) = softmax over the K retrieved docs
+    prior: float  # p(z|x) = softmax over the K retrieved docs (with the reader's vote when question_weight > 0)
+    # RagSettings.question_weight > 0 on a decoder-only generator: log p_G(question | passage),
+    # the generator's own log-likelihood of the question's tokens after this passage
+    question_logprob: float | None = None
     # RagSettings.passage_sentences > 0: the indices of the sentences (corpus.split_sentences) the
     # generator read; None: it read the whole passage
     read_sentences: list[int] | None = None
@@ -240,18 +242,22 @@ class RagPipeline:
                     fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.passage_sentences)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
             fed, kept, focus_s = fed_for[key]
-            # the doc log-prior enters here: p(z|x) = softmax(scale * q(x)·d(z) / T) over the K passages
+            # the retriever's logits scale * q(x)·d(z) / T over the K passages; the doc log-prior
+            # enters in the engine (engine.prefill_and_prior), which may add the reader's vote
             logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
-            prior = doc_log_prior(logits).exp()  # (K,)
             prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position) for p in fed]
+            tails = {gen.question_tail(p, q) for p in prompts} if s.question_weight else {None}
+            tail = tails.pop() if len(tails) == 1 else None  # the rows' tails must align (they do: same suffix)
             spans = None
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
-            g = run(gen, prompts, logits, s, control=control, spans=spans)  # steps 3 and 4: generate, attribute
+            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail)  # steps 3 and 4
+            prior = g.prior.exp()  # (K,) p(z|x) as the engine used it
             docs = [
                 RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
-                             read_sentences=kept[i] if s.passage_sentences else None)
+                             read_sentences=kept[i] if s.passage_sentences else None,
+                             question_logprob=None if g.question_lp is None else float(g.question_lp[i]))
                 for i, p in enumerate(passages)
             ]
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})

@@ -540,7 +540,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
                 f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}</td>'
-                f'<td class="rag-num">{d["score"]:.3f}</td>{_prob_cell(d["prior"])}{posts}</tr>'
+                f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
             )
         out.append(
             f'<div class="rag-passages"><h3>Retrieved passages{who} '
@@ -550,6 +550,15 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         )
     return "".join(out)
+
+
+def _question_lp_note(d: dict) -> str:
+    """With the generator's vote on (question_weight > 0): log p(question | passage) under the score."""
+    lp = d.get("question_logprob")
+    if lp is None:
+        return ""
+    return (f'<div class="rag-qlp" title="the generator\'s log-likelihood of the question after this passage, '
+            f'added to the score times the vote\'s weight before the softmax">log p(x|z) {lp:.1f}</div>')
 
 
 def _prob_cell(p: float | None) -> str:
@@ -1087,6 +1096,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         passage_sentences: int = defaults.passage_sentences,
         question_position: str = defaults.question_position,
         extractive: bool = defaults.extractive,
+        question_weight: float = defaults.question_weight,
         request: gr.Request = None,
     ) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
@@ -1099,7 +1109,8 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         settings = _settings(k=k, num_beams=num_beams, max_new_tokens=max_new_tokens,
                              sequence_decoding=sequence_decoding, answer_style=answer_style,
                              prior_temperature=prior_temperature, passage_sentences=passage_sentences,
-                             question_position=question_position, extractive=extractive)
+                             question_position=question_position, extractive=extractive,
+                             question_weight=question_weight)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
         with user_errors():
@@ -1234,7 +1245,10 @@ passages). For a question $x$ it runs four steps, each timed under every answer:
 1. **encode** the question into a vector $q(x)$;
 2. **retrieve** the top-$K$ passages $z$ by inner product $q(x)\cdot d(z)$, with prior
    $p(z|x) = \mathrm{softmax}_z\, q(x)\cdot d(z) / T$ over those $K$ ($T$: the *retrieval temperature* in
-   Settings; $T = 1$ is the retriever's own prior);
+   Settings; $T = 1$ is the retriever's own prior). With the *generator's vote* $w > 0$ the generator
+   reweighs them too: $p(z|x) = \mathrm{softmax}_z\,(q(x)\cdot d(z) / T + w \log p(x \mid z))$, where
+   $\log p(x \mid z)$ is how likely the generator finds the question after the passage (Sachan et al. 2022,
+   "UPR"), read from the prompt it runs anyway (the table shows it under the score);
 3. **generate** with the generator $p(y_i \mid x, z, y_{<i})$ run once per passage, combined in one of two ways
    (with *sentences per passage* above 0 the generator reads only each passage's sentences closest to the
    question; the passage table dims the others);
@@ -1383,6 +1397,13 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                     label="Retrieval temperature", elem_id="rag-temperature",
                                                     info="p(z|x) = softmax(score / T): higher spreads the answer "
                                                     "over more passages, lower leans on the top one")
+                            question_weight = gr.Slider(0, 2, value=settings0.question_weight, step=0.25,
+                                                        label="Generator's vote on the passages",
+                                                        elem_id="rag-question-weight",
+                                                        info="p(z|x) = softmax(score / T + w · log p(question | "
+                                                        "passage)): w > 0 lets the generator reweigh the retrieved "
+                                                        "passages by how well each explains the question (free: "
+                                                        "read from the prompt it already runs; BART ignores it)")
                             sentences = gr.Slider(0, 6, value=settings0.passage_sentences, step=1,
                                                   label="Sentences per passage", elem_id="rag-sentences",
                                                   info="0 = the whole passage; n = the n sentences the retriever "
@@ -1397,7 +1418,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                      "passage its own, in RAG-Sequence); scores stay the model's",
                                                      elem_id="rag-extractive")
                             cost_box = gr.HTML(h["estimate"](None), elem_id="rag-cost")
-                with gr.Row(equal_height=True):
+                with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
                 with gr.Accordion("Edit a retrieved passage, then ask again", open=False, elem_id="rag-edit-acc"):
@@ -1432,7 +1453,8 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         # The API keeps its order: (question, the settings in this order) for /ask_session.
         settings_in = {"k": k, "num_beams": beams, "max_new_tokens": max_new, "sequence_decoding": decoding,
                        "answer_style": style, "prior_temperature": temperature, "passage_sentences": sentences,
-                       "question_position": question_both, "extractive": extractive}
+                       "question_position": question_both, "extractive": extractive,
+                       "question_weight": question_weight}
         # /edit_passage's positional API was (pid, text, question, the first four settings, title):
         # the reader settings come after the title, so positional callers keep working
         edit_in = {**dict(list(settings_in.items())[:4]), "new_title": edit_title, **settings_in}

@@ -44,6 +44,10 @@ DOCS = [
         ("question_position", "before", r"question_position='before' is unknown: use one of after, both"),
         ("passage_sentences", -1, r"passage_sentences=-1 is out of range: use 0 \(the whole passage\) to 20"),
         ("passage_sentences", 2.5, r"passage_sentences=2.5 is not a whole number"),
+        ("question_weight", -0.1, r"question_weight=-0.1 is out of range: use 0 \(the retriever's p\(z\|x\) alone\) to 5"),
+        ("question_weight", 6, r"question_weight=6 is out of range"),
+        ("question_weight", "much", r"question_weight='much' is not a number"),
+        ("question_weight", True, r"question_weight=True is out of range"),
     ],
 )
 def test_new_settings_reject_bad_values_by_name(field, bad, message):
@@ -54,8 +58,9 @@ def test_new_settings_reject_bad_values_by_name(field, bad, message):
 
 
 def test_new_settings_accept_their_range():
-    s = RagSettings(prior_temperature="2", question_position="both", passage_sentences="3")
+    s = RagSettings(prior_temperature="2", question_position="both", passage_sentences="3", question_weight="0.5")
     assert (s.prior_temperature, s.question_position, s.passage_sentences) == (2.0, "both", 3)
+    assert s.question_weight == 0.5 and RagSettings(question_weight=0).question_weight == 0.0
     assert set(QUESTION_POSITIONS) == {"after", "both"}
 
 
@@ -212,3 +217,86 @@ def test_extractive_answers_copy_a_span_of_the_passages(tiny_offline):
     with pytest.raises(ValueError, match="extractive='maybe' is not true or false"):
         RagSettings(extractive="maybe")
     assert RagSettings(extractive="true").extractive is True and RagSettings(extractive="False").extractive is False
+
+
+# ---------------------------------------------------------------- the reader's vote on p(z|x)
+
+
+def _question_logprob(gen, prompt: list[int], question: str) -> float:
+    """log p_G(question | what precedes it in `prompt`), from one plain forward pass of the
+    whole prompt (no cache, no padding): the reference the prefill's tail is checked against."""
+    n_q, n_after = gen.question_tail(prompt, question)
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        lp = torch.log_softmax(gen.model(input_ids=ids).logits[0].float(), -1)  # (S, V)
+    start = len(prompt) - n_after - n_q
+    return float(sum(lp[j - 1, prompt[j]] for j in range(start, start + n_q)))
+
+
+def test_question_tail_finds_the_question_after_the_passage(tiny_offline):
+    gen = tiny_offline.stack.modes["token"].generator
+    q_ids = gen.tokenizer(f" {Q}", add_special_tokens=False)["input_ids"]
+    for style in ("short", "sentence"):
+        for position in ("after", "both"):
+            prompt = gen.prompt(Q, FLEMING, 192, style, position)
+            n_q, n_after = gen.question_tail(prompt, Q)
+            assert n_q == len(q_ids) and prompt[len(prompt) - n_after - n_q: len(prompt) - n_after] == q_ids
+            # the last occurrence: the question after the passage, never the one before it
+            before_passage = len(gen.tokenizer(FLEMING.text, add_special_tokens=False)["input_ids"])
+            assert n_after < before_passage
+    assert gen.question_tail(gen.prompt("Other words", FLEMING, 192, "short"), Q) is None
+
+
+def test_prefill_scores_the_prompt_tail_as_a_plain_forward_pass(tiny_offline):
+    gen = tiny_offline.stack.modes["token"].generator
+    passages = [Passage(id=f"d#{i}", title=t, text=x) for i, (t, x) in enumerate(DOCS)]
+    prompts = [gen.prompt(Q, p, 192, "short") for p in passages]  # different lengths: left padding
+    n_q, n_after = gen.question_tail(prompts[0], Q)
+    first_lp, state = gen.prefill(prompts, score_last=n_q + n_after)
+    plain_first, plain_state = gen.prefill(prompts)
+    assert plain_state.prompt_lp is None and state.prompt_lp.shape == (3, n_q + n_after)
+    # float32, same weights, padded batch vs one unpadded row: measured differences ~1e-6; 1e-4 margin
+    torch.testing.assert_close(first_lp, plain_first, atol=1e-4, rtol=0)
+    for i, prompt in enumerate(prompts):
+        want = _question_logprob(gen, prompt, Q)
+        assert float(state.prompt_lp[i, :n_q].sum()) == pytest.approx(want, abs=1e-3)
+    with pytest.raises(ValueError, match="score_last=999 is out of range"):
+        gen.prefill(prompts, score_last=999)
+    shared = G.SharedPrefill(gen)
+    _, a = shared.prefill(prompts, score_last=n_q + n_after)
+    _, b = shared.prefill(prompts, score_last=n_q + n_after)
+    assert shared.prefills == 1 and torch.equal(a.prompt_lp, state.prompt_lp) and a.prompt_lp is not b.prompt_lp
+
+
+def test_question_weight_adds_the_readers_log_likelihood_to_the_prior(tiny_offline):
+    """p(z|x) = softmax(20 * cos / T + w * log p_G(x|z)), for both RAG modes, and every formula
+    uses it: w = 0 is the retriever's prior (test above), w > 0 moves mass to the passages
+    after which the generator finds the question likely."""
+    gen = tiny_offline.stack.modes["token"].generator
+    base = tiny_offline.answer(Q, "token")
+    scores = torch.tensor([d.score for d in base.docs])
+    assert all(d.question_logprob is None for d in base.docs)
+    prompts = [gen.prompt(Q, Passage(id=d.id, title=d.title, text=d.text), 192, "sentence") for d in base.docs]
+    q_lp = torch.tensor([_question_logprob(gen, p, Q) for p in prompts])  # (K,)
+    for w in (0.5, 2.0):
+        for mode in ("token", "sequence"):
+            a = tiny_offline.answer(Q, mode, question_weight=w)
+            assert [d.question_logprob for d in a.docs] == pytest.approx(q_lp.tolist(), abs=1e-3)
+            want = torch.softmax(scores * 20.0 + w * q_lp, 0)
+            # float32 softmax of inputs equal within 1e-3 (above), times w <= 2: 5e-3 is margin
+            assert [d.prior for d in a.docs] == pytest.approx(want.tolist(), abs=5e-3)
+            assert a.token_doc_posteriors != base.token_doc_posteriors or mode == "sequence"
+    # the passage the generator finds the question most likely after gains mass, the least loses it
+    a = tiny_offline.answer(Q, "token", question_weight=2.0)
+    best, worst = int(q_lp.argmax()), int(q_lp.argmin())
+    assert a.docs[best].prior > base.docs[best].prior and a.docs[worst].prior < base.docs[worst].prior
+
+
+def test_encoder_decoder_generators_do_not_predict_their_input(tiny_ckpts):
+    from rag_demo.stacks import load_rag_checkpoint
+
+    _, gen = load_rag_checkpoint(str(tiny_ckpts["rag_token"]), "token")
+    prompt = gen.prompt(Q, FLEMING, 64)
+    assert gen.question_tail(prompt, Q) is None
+    with pytest.raises(ValueError, match="score_last=3: an encoder-decoder generator reads its input"):
+        gen.prefill([prompt], score_last=3)
