@@ -29,6 +29,36 @@ NEG = -1.0e9  # the reference's "impossible" score
 ROWS_CHUNK = 64
 
 
+class StopRule(list):
+    """The token ids that end an answer (a list, usable wherever one is), with one exception: a
+    `soft` end right after an `after` token does not end it. The short answer style stops at a
+    sentence-final period, but "U.S. dollar", "J. K. Rowling" and "St. Louis" hold a period
+    after an initial or an abbreviation (Generator.stop_token_ids)."""
+
+    def __init__(self, ends, soft=(), after=()):
+        super().__init__(sorted(set(ends)))
+        self.soft, self.after = frozenset(soft), frozenset(after)
+        self._ends_t, self._soft_t, self._after_t = (torch.tensor(sorted(x), dtype=torch.long)
+                                                     for x in (set(self), self.soft, self.after))
+
+    def hits(self, tok: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """tok, prev: same shape, the chosen tokens and the tokens before them (-1: none) ->
+        a bool mask of the choices that end their answer."""
+        hit = torch.isin(tok, self._ends_t)
+        if self.soft:
+            hit &= ~(torch.isin(tok, self._soft_t) & torch.isin(prev, self._after_t))
+        return hit
+
+    def ends_at(self, tokens: list[int], i: int) -> bool:
+        """Does tokens[i] end the answer?"""
+        t = tokens[i]
+        return t in self and not (t in self.soft and i > 0 and tokens[i - 1] in self.after)
+
+
+def as_rule(eos) -> StopRule:
+    return eos if isinstance(eos, StopRule) else StopRule(eos)
+
+
 @dataclass
 class Hyp:
     """One finished output of a search group."""
@@ -119,7 +149,7 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     steps; when it names a reason ("time_limit", "cancelled") decoding ends there, the
     unfinished groups keep what they have, and `rows.stopped` holds the reason. `allowed`
     restricts the argmax (not the scores) to the tokens it allows (SpanConstraint)."""
-    eos_t = torch.tensor(eos)
+    rule = as_rule(eos)
     made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
     r = 1 if rows.prior is None and rows.per_beam == 1 else rows.per_beam
@@ -142,7 +172,8 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
         step_lp[active] = torch.cat([c, row_c], dim=1)
         toks.append(step_tok)
         hist.append(step_lp)
-        going = ~torch.isin(tok, eos_t)  # (A,)
+        prev = toks[-2][active] if len(toks) > 1 else torch.full_like(tok, -1)  # (A,) the token before
+        going = ~rule.hits(tok, prev)  # (A,)
         if t == max_new_tokens - 1 or not bool(going.any()):
             break
         if stop is not None and (reason := stop()):
@@ -164,8 +195,9 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
 
 def _trim(tokens: list[int], eos: list[int]) -> list[int]:
     """Cut after the first EOS (what follows is padding)."""
-    for i, t in enumerate(tokens):
-        if t in eos:
+    rule = as_rule(eos)
+    for i in range(len(tokens)):
+        if rule.ends_at(tokens, i):
             return tokens[: i + 1]
     return tokens
 
@@ -193,7 +225,7 @@ def beam_search(
     """
     G, B, V = groups, num_beams, lp.shape[-1]
     beam_group = torch.arange(G).repeat_interleave(B).tolist()  # (G*B,) the group of each beam
-    eos_t = torch.tensor(eos)
+    rule = as_rule(eos)
     run_seq = torch.full((G, B, max_new_tokens), pad, dtype=torch.long)  # (G, B, T)
     run_score = torch.full((G, B), NEG)  # (G, B)
     run_score[:, 0] = 0.0  # only the first (identical) beam may expand at step 0
@@ -212,7 +244,8 @@ def beam_search(
         parent, tok = top_idx // V, top_idx % V  # (G, 2B)
         cand = torch.gather(run_seq, 1, parent.unsqueeze(-1).expand(-1, -1, max_new_tokens)).clone()  # (G, 2B, T)
         cand[:, :, t] = tok
-        hits = torch.isin(tok, eos_t) | (t + 1 >= max_new_tokens)  # (G, 2B)
+        prev = cand[:, :, t - 1] if t else torch.full_like(tok, -1)  # (G, 2B) the token before
+        hits = rule.hits(tok, prev) | (t + 1 >= max_new_tokens)  # (G, 2B)
         # running beams: the best B candidates that did not stop
         run_lp = top_lp + hits.float() * NEG  # (G, 2B)
         keep = torch.topk(run_lp, B).indices  # (G, B)
@@ -257,7 +290,7 @@ def beam_search(
 def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
     """A finished beam's tokens: up to its EOS, or up to trailing padding at max length."""
     cut = _trim(tokens, eos)
-    if cut and cut[-1] in eos:
+    if cut and as_rule(eos).ends_at(cut, len(cut) - 1):
         return cut
     while cut and cut[-1] == pad:
         cut = cut[:-1]

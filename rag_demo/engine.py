@@ -18,7 +18,7 @@ import torch
 
 from .budget import RunControl
 from .config import RagSettings
-from .decoding import Hyp, Rows, SpanConstraint, score_candidates, search
+from .decoding import Hyp, Rows, SpanConstraint, as_rule, score_candidates, search
 from .generators import Generator
 from .marginalize import (
     doc_log_prior,
@@ -193,7 +193,7 @@ def _controlled(gen: Generator, control: RunControl | None):
 def _stopped(tokens: list[int], early: str | None, ends: list[int], s: RagSettings) -> str:
     """Why an answer ended: its own end (EOS, or a short answer's stop token), a stop reason, or
     the token limit."""
-    if tokens and tokens[-1] in ends:
+    if tokens and as_rule(ends).ends_at(tokens, len(tokens) - 1):
         return "eos"
     if early:
         return early

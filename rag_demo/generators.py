@@ -42,6 +42,8 @@ CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 # worked example did not shorten its answers either (docs/reader_results.md).
 # The closed-book prompt asks the same.
 SHORT_ANSWER_CUE = "The answer is:"
+# Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
+ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})
 SHORT_SYSTEM_PROMPT = (
     "Answer with the shortest phrase from the passage that answers the question: "
     "a name, a place, a date or a number, not a sentence."
@@ -393,19 +395,23 @@ class DecoderOnlyGenerator(Generator):
     def stop_token_ids(self, style: str = "sentence") -> list[int]:
         """short: EOS, every token that ends a line (its text holds a newline with only
         whitespace after it) and every sentence-final period token ("." alone, or followed by
-        whitespace only), so an answer is one phrase. A period inside an abbreviation ("St.
-        Louis") also stops it: the price of a stop that needs no look-ahead."""
+        whitespace only), so an answer is one phrase; except a period right after an initial or
+        a title's abbreviation ("U.S. dollar", "J. K. Rowling", "St. Louis": decoding.StopRule),
+        which looks one token back. A period after any other abbreviation ("Inc.") still ends it."""
         if style != "short":
             return self.eos_token_ids
-        if not hasattr(self, "_line_end_ids"):
+        if not hasattr(self, "_short_rule"):
             vocab = self.tokenizer.get_vocab()
             ids = sorted(vocab.values())
             texts = self.tokenizer.batch_decode([[i] for i in ids])
-            self._line_end_ids = [
-                i for i, t in zip(ids, texts)
-                if ("\n" in t and not t.split("\n", 1)[1].strip()) or t.strip() == "."
-            ]
-        return sorted(set(self.eos_token_ids) | set(self._line_end_ids))
+            periods = [i for i, t in zip(ids, texts) if t.strip() == "."]
+            line_ends = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
+            initials = [i for i, t in zip(ids, texts)
+                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in ABBREVIATIONS]
+            from .decoding import StopRule
+
+            self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)
+        return self._short_rule
 
     def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after"):
         ids = self.tokenizer.apply_chat_template(

@@ -86,6 +86,16 @@ def test_short_style_stops_at_line_ends(smol_tiny):
         assert tok(word, add_special_tokens=False)["input_ids"][0] not in short
 
 
+def test_short_style_does_not_stop_at_the_period_of_an_initial(smol_tiny):
+    """ "U.S. dollar", "J. K. Rowling", "St. Louis": a period right after an initial or a title's
+    abbreviation does not end a short answer; after a word it does ("Paris.")."""
+    tok, rule = smol_tiny.tokenizer, smol_tiny.stop_token_ids("short")
+    for text in (" U.S. dollar.", " J. K. Rowling.", " St. Louis.", " Paris."):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        stops = [i for i in range(len(ids)) if rule.ends_at(ids, i)]
+        assert stops == [len(ids) - 1], (text, [tok.decode([t]) for t in ids], stops)
+
+
 def _force_next(gen, token_id: int) -> torch.nn.Module:
     """Make `token_id` the argmax of every step (a large bias on its output logit); returns the
     original output layer."""

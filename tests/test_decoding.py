@@ -78,7 +78,7 @@ import torch
 
 from rag_demo import engine
 from rag_demo.config import RagSettings
-from rag_demo.decoding import Hyp, Rows, SpanConstraint, _strip, search
+from rag_demo.decoding import Hyp, Rows, SpanConstraint, StopRule, _strip, search
 from rag_demo.generators import Generator
 from rag_demo.marginalize import doc_log_prior
 
@@ -174,7 +174,8 @@ class TableGenerator(Generator):
         return TableState([state.docs[r] for r in rows], [state.prefixes[r] for r in rows])
 
 
-def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, prior=None, pad=PAD, spans=None):
+def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, prior=None, pad=PAD, spans=None,
+        eos=(EOS,)):
     """Search `table` the way the engine does -> (hypotheses per group, the generator).
     prior None: one group per doc (RAG-Sequence, closed-book); else one RAG-Token group over all docs."""
     gen = TableGenerator(table)
@@ -187,7 +188,8 @@ def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, pri
     if spans is not None:  # extractive: each group copies from its own doc's span, RAG-Token from all
         allowed = SpanConstraint(spans, [[z] for z in range(len(docs))] if prior is None else [list(range(len(docs)))],
                                  [EOS])
-    hyps = search(rows, lp, groups, num_beams, max_new_tokens, [EOS], pad, length_penalty, allowed=allowed)
+    hyps = search(rows, lp, groups, num_beams, max_new_tokens, eos if isinstance(eos, StopRule) else list(eos), pad,
+                  length_penalty, allowed=allowed)
     return hyps, gen
 
 
@@ -324,6 +326,29 @@ def test_greedy_cuts_each_group_after_its_eos():
     assert g0.row_lp.shape == (1, 1) and g1.row_lp.shape == (1, 3)
     assert all(lp_close(float(g), w) for g, w in zip(g1.row_lp[0], (ln(.7), ln(.6), ln(.8))))
     assert lp_close(float(g0.row_lp[0, 0]), ln(.6))
+
+
+def test_a_soft_end_right_after_an_initial_does_not_end_the_answer():
+    """StopRule: B ends an answer, except right after A (as "." after "U" in "U.S."). Table G,
+    doc 1, greedy: A (.7), then B (.6), then EOS (.8). With B a plain end the answer is [A, B]
+    (B after A ends it); with B soft after A, B goes on and EOS ends it: [A, B, EOS],
+    ln(.7 * .6 * .8). Beam search (2 beams; Table G's doc 1, other rows A .25 B .25 EOS .5) obeys
+    the same rule."""
+    (plain,), _ = run(G, docs=(1,), eos=(EOS, B))[0], None
+    assert toks(plain) == [["A", "B"]]
+    rule = StopRule([EOS, B], soft=[B], after=[A])
+    (soft,), _ = run(G, docs=(1,), eos=rule)[0], None
+    assert toks(soft) == [["A", "B", "EOS"]] and lp_close(soft[0].logprob, ln(.7, .6, .8))
+    assert rule.hits(torch.tensor([B, B, EOS, A]), torch.tensor([A, -1, A, A])).tolist() == [False, True, True, False]
+    assert [rule.ends_at([A, B, B], i) for i in range(3)] == [False, False, True]
+    assert _strip([A, B, B, PAD], rule, PAD) == [A, B, B] and _strip([A, B, PAD], rule, PAD) == [A, B]
+    def table(doc, prefix):  # Table G's doc 1 where it has a row, else A .25 B .25 EOS .5
+        return G.get((doc, prefix), (.25, .25, .5))
+
+    (beams,), _ = run(table, docs=(1,), num_beams=2, eos=rule)
+    assert all(h.tokens[-2:] != [A, B] for h in beams)  # no beam ends on B right after A
+    (plain_beams,), _ = run(table, docs=(1,), num_beams=2, eos=(EOS, B))
+    assert ["A", "B"] in toks(plain_beams) and ["A", "B"] not in toks(beams)
 
 
 def test_greedy_stops_at_max_new_tokens_without_eos():
