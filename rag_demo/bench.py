@@ -134,8 +134,10 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
     for i, q in enumerate(questions):
         r = pipe.retrieve(q, "token", settings.k)
         docs, scores = r.passages, r.scores
-        prompts = [gen.prompt(q, p, settings.max_doc_tokens, settings.answer_style, settings.question_position) for p in docs]
-        g = rag_token(gen, prompts, scores * mm.score_scale, settings)
+        prompts = [gen.prompt(q, p, settings.max_doc_tokens, settings.answer_style, settings.question_position,
+                              settings.worked_examples) for p in docs]
+        tail = gen.question_tail(prompts[0], q) if settings.question_weight else None
+        g = rag_token(gen, prompts, scores * mm.score_scale, settings, question_tail=tail)
         n = len(g.tokens)
         plain = plain_generate(gen, prompts, n)
         if i == 0:  # the first pair warms both paths up; measure again

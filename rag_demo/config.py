@@ -20,8 +20,9 @@ ANSWER_STYLES = ("short", "sentence")
 QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
-READER_FIELDS = ("answer_style", "prior_temperature", "question_weight", "question_position", "passage_sentences",
-                 "extractive", "max_doc_tokens")
+READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
+                 "passage_sentences", "extractive", "max_doc_tokens")
+MAX_WORKED_EXAMPLES = 2
 MAX_QUESTION_WEIGHT = 5.0
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
@@ -79,6 +80,10 @@ class RagSettings:
     # extra cost. 0 = the retriever's prior alone (the paper's). An encoder-decoder (paper stack)
     # reads the question, it does not predict it, so there it is always 0.
     question_weight: float = 0.0
+    # Worked examples before the question (decoder-only; generators.WORKED_EXAMPLES, invented
+    # passages): earlier chat turns that show the task, asked and answered in the answer style.
+    # They open every doc's prompt, so the K rows compute them once (generators.shared_prefix).
+    worked_examples: int = 0
     # Decoder-only prompts: "after" puts the question after the passage; "both" also puts it
     # before, so the passage's tokens, which attend only to what precedes them, are read knowing
     # the question (Liu et al. 2023, "Lost in the Middle": query-aware contextualisation).
@@ -99,7 +104,7 @@ class RagSettings:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("k", "num_beams", "max_new_tokens", "max_doc_tokens", "passage_sentences"):
+        for name in ("k", "num_beams", "max_new_tokens", "max_doc_tokens", "passage_sentences", "worked_examples"):
             setattr(self, name, _whole(name, getattr(self, name)))
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise ValueError(f"k={self.k!r} is out of range: choose a number of passages from 1 to {MAX_K}.")
@@ -144,6 +149,10 @@ class RagSettings:
             raise ValueError(
                 f"passage_sentences={self.passage_sentences!r} is out of range: use 0 (the whole passage) "
                 f"to {MAX_PASSAGE_SENTENCES}."
+            )
+        if not 0 <= self.worked_examples <= MAX_WORKED_EXAMPLES:
+            raise ValueError(
+                f"worked_examples={self.worked_examples!r} is out of range: use 0 (none) to {MAX_WORKED_EXAMPLES}."
             )
         if not isinstance(self.extractive, bool):
             if str(self.extractive).lower() not in ("true", "false"):

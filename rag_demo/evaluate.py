@@ -473,7 +473,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
         "settings": {"k": settings.k, "num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens,
                      "sequence_decoding": settings.sequence_decoding, "answer_style": settings.answer_style,
                      "max_doc_tokens": settings.max_doc_tokens, "prior_temperature": settings.prior_temperature,
-                     "question_weight": settings.question_weight,
+                     "question_weight": settings.question_weight, "worked_examples": settings.worked_examples,
                      "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
                      "extractive": settings.extractive,
                      "modes": modes, "retrievers": list(retrievers)},
@@ -518,7 +518,7 @@ def format_report(report: dict) -> str:
         f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
         f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']}, "
         f"{s.get('answer_style', 'sentence')} answers, prior temperature {s.get('prior_temperature', 1.0):g}, "
-        f"question weight {s.get('question_weight', 0.0):g}, "
+        f"question weight {s.get('question_weight', 0.0):g}, {s.get('worked_examples', 0)} worked examples, "
         f"question {s.get('question_position', 'after')}, "
         f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
         f"{', extractive' if s.get('extractive') else ''})",

@@ -42,6 +42,19 @@ CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 # worked example did not shorten its answers either (docs/reader_results.md).
 # The closed-book prompt asks the same.
 SHORT_ANSWER_CUE = "The answer is:"
+# RagSettings.worked_examples: demonstrations before the real question, as earlier chat turns
+# (title, passage, question, short answer, sentence answer). Invented places and people, so the
+# model cannot answer them from its weights and no evaluation question is copied: they show the
+# task (read the passage, name the asked-for thing, not its neighbour; stop after the answer).
+# Every doc's prompt opens with them, so the K rows share them as one prefix (`shared_prefix`).
+WORKED_EXAMPLES = (
+    ("Veltrania", "Veltrania is an island nation in the Coral Sea. Its capital is Port Amsel, a harbour town founded "
+     "in 1812 by the navigator Ilse Marten, and its largest city is Brennholm. The island's main export is vanilla.",
+     "What is the capital of Veltrania?", "Port Amsel", "The capital of Veltrania is Port Amsel."),
+    ("Orlan Vesk", "Orlan Vesk was a Danubian composer and conductor. Born in Tallinburg in 1843, he studied in Vienna "
+     "and is best known for his opera The Glass Harbour, first staged in 1889.",
+     "When was The Glass Harbour first staged?", "1889", "The Glass Harbour was first staged in 1889."),
+)
 # Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
 ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})
 SHORT_SYSTEM_PROMPT = (
@@ -88,6 +101,25 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int, left: bool = False, min_wi
         ids[r, cols] = torch.tensor(list(row), dtype=torch.long)
         mask[r, cols] = 1
     return ids, mask
+
+
+# A prefix shorter than this runs with the rest of the prompt: one more model call costs more
+# than recomputing a few tokens per row.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]], keep: int = 1) -> int:
+    """The length of the token prefix every prompt shares, leaving at least `keep` tokens of
+    each prompt after it (0 for one prompt, or when shorter than MIN_SHARED_PREFIX)."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(p) for p in prompts) - keep
+    first = prompts[0]
+    for i in range(max(0, n)):
+        if any(p[i] != first[i] for p in prompts[1:]):
+            n = i
+            break
+    return n if n >= MIN_SHARED_PREFIX else 0
 
 
 class GrowingLayer(DynamicLayer):
@@ -182,9 +214,10 @@ class Generator:
     pad_token_id: int
 
     def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
-               question_position: str = "after") -> list[int]:
+               question_position: str = "after", examples: int = 0) -> list[int]:
         """Input ids for one (question, doc) pair, or the closed-book input (doc None), in
-        answer style `style` (RagSettings.answer_style), the question placed by
+        answer style `style` (RagSettings.answer_style), after `examples` worked examples
+        (RagSettings.worked_examples; decoder-only), the question placed by
         `question_position` (RagSettings.question_position)."""
         raise NotImplementedError
 
@@ -288,8 +321,8 @@ class EncoderDecoderGenerator(Generator):
         return [self.decoder_start_token_id]
 
     def prompt(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
-               question_position: str = "after") -> list[int]:
-        # `style` and `question_position` are ignored: BART-NQ was fine-tuned to answer in spans,
+               question_position: str = "after", examples: int = 0) -> list[int]:
+        # `style`, `question_position` and `examples` are ignored: BART-NQ was fine-tuned to answer in spans,
         # with this input format, and its encoder reads the whole input at once.
         tok = self.tokenizer
         if doc is None:
@@ -371,26 +404,30 @@ class DecoderOnlyGenerator(Generator):
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
 
     def messages(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
-                 question_position: str = "after") -> list[dict]:
+                 question_position: str = "after", examples: int = 0) -> list[dict]:
         """The chat turns for one doc (None: closed-book). question_position "both" puts the
-        question before the passage as well as after it (RagSettings.question_position)."""
+        question before the passage as well as after it (RagSettings.question_position);
+        `examples` worked examples (WORKED_EXAMPLES) come first as earlier turns, each asked
+        and answered the way the real question is (closed-book: without their passages)."""
         short = style == "short"
         if doc is None:
-            return [
-                {"role": "system", "content": SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT},
-                {"role": "user", "content": f"Question: {question}"},
-            ]
-        text = self._doc_text(doc, max_doc_tokens)
-        before = f"Question: {question}\n\n" if question_position == "both" else ""
-        if short:
-            return [
-                {"role": "system", "content": SHORT_SYSTEM_PROMPT},
-                {"role": "user", "content": f"{before}{doc.title}: {text}\n\nQuestion: {question}"},
-            ]
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{before}{doc.title}: {text}\n\nQuestion: {question}\nAnswer in a few words."},
-        ]
+            system = SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT
+            user = lambda q, title, text: f"Question: {q}"  # noqa: E731
+        else:
+            system = SHORT_SYSTEM_PROMPT if short else SYSTEM_PROMPT
+            ask = "" if short else "\nAnswer in a few words."
+
+            def user(q, title, text):
+                before = f"Question: {q}\n\n" if question_position == "both" else ""
+                return f"{before}{title}: {text}\n\nQuestion: {q}{ask}"
+
+        turns = [{"role": "system", "content": system}]
+        for title, text, q, span, sentence in WORKED_EXAMPLES[:examples]:
+            answer = f"{SHORT_ANSWER_CUE} {span}." if short else sentence
+            turns += [{"role": "user", "content": user(q, title, text)}, {"role": "assistant", "content": answer}]
+        text = None if doc is None else self._doc_text(doc, max_doc_tokens)
+        turns.append({"role": "user", "content": user(question, None if doc is None else doc.title, text)})
+        return turns
 
     def stop_token_ids(self, style: str = "sentence") -> list[int]:
         """short: EOS, every token that ends a line (its text holds a newline with only
@@ -413,9 +450,9 @@ class DecoderOnlyGenerator(Generator):
             self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)
         return self._short_rule
 
-    def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after"):
+    def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after", examples=0):
         ids = self.tokenizer.apply_chat_template(
-            self.messages(question, doc, max_doc_tokens, style, question_position), add_generation_prompt=True,
+            self.messages(question, doc, max_doc_tokens, style, question_position, examples), add_generation_prompt=True,
             tokenize=True
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -446,17 +483,30 @@ class DecoderOnlyGenerator(Generator):
 
     @torch.inference_mode()
     def prefill(self, prompts, score_last: int = 0):
-        ids, mask = pad_rows(prompts, self.pad_token_id, left=True)  # (R, S) left-padded
+        """The K doc prompts share their opening (system prompt, chat header, worked examples:
+        `shared_prefix`): that prefix runs once, as one row, its KV cache is copied to every row,
+        and only the rest of each prompt runs per row, left-padded after the prefix (the padding
+        is masked out and skipped by the position ids, so every row reads exactly its prompt)."""
         if not 0 <= score_last < min(len(p) for p in prompts):
             raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, S) positions ignore the left padding
+        P = shared_prefix(prompts, keep=score_last + 1)
+        cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
+        if P:
+            prefix = torch.tensor([list(prompts[0][:P])])  # (1, P)
+            self.model.model(input_ids=prefix, position_ids=torch.arange(P).unsqueeze(0), past_key_values=cache,
+                             use_cache=True)
+            cache = _select_cache(cache, torch.zeros(len(prompts), dtype=torch.long))  # (R, heads, P, d)
+            head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
+        ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
+        mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
+        pos = P + (tail_mask.cumsum(-1) - 1).clamp(min=0)  # (R, W) positions skip the padding
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=_GrowingCache(), use_cache=True,
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
             # only the logits needed: the last position's (R, 1, V), and before it the n positions
             # that predict the last n prompt tokens (left padding: every row's tail is aligned)
             logits_to_keep=score_last + 1,
         )
-        state = GenState(cache=out.past_key_values, mask=mask, next_pos=mask.sum(-1))
+        state = GenState(cache=out.past_key_values, mask=mask, next_pos=P + tail_mask.sum(-1))
         if score_last:
             lp = _log_softmax(out.logits[:, :-1])  # (R, n, V): position j predicts token j+1
             state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)

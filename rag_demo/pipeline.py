@@ -245,7 +245,8 @@ class RagPipeline:
             # the retriever's logits scale * q(x)·d(z) / T over the K passages; the doc log-prior
             # enters in the engine (engine.prefill_and_prior), which may add the reader's vote
             logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
-            prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position) for p in fed]
+            prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
+                       for p in fed]
             tails = {gen.question_tail(p, q) for p in prompts} if s.question_weight else {None}
             tail = tails.pop() if len(tails) == 1 else None  # the rows' tails must align (they do: same suffix)
             spans = None
@@ -268,7 +269,7 @@ class RagPipeline:
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style), s, control)
+        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s, control)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
@@ -314,7 +315,8 @@ class RagPipeline:
             key = (id(gen), mode != "closed-book")
             if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
                 doc = longest if key[1] else None
-                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style, s.question_position))  # the longest a passage can make it
+                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style, s.question_position,
+                                              s.worked_examples))  # the longest a passage can make it
             prompt_tokens = lengths[key]
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
                                                thorough=s.sequence_decoding == "thorough")

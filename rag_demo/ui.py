@@ -36,6 +36,7 @@ from .config import (
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_QUESTION_CHARS,
+    MAX_WORKED_EXAMPLES,
     SEQUENCE_DECODINGS,
     STACKS,
     RagSettings,
@@ -1097,6 +1098,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         question_position: str = defaults.question_position,
         extractive: bool = defaults.extractive,
         question_weight: float = defaults.question_weight,
+        worked_examples: int = defaults.worked_examples,
         request: gr.Request = None,
     ) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
@@ -1110,7 +1112,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
                              sequence_decoding=sequence_decoding, answer_style=answer_style,
                              prior_temperature=prior_temperature, passage_sentences=passage_sentences,
                              question_position=question_position, extractive=extractive,
-                             question_weight=question_weight)
+                             question_weight=question_weight, worked_examples=worked_examples)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
         with user_errors():
@@ -1397,6 +1399,11 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                     label="Retrieval temperature", elem_id="rag-temperature",
                                                     info="p(z|x) = softmax(score / T): higher spreads the answer "
                                                     "over more passages, lower leans on the top one")
+                            examples_n = gr.Slider(0, MAX_WORKED_EXAMPLES, value=settings0.worked_examples, step=1,
+                                                   label="Worked examples", elem_id="rag-worked-examples",
+                                                   info="invented passages answered in the answer style, shown to "
+                                                   "the generator before the question (computed once for all K "
+                                                   "passages; BART ignores them)")
                             question_weight = gr.Slider(0, 2, value=settings0.question_weight, step=0.25,
                                                         label="Generator's vote on the passages",
                                                         elem_id="rag-question-weight",
@@ -1454,7 +1461,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         settings_in = {"k": k, "num_beams": beams, "max_new_tokens": max_new, "sequence_decoding": decoding,
                        "answer_style": style, "prior_temperature": temperature, "passage_sentences": sentences,
                        "question_position": question_both, "extractive": extractive,
-                       "question_weight": question_weight}
+                       "question_weight": question_weight, "worked_examples": examples_n}
         # /edit_passage's positional API was (pid, text, question, the first four settings, title):
         # the reader settings come after the title, so positional callers keep working
         edit_in = {**dict(list(settings_in.items())[:4]), "new_title": edit_title, **settings_in}

@@ -300,3 +300,59 @@ def test_encoder_decoder_generators_do_not_predict_their_input(tiny_ckpts):
     assert gen.question_tail(prompt, Q) is None
     with pytest.raises(ValueError, match="score_last=3: an encoder-decoder generator reads its input"):
         gen.prefill([prompt], score_last=3)
+
+
+def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(tiny_offline):
+    """The K prompts share their opening (system prompt, chat header): prefill runs it once and
+    copies its cache. Each row's next-token log-probs, then and after one more token, equal
+    that prompt prefilled alone (no shared prefix: one row)."""
+    gen = tiny_offline.stack.modes["token"].generator
+    passages = [Passage(id=f"d#{i}", title=t, text=x) for i, (t, x) in enumerate(DOCS)]
+    prompts = [gen.prompt(Q, p, 192, "short") for p in passages]
+    P = G.shared_prefix(prompts)
+    assert P >= G.MIN_SHARED_PREFIX and all(p[:P] == prompts[0][:P] for p in prompts)
+    assert prompts[0][P] != prompts[1][P] or prompts[0][P] != prompts[2][P]  # the longest shared prefix
+    assert G.shared_prefix(prompts[:1]) == 0 and G.shared_prefix([[1] * 40, [1] * 40], keep=1) == 39
+    assert G.shared_prefix([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # under MIN_SHARED_PREFIX: not worth a call
+    calls = []
+    real = gen.model.model.forward
+    gen.model.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
+    try:
+        first, state = gen.prefill(prompts)
+    finally:
+        gen.model.model.forward = real
+    assert calls[0] == (1, P) and calls[1][0] == 3  # the prefix as one row, then the rest of each prompt
+    nxt = torch.tensor([[5], [6], [7]])
+    after = gen.advance(state, nxt)[:, -1]  # (3, V)
+    for i, p in enumerate(prompts):
+        alone_first, alone = gen.prefill([p])
+        # float32, the same prompt computed in two pieces vs one: measured ~1e-6; 1e-4 margin
+        torch.testing.assert_close(first[i], alone_first[0], atol=1e-4, rtol=0)
+        torch.testing.assert_close(after[i], gen.advance(alone, nxt[i:i + 1])[0, -1], atol=1e-4, rtol=0)
+
+
+def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
+    gen = tiny_offline.stack.modes["token"].generator
+    with pytest.raises(ValueError, match=r"worked_examples=3 is out of range: use 0 \(none\) to 2"):
+        RagSettings(worked_examples=3)
+    with pytest.raises(ValueError, match=r"worked_examples=1.5 is not a whole number"):
+        RagSettings().merged(worked_examples=1.5)
+    (t1, x1, q1, span1, sent1), (t2, _, q2, span2, _) = G.WORKED_EXAMPLES
+    for style, answer in (("short", f"{G.SHORT_ANSWER_CUE} {span1}."), ("sentence", sent1)):
+        none, one, two = (gen.messages(Q, FLEMING, 192, style, examples=n) for n in (0, 1, 2))
+        assert len(none) == 2 and len(one) == 4 and len(two) == 6
+        assert one[0] == none[0] and one[-1] == none[-1] and two[:3] == one[:3]  # examples go between
+        assert one[1]["role"] == "user" and one[1]["content"].startswith(f"{t1}: {x1}") and q1 in one[1]["content"]
+        assert one[2] == {"role": "assistant", "content": answer}
+        assert two[3]["content"].startswith(f"{t2}: ") and q2 in two[3]["content"]
+        # closed-book: the same examples without their passages
+        cb = gen.messages(Q, None, 192, style, examples=1)
+        assert cb[1]["content"] == f"Question: {q1}" and cb[2] == one[2] and cb[-1]["content"] == f"Question: {Q}"
+    # the K prompts share the examples: they lie inside the prefix computed once
+    prompts = [gen.prompt(Q, Passage(id=f"d#{i}", title=t, text=x), 192, "short", examples=2)
+               for i, (t, x) in enumerate(DOCS)]
+    opening = gen.tokenizer.apply_chat_template(gen.messages(Q, FLEMING, 192, "short", examples=2)[:5], tokenize=True)
+    opening = opening["input_ids"] if hasattr(opening, "keys") else opening
+    assert G.shared_prefix(prompts) >= len(opening) - 1
+    a, b = tiny_offline.answer(Q, "token"), tiny_offline.answer(Q, "token", worked_examples=2)
+    assert a.sequence_logprob != b.sequence_logprob  # another model input
