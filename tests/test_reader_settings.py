@@ -4,6 +4,7 @@ sharing changes nothing but the time. Offline stack made of real MiniLM (retriev
 sentence chooser) and a tiny random Llama with SmolLM2's real tokenizer, over a 3-passage corpus."""
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -129,7 +130,7 @@ def tiny_offline(minilm, smollm_tokenizer_folder, tmp_path_factory):
 
 
 def test_prior_temperature_is_the_softmax_of_scaled_scores_over_t(tiny_offline):
-    got = {t: tiny_offline.answer(Q, "token", prior_temperature=t) for t in (0.5, 1.0, 4.0)}
+    got = {t: tiny_offline.answer(Q, "token", prior_temperature=t, question_weight=0) for t in (0.5, 1.0, 4.0)}
     scores = torch.tensor([d.score for d in got[1.0].docs])
     for t, a in got.items():
         want = torch.softmax(scores * 20.0 / t, 0)
@@ -273,10 +274,12 @@ def test_question_weight_adds_the_readers_log_likelihood_to_the_prior(tiny_offli
     uses it: w = 0 is the retriever's prior (test above), w > 0 moves mass to the passages
     after which the generator finds the question likely."""
     gen = tiny_offline.stack.modes["token"].generator
-    base = tiny_offline.answer(Q, "token")
+    base = tiny_offline.answer(Q, "token", question_weight=0)
     scores = torch.tensor([d.score for d in base.docs])
     assert all(d.question_logprob is None for d in base.docs)
-    prompts = [gen.prompt(Q, Passage(id=d.id, title=d.title, text=d.text), 192, "sentence") for d in base.docs]
+    s = tiny_offline.settings
+    prompts = [gen.prompt(Q, Passage(id=d.id, title=d.title, text=d.text), 192, s.answer_style, s.question_position,
+                          s.worked_examples) for d in base.docs]
     q_lp = torch.tensor([_question_logprob(gen, p, Q) for p in prompts])  # (K,)
     for w in (0.5, 2.0):
         for mode in ("token", "sequence"):
@@ -286,10 +289,14 @@ def test_question_weight_adds_the_readers_log_likelihood_to_the_prior(tiny_offli
             # float32 softmax of inputs equal within 1e-3 (above), times w <= 2: 5e-3 is margin
             assert [d.prior for d in a.docs] == pytest.approx(want.tolist(), abs=5e-3)
             assert a.token_doc_posteriors != base.token_doc_posteriors or mode == "sequence"
-    # the passage the generator finds the question most likely after gains mass, the least loses it
+    # the passage the generator finds the question most likely after gains on the least likely:
+    # their log-odds move by exactly w times their log p_G(x|z) gap
     a = tiny_offline.answer(Q, "token", question_weight=2.0)
     best, worst = int(q_lp.argmax()), int(q_lp.argmin())
-    assert a.docs[best].prior > base.docs[best].prior and a.docs[worst].prior < base.docs[worst].prior
+    odds = lambda ans: math.log(ans.docs[best].prior) - math.log(ans.docs[worst].prior)  # noqa: E731
+    assert q_lp[best] > q_lp[worst]
+    # float32 priors near 1 lose ~1e-7 relative: the log-odds within 0.05 (w * gap here is ~1-10)
+    assert odds(a) - odds(base) == pytest.approx(2.0 * float(q_lp[best] - q_lp[worst]), abs=0.05)
 
 
 def test_encoder_decoder_generators_do_not_predict_their_input(tiny_ckpts):
@@ -354,5 +361,5 @@ def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
     opening = gen.tokenizer.apply_chat_template(gen.messages(Q, FLEMING, 192, "short", examples=2)[:5], tokenize=True)
     opening = opening["input_ids"] if hasattr(opening, "keys") else opening
     assert G.shared_prefix(prompts) >= len(opening) - 1
-    a, b = tiny_offline.answer(Q, "token"), tiny_offline.answer(Q, "token", worked_examples=2)
+    a, b = tiny_offline.answer(Q, "token", worked_examples=0), tiny_offline.answer(Q, "token", worked_examples=2)
     assert a.sequence_logprob != b.sequence_logprob  # another model input
