@@ -345,3 +345,25 @@ def test_edit_a_passage_and_ask_again_the_answer_follows(page, server):
     answers = [page.locator(f"#rag-answer-{m} .rag-answer").inner_text() for m in ("sequence", "token")]
     assert any("Monet" in a for a in answers), answers
     shot(page, "06-edited-passage")
+
+
+def test_on_a_phone_the_answer_cards_stack_and_nothing_runs_off_the_page(browser, server):
+    """At 390 px wide (a phone) the three answer cards sit one a row at nearly the full width,
+    not in ~130 px columns, and no card or table is wider than the screen."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    try:
+        wait_ready(pg, server)
+        small_settings(pg, k=2, max_new=8)
+        ask(pg, "Who devised pointillism?")
+        boxes = [pg.locator(f"#rag-answer-{m}").bounding_box() for m in ("sequence", "token", "closed-book")]
+        shot(pg, "09-phone")
+        assert all(b["width"] >= 300 for b in boxes), boxes  # each card nearly the screen's width
+        assert boxes[0]["y"] + boxes[0]["height"] <= boxes[1]["y"] + 1 and boxes[1]["y"] + boxes[1]["height"] <= boxes[2]["y"] + 1
+        wide = pg.evaluate("""() => [...document.querySelectorAll('.rag-card, .rag-passages')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).length""")
+        assert wide == 0, f"{wide} cards or passage tables run past the screen's right edge"
+        assert pg.evaluate("() => document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
+    finally:
+        ctx.close()
