@@ -1253,7 +1253,9 @@ passages). For a question $x$ it runs four steps, each timed under every answer:
    "UPR"), read from the prompt it runs anyway (the table shows it under the score);
 3. **generate** with the generator $p(y_i \mid x, z, y_{<i})$ run once per passage, combined in one of two ways
    (with *sentences per passage* above 0 the generator reads only each passage's sentences closest to the
-   question; the passage table dims the others);
+   question; the passage table dims the others). The offline generator's prompt opens with *worked examples*,
+   two invented passages answered the way it should answer, computed once and shared by all $K$ prompts;
+   *short* answers end at the first line end or sentence-final period;
 4. **attribute** each answer token to the passages (the heatmap).
 
 **RAG-Sequence** uses one passage for the whole answer, mixing once per sequence:
