@@ -136,7 +136,7 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
         docs, scores = r.passages, r.scores
         prompts = [gen.prompt(q, p, settings.max_doc_tokens, settings.answer_style, settings.question_position,
                               settings.worked_examples) for p in docs]
-        tail = gen.question_tail(prompts[0], q) if settings.question_weight else None
+        tail = gen.common_question_tail(prompts, q) if settings.question_weight else None
         g = rag_token(gen, prompts, scores * mm.score_scale, settings, question_tail=tail)
         n = len(g.tokens)
         plain = plain_generate(gen, prompts, n)

@@ -281,7 +281,7 @@ def beam_search(
         rows.reorder((run_parent + group_off).reshape(-1))
         lp = rows.step(run_seq[:, :, t].reshape(-1))  # (G*B, V)
     return [
-        [Hyp(_strip(fin_seq[g, b].tolist(), eos, pad), float(fin_raw[g, b]), g) for b in range(B)
+        [Hyp(_strip(fin_seq[g, b].tolist(), rule, pad), float(fin_raw[g, b]), g) for b in range(B)
          if bool(fin_flag[g, b]) and float(fin_raw[g, b]) > NEG / 2]  # (a beam forced off the constraint: dropped)
         for g in range(G)
     ]
@@ -289,8 +289,9 @@ def beam_search(
 
 def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
     """A finished beam's tokens: up to its EOS, or up to trailing padding at max length."""
-    cut = _trim(tokens, eos)
-    if cut and as_rule(eos).ends_at(cut, len(cut) - 1):
+    rule = as_rule(eos)
+    cut = _trim(tokens, rule)
+    if cut and rule.ends_at(cut, len(cut) - 1):
         return cut
     while cut and cut[-1] == pad:
         cut = cut[:-1]

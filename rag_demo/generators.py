@@ -38,8 +38,9 @@ CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 # assistant turn is opened with SHORT_ANSWER_CUE (prompt tokens, neither generated nor scored,
 # like BART's decoder start token), so the model's habit "The answer is: X. ..." becomes the
 # span " X"; the answer ends at the first line end or sentence-final period (`stop_token_ids`).
-# SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and a
-# worked example did not shorten its answers either (docs/reader_results.md).
+# SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and
+# without the cue one worked example did not shorten its answers either; with the cue, the two
+# WORKED_EXAMPLES below do (docs/reader_results.md).
 # The closed-book prompt asks the same.
 SHORT_ANSWER_CUE = "The answer is:"
 # RagSettings.worked_examples: demonstrations before the real question, as earlier chat turns
@@ -238,6 +239,12 @@ class Generator:
         decoder-only prompt holds the question after the passage); None when it does not (an
         encoder reads its input) or they cannot be found as one run of tokens."""
         return None
+
+    def common_question_tail(self, prompts: Sequence[Sequence[int]], question: str) -> tuple[int, int] | None:
+        """`question_tail` when it is the same in every prompt (the rows are left-padded, so the
+        question's positions then align from the end in all of them), else None."""
+        tails = {self.question_tail(p, question) for p in prompts}
+        return tails.pop() if len(tails) == 1 else None
 
     @torch.inference_mode()
     def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:

@@ -247,8 +247,7 @@ class RagPipeline:
             logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
             prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
                        for p in fed]
-            tails = {gen.question_tail(p, q) for p in prompts} if s.question_weight else {None}
-            tail = tails.pop() if len(tails) == 1 else None  # the rows' tails must align (they do: same suffix)
+            tail = gen.common_question_tail(prompts, q) if s.question_weight else None
             spans = None
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
