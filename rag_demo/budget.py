@@ -215,6 +215,9 @@ class RunControl:
     priority: int = 0  # at each step the lowest waiting number goes first: 0 cheap, 1 expensive
     cancelled: Callable[[], bool] | None = None  # polled between steps; True stops decoding ("cancelled")
     gate: StepGate | None = None
+    # streaming: called with each answer as it grows (RagPipeline.partial_answer's dict, after
+    # every decoding step); it only reads, it must not raise
+    on_partial: Callable[[dict], None] | None = None
 
     def stop_reason(self) -> str | None:
         """Why decoding must stop now, or None."""

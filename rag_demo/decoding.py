@@ -24,6 +24,24 @@ from .generators import Generator, GenState, pad_rows
 from .marginalize import rag_token_next
 
 NEG = -1.0e9  # the reference's "impossible" score
+
+
+@dataclass
+class Step:
+    """What a search has made so far, handed to `on_step` after every decoding step (streaming).
+
+    tokens: per group, its tokens so far (a finished group keeps its final tokens); row_lp:
+    greedy only, per group, its rows' log-probs of each chosen token (G, r, t), group g's valid
+    up to len(tokens[g]) (RAG-Token: r = K docs, so the attribution so far is exact); beam search hands its current best hypothesis of
+    each group and row_lp None (its attribution comes from one pass over the winner at the end).
+    done: per group, whether it has finished."""
+
+    tokens: list[list[int]]
+    row_lp: torch.Tensor | None  # (G, r, t) or None
+    done: list[bool]
+
+
+OnStep = Callable[[Step], None]
 # Teacher-forced rows scored at once: their KV cache is copied from the prefill state (K=20 docs
 # x 40 candidates x ~400 tokens would be ~20 GB for SmolLM2 in one go; 64 rows are ~0.6 GB).
 ROWS_CHUNK = 64
@@ -139,7 +157,8 @@ class Rows:
 
 
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int],
-           stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None) -> list[Hyp]:
+           stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
+           on_step: OnStep | None = None) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
@@ -148,7 +167,8 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     it) and its score is the sum of log-probs up to and including EOS. `stop()` is asked between
     steps; when it names a reason ("time_limit", "cancelled") decoding ends there, the
     unfinished groups keep what they have, and `rows.stopped` holds the reason. `allowed`
-    restricts the argmax (not the scores) to the tokens it allows (SpanConstraint)."""
+    restricts the argmax (not the scores) to the tokens it allows (SpanConstraint). `on_step`
+    (streaming) is called with a `Step` after every step; it sees copies, it changes nothing."""
     rule = as_rule(eos)
     made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
@@ -174,6 +194,8 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
         hist.append(step_lp)
         prev = toks[-2][active] if len(toks) > 1 else torch.full_like(tok, -1)  # (A,) the token before
         going = ~rule.hits(tok, prev)  # (A,)
+        if on_step is not None:
+            on_step(_greedy_step(toks, hist, active[~going], max_new_tokens == t + 1))
         if t == max_new_tokens - 1 or not bool(going.any()):
             break
         if stop is not None and (reason := stop()):
@@ -191,6 +213,15 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
         n = int((seqs[g] >= 0).sum())  # a group's tokens are a prefix: it stops at its EOS
         hyps.append(Hyp(seqs[g, :n].tolist(), float(lps[g, 0, :n].sum()), g, lps[g, 1:, :n]))
     return hyps
+
+
+def _greedy_step(toks: list[torch.Tensor], hist: list[torch.Tensor], ended: torch.Tensor, last: bool) -> Step:
+    """The Step greedy hands `on_step`: each group's tokens so far, its rows' log-probs of them."""
+    seqs = torch.stack(toks, dim=1)  # (G, t), -1 after a group's end
+    lps = torch.stack(hist, dim=2)[:, 1:]  # (G, r, t)
+    done = (seqs[:, -1] < 0) | last  # (G,) finished before this step, or the token limit
+    done[ended] = True  # finished at this step
+    return Step([row[row >= 0].tolist() for row in seqs], lps.clone(), done.tolist())
 
 
 def _trim(tokens: list[int], eos: list[int]) -> list[int]:
@@ -213,6 +244,7 @@ def beam_search(
     length_penalty: float = 1.0,
     stop: Callable[[], str | None] | None = None,
     allowed: SpanConstraint | None = None,
+    on_step: OnStep | None = None,
 ) -> list[list[Hyp]]:
     """Beam search for G groups of B beams; lp (G*B, V) first-step log-probs (beams identical).
 
@@ -221,7 +253,8 @@ def beam_search(
     reason between steps, the running beams are finished where they are (as at max length)
     and `rows.stopped` holds the reason. `allowed` (SpanConstraint) adds NEG to the tokens it
     does not allow; a beam that had to take one scores ~NEG and is dropped, so every returned
-    score is the model's own.
+    score is the model's own. `on_step` (streaming) gets each group's best running beam after
+    every step (a `Step` without row log-probs).
     """
     G, B, V = groups, num_beams, lp.shape[-1]
     beam_group = torch.arange(G).repeat_interleave(B).tolist()  # (G*B,) the group of each beam
@@ -265,6 +298,10 @@ def beam_search(
         best_running = run_score[:, :1] / ((t + 1) ** length_penalty)  # (G, 1)
         worst_fin = torch.where(fin_flag, fin_score.min(1, keepdim=True).values, NEG)  # (G, B)
         improvable = improvable & (best_running > worst_fin).any(-1, keepdim=True)  # (G, 1)
+        if on_step is not None:  # each group's best running beam; its best finished one once it is done
+            done = ~improvable | hits.all(-1, keepdim=True)  # (G, 1)
+            shown = torch.where(done.unsqueeze(-1), fin_seq[:, :1], run_seq[:, :1])[:, 0, : t + 1]  # (G, t+1)
+            on_step(Step([_strip(row.tolist(), rule, pad) for row in shown], None, done[:, 0].tolist()))
         if not bool(improvable.any()) or bool(hits.all()):
             break
         if stop is not None and (reason := stop()):
@@ -301,16 +338,18 @@ def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
 def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
     length_penalty: float, stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
+    on_step: OnStep | None = None,
 ) -> list[list[Hyp]]:
     """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
     lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs.
-    `stop()`: asked between steps (see greedy / beam_search); `allowed`: extractive decoding."""
+    `stop()`: asked between steps (see greedy / beam_search); `allowed`: extractive decoding;
+    `on_step`: streaming (a `Step` after every step)."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed, on_step)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
-    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed)
+    return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed, on_step)
 
 
 def score_candidates(

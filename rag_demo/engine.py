@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from .budget import RunControl
 from .config import RagSettings
-from .decoding import Hyp, Rows, SpanConstraint, as_rule, score_candidates, search
+from .decoding import Hyp, Rows, SpanConstraint, Step, as_rule, score_candidates, search
 from .generators import Generator
 from .marginalize import (
     doc_log_prior,
@@ -45,6 +46,29 @@ class Generation:
     question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z) when RagSettings.question_weight used it
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
     stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
+
+
+@dataclass
+class Partial:
+    """An answer while it is being decoded (streaming), handed to `on_partial` after every step.
+
+    mode: "token", "sequence" or "closed-book". tokens: RAG-Sequence, one draft per doc (the
+    candidate each passage's own search is writing); otherwise one list, the answer so far
+    (beam search: its current best hypothesis). doc_lp: RAG-Token greedy, each doc's log-prob
+    of every token so far (K, t), so the attribution of a partial answer is the final one's
+    prefix. prior: log p(z|x) (K,) as the engine uses it. done: per draft, whether it ended.
+    phase: "decoding", or "rescoring" (thorough RAG-Sequence, drafts done, scoring each under
+    every doc)."""
+
+    mode: str
+    tokens: list[list[int]]
+    doc_lp: torch.Tensor | None
+    prior: torch.Tensor | None
+    done: list[bool]
+    phase: str = "decoding"
+
+
+OnPartial = Callable[[Partial], None]
 
 
 def prefill_and_prior(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
@@ -77,7 +101,7 @@ def _decoding_name(s: RagSettings) -> str:
 
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
               control: RunControl | None = None, spans: list[list[int]] | None = None,
-              question_tail: tuple[int, int] | None = None) -> Generation:
+              question_tail: tuple[int, int] | None = None, on_partial: OnPartial | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
@@ -85,6 +109,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     token ids when decoding is extractive (RagSettings.extractive): the answer then copies a
     span of any of the K passages. question_tail: where the question sits in the prompts
     (`prefill_and_prior`: p(z|x) with the reader's vote when RagSettings.question_weight > 0).
+    on_partial: streaming, a `Partial` after every decoding step.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -97,8 +122,13 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
+    step = None
+    if on_partial is not None:
+        def step(st: Step) -> None:
+            doc_lp = None if st.row_lp is None else st.row_lp[0, :, : len(st.tokens[0])]  # (K, t)
+            on_partial(Partial("token", st.tokens, doc_lp, prior, st.done))
     best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop, allowed)[0])
+                        s.length_penalty, stop, allowed, step)[0])
     t1 = time.perf_counter()
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
@@ -114,7 +144,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
                  hf_compat_score: bool = False, control: RunControl | None = None,
-                 spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None) -> Generation:
+                 spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None,
+                 on_partial: OnPartial | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -125,8 +156,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
     ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
     the parity checks against the reference turn it on. spans: the K passages' token ids when
-    decoding is extractive: each doc's search copies a span of its own passage. question_tail:
-    as in `rag_token`.
+    decoding is extractive: each doc's search copies a span of its own passage. question_tail,
+    on_partial: as in `rag_token` (here the Partial holds the K drafts, one per doc).
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -135,9 +166,16 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
     rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
     allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
+    step = None
+    if on_partial is not None:
+        def step(st: Step) -> None:
+            on_partial(Partial("sequence", st.tokens, None, prior, st.done))
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                  s.length_penalty, stop, allowed)
+                  s.length_penalty, stop, allowed, step)
     cands = _dedupe([h for group in hyps for h in group])
+    if on_partial is not None and s.sequence_decoding == "thorough" and not rows.stopped:
+        on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,
+                           [True] * K, phase="rescoring"))
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
     lp = None
     if s.sequence_decoding == "thorough" and not rows.stopped:
@@ -168,15 +206,21 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     return out
 
 
-def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunControl | None = None) -> Generation:
-    """The generator alone, no documents (the paper's parametric-only baseline)."""
+def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunControl | None = None,
+                on_partial: OnPartial | None = None) -> Generation:
+    """The generator alone, no documents (the paper's parametric-only baseline). on_partial: as
+    in `rag_token`."""
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     first_lp, state = gen.prefill([prompt])  # (1, V)
     rows = Rows(gen, state, per_beam=1, prior=None)
+    step = None
+    if on_partial is not None:
+        def step(st: Step) -> None:
+            on_partial(Partial("closed-book", st.tokens, None, None, st.done))
     best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop)[0])
+                        s.length_penalty, stop, None, step)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)

@@ -22,9 +22,10 @@ import torch
 from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
-from .engine import Generation, closed_book, rag_sequence, rag_token
+from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
+from .marginalize import token_posteriors
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .stacks import LoadedStack, load_stack
 
@@ -252,14 +253,20 @@ class RagPipeline:
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
-            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail)  # steps 3 and 4
-            prior = g.prior.exp()  # (K,) p(z|x) as the engine used it
-            docs = [
-                RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
-                             read_sentences=kept[i] if s.passage_sentences else None,
-                             question_logprob=None if g.question_lp is None else float(g.question_lp[i]))
-                for i, p in enumerate(passages)
-            ]
+
+            def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
+                prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
+                return [
+                    RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
+                                 read_sentences=kept[i] if s.passage_sentences else None,
+                                 question_logprob=None if question_lp is None else float(question_lp[i]))
+                    for i, p in enumerate(passages)
+                ]
+
+            emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
+            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
+                    on_partial=emit)  # steps 3 and 4
+            docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:
                 t["focus"] = focus_s
@@ -268,8 +275,44 @@ class RagPipeline:
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s, control)
+        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s,
+                        control, on_partial=self._emitter(q, gen, control, lambda part: []))
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
+
+    def _emitter(self, q: str, gen, control: RunControl | None,
+                 docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
+        """The engine's streaming hook for this request: each Partial made into `partial_answer`'s
+        dict and handed to control.on_partial (None when nobody listens: no work per step)."""
+        if control is None or control.on_partial is None:
+            return None
+        listener = control.on_partial
+        return lambda part: listener(self.partial_answer(q, gen, part, docs_of(part)))
+
+    def partial_answer(self, q: str, gen, part: Partial, docs: list[RetrievedDoc]) -> dict:
+        """An answer being decoded, as a JSON-able dict shaped like Answer.to_dict() plus
+        "partial": True, "phase" and "drafts": "text"/"tokens" are the answer so far (RAG-Token
+        coloured by the attribution so far, `token_doc_posteriors` (t, K): exactly the final
+        answer's first t rows); RAG-Sequence's "drafts" are the K passages' own candidates being
+        written ({"rank", "title", "text", "done"}), its "text" the draft of the passage with the
+        highest p(z|x) until the candidates are rescored."""
+        tokens = part.tokens[0] if part.mode != "sequence" else part.tokens[int(torch.argmax(part.prior))]
+        shown = [i for i, t in enumerate(tokens) if not gen.is_special(t)]
+        pieces = gen.token_pieces(tokens)
+        rows: list[list[float]] = []
+        if part.doc_lp is not None and part.prior is not None and len(tokens):
+            post = token_posteriors(part.doc_lp, part.prior)[shown]  # (t', K)
+            rows = post.tolist()
+        drafts = []
+        if part.mode == "sequence":
+            drafts = [{"rank": d.rank, "title": d.title, "text": gen.decode(t), "done": done}
+                      for d, t, done in zip(docs, part.tokens, part.done)]
+        return {
+            "question": q, "mode": part.mode, "partial": True, "phase": part.phase,
+            "text": gen.decode(tokens), "tokens": [pieces[i] for i in shown], "token_ids": [tokens[i] for i in shown],
+            "docs": [dataclasses.asdict(d) for d in docs], "token_doc_posteriors": rows,
+            "top_docs": [max(range(len(r)), key=r.__getitem__) for r in rows], "drafts": drafts,
+            "stack": self.stack.name, "corpus": self.index.corpus.name,
+        }
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
         shown = [i for i, t in enumerate(g.tokens) if not gen.is_special(t)]

@@ -1,0 +1,108 @@
+"""Streaming (#12): answers handed out as they are decoded, on tiny random models.
+
+What must hold: listening changes nothing (same tokens, same log p(y|x)); every partial answer
+is a prefix of the final one; RAG-Token's partial attribution rows are exactly the final
+answer's first rows (greedy records each doc's log-prob as it goes); RAG-Sequence hands one
+draft per passage, then says it is rescoring; beam search hands its current best."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_demo.budget import RunControl
+from rag_demo.config import RagSettings, StackSpec
+from rag_demo.corpus import corpus_from_documents
+from rag_demo.decoding import Rows, Step, search
+from rag_demo.pipeline import RagPipeline
+from rag_demo.random_models import fixture_passages
+
+QUESTION = "who painted the starry night"
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpts, tmp_path_factory):
+    spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
+                     ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
+    corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=8))
+    with torch.no_grad():  # random BART says EOS at once; -1e4 on its EOS logit makes answers run to 8 tokens
+        for mm in pipe.stack.modes.values():
+            mm.generator.model.final_logits_bias[..., mm.generator.eos_token_ids[0]] = -1e4
+    return pipe
+
+
+def _listen(pipe, modes, **overrides):
+    seen: list[dict] = []
+    out = pipe.answer_modes(QUESTION, modes, control=RunControl(on_partial=seen.append), **overrides)
+    return out, seen
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_listening_changes_nothing(pipe, beams):
+    modes = ["sequence", "token", "closed-book"]
+    quiet = pipe.answer_modes(QUESTION, modes, num_beams=beams)
+    loud, seen = _listen(pipe, modes, num_beams=beams)
+    assert {p["mode"] for p in seen} == set(modes)
+    for m in modes:
+        assert loud[m].token_ids == quiet[m].token_ids
+        assert loud[m].sequence_logprob == pytest.approx(quiet[m].sequence_logprob, abs=1e-5)
+
+
+def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):
+    out, seen = _listen(pipe, ["token"])
+    final, parts = out["token"], [p for p in seen if p["mode"] == "token"]
+    assert len(parts) >= 2 and all(p["partial"] for p in parts)
+    lengths = [len(p["token_ids"]) for p in parts]
+    assert lengths == sorted(lengths) and lengths[0] < len(final.token_ids)  # it grows, from short
+    for p in parts:
+        n = len(p["token_ids"])
+        assert p["token_ids"] == final.token_ids[:n]
+        # float32 softmax of the same numbers in the same order: equal to rounding (1e-6)
+        assert torch.allclose(torch.tensor(p["token_doc_posteriors"]).reshape(n, -1),
+                              torch.tensor(final.token_doc_posteriors[:n]).reshape(n, -1), atol=1e-6)
+        assert p["top_docs"] == final.top_docs[:n]
+        assert [d["id"] for d in p["docs"]] == [d.id for d in final.docs]
+        assert [d["prior"] for d in p["docs"]] == pytest.approx([d.prior for d in final.docs], abs=1e-6)
+    assert parts[-1]["text"] == final.text
+
+
+def test_rag_sequence_streams_one_draft_per_passage_then_rescoring(pipe):
+    out, seen = _listen(pipe, ["sequence"])
+    parts = [p for p in seen if p["mode"] == "sequence"]
+    assert all(len(p["drafts"]) == 3 for p in parts)
+    assert [d["rank"] for d in parts[0]["drafts"]] == [1, 2, 3]
+    assert parts[-1]["phase"] == "rescoring" and all(d["done"] for d in parts[-1]["drafts"])
+    assert all(p["phase"] == "decoding" for p in parts[:-1])
+    # the drafts are the candidates the rescoring ranks
+    cands = {c["text"] for c in out["sequence"].candidates}
+    assert {d["text"] for d in parts[-1]["drafts"]} == cands
+    assert out["sequence"].text in cands
+
+
+def test_closed_book_partials_grow_to_the_answer(pipe):
+    out, seen = _listen(pipe, ["closed-book"])
+    parts = [p for p in seen if p["mode"] == "closed-book"]
+    final = out["closed-book"]
+    assert parts and all(final.token_ids[: len(p["token_ids"])] == p["token_ids"] for p in parts)
+    assert parts[-1]["token_ids"] == final.token_ids and parts[-1]["docs"] == []
+
+
+def test_greedy_steps_hand_copies_and_the_row_log_probs_of_the_final_hypothesis(pipe):
+    """decoding.search with on_step: each Step's tokens are prefixes of the result, its row
+    log-probs those the result carries; changing a Step's tensor changes nothing."""
+    gen = pipe.stack.modes["token"].generator
+    prompts = [gen.prompt(QUESTION, p, 64) for p in pipe.retrieve(QUESTION, "token", 3).passages]
+    first, state = gen.prefill(prompts)  # (3, V)
+    prior = torch.log_softmax(torch.tensor([1.0, 0.5, 0.0]), 0)  # (3,)
+    steps: list[Step] = []
+
+    def keep(st: Step) -> None:
+        steps.append(Step([list(t) for t in st.tokens], st.row_lp.clone(), list(st.done)))
+        st.row_lp.zero_()  # a listener that writes on what it was handed
+
+    hyp = search(Rows(gen, state, per_beam=3, prior=prior), first, 1, 1, 8, gen.eos_token_ids, gen.pad_token_id,
+                 1.0, on_step=keep)[0][0]
+    assert len(hyp.tokens) == 8 and len(steps) == 8 and steps[-1].done == [True]
+    for t, st in enumerate(steps, start=1):
+        assert st.tokens == [hyp.tokens[:t]]
+        assert torch.allclose(st.row_lp[0, :, :t], hyp.row_lp[:, :t])
