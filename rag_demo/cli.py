@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
     ev.add_argument("--sample", type=int, help="evaluate a random sample of N questions (deterministic: see --seed)")
     ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
+    ev.add_argument("--labels", help='JSONL of {"id", "answerable"}: evaluate only the questions labelled answerable '
+                    "(applied before --sample)")
     ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help="beam size (default 1: greedy)")
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
     ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
@@ -191,13 +193,15 @@ def cmd_index(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate, format_report, parse_modes, parse_retrievers, read_qa, sample_items, save_report
+    from .evaluate import (evaluate, format_report, keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items,
+                           save_report)
     from .pipeline import RagPipeline
 
     if args.limit is not None and args.sample is not None:
         raise ValueError("--limit and --sample both choose questions: pass one of them.")
     qa = read_qa(args.qa, args.limit)
-    items = qa.items if args.sample is None else sample_items(qa.items, args.sample, args.seed)
+    items = qa.items if args.labels is None else keep_answerable(qa.items, args.labels)
+    items = items if args.sample is None else sample_items(items, args.sample, args.seed)
     modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
                            sequence_decoding=args.decoding, **reader_settings(args))

@@ -253,6 +253,44 @@ def sample_items(items: list[QAItem], n: int, seed: int = 0) -> list[QAItem]:
     return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
 
 
+def keep_answerable(items: list[QAItem], labels_path: str | Path) -> list[QAItem]:
+    """The questions a labels file marks answerable, in file order. The file is JSONL, one
+    {"id": ..., "answerable": true|false} a line, written by a person who read each question's
+    supporting passages (is the answer really stated there, or does the gold string only occur?);
+    it holds ids, never questions. String-matched QA files mix in many questions no passage
+    answers: the labelled subset is the sharper instrument (../shared/data/README.md).
+
+    >>> import tempfile, json; f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+    >>> _ = f.write(json.dumps({"id": "b", "answerable": True}) + "\\n"); f.close()
+    >>> [it.question for it in keep_answerable([QAItem("qa", ["x"], {"id": "a"}), QAItem("qb", ["y"], {"id": "b"})], f.name)]
+    ['qb']
+    """
+    path = Path(labels_path)
+    if not path.is_file():
+        raise ValueError(f"labels file {path} not found: pass --labels with a JSONL file of {{\"id\", \"answerable\"}} rows.")
+    keep, seen = set(), set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ident, ok = row["id"], row["answerable"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f'{path.name} line {n}: write one {{"id": ..., "answerable": true|false}} object a line.') from None
+        if not isinstance(ok, bool):
+            raise ValueError(f'{path.name} line {n}: "answerable" must be true or false, not {ok!r}.')
+        seen.add(str(ident))
+        if ok:
+            keep.add(str(ident))
+    ids = [str(it.meta.get("id")) for it in items]
+    if not seen.intersection(ids):
+        raise ValueError(f"no question of the QA file has an id labelled in {path}: the labels belong to another file.")
+    kept = [it for it, i in zip(items, ids) if i in keep]
+    if not kept:
+        raise ValueError(f"{path} labels no question of the QA file answerable: nothing to evaluate.")
+    return kept
+
+
 def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
     """The usable questions of a QA file (see `read_qa`)."""
     return read_qa(path, limit).items

@@ -264,6 +264,8 @@ class RagPipeline:
                 ]
 
             emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
+            if emit is not None:
+                control.on_partial(self.reading(q, mode, len(passages)))
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
                     on_partial=emit)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
@@ -275,8 +277,11 @@ class RagPipeline:
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
+        emit = self._emitter(q, gen, control, lambda part: [])
+        if emit is not None:
+            control.on_partial(self.reading(q, "closed-book", 0))
         g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s,
-                        control, on_partial=self._emitter(q, gen, control, lambda part: []))
+                        control, on_partial=emit)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _emitter(self, q: str, gen, control: RunControl | None,
@@ -287,6 +292,12 @@ class RagPipeline:
             return None
         listener = control.on_partial
         return lambda part: listener(self.partial_answer(q, gen, part, docs_of(part)))
+
+    def reading(self, q: str, mode: str, k: int) -> dict:
+        """The partial dict of a mode whose prompts are being read (before its first token)."""
+        return {"question": q, "mode": mode, "partial": True, "phase": "reading", "k": k, "text": "", "tokens": [],
+                "token_ids": [], "docs": [], "token_doc_posteriors": [], "top_docs": [], "drafts": [],
+                "stack": self.stack.name, "corpus": self.index.corpus.name}
 
     def partial_answer(self, q: str, gen, part: Partial, docs: list[RetrievedDoc]) -> dict:
         """An answer being decoded, as a JSON-able dict shaped like Answer.to_dict() plus

@@ -13,9 +13,11 @@ gradio's demos: functions first, then `with gr.Blocks()` layout, then event wiri
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import html
 import math
+import queue
 import re
 import sys
 import threading
@@ -87,6 +89,10 @@ VITAL_EXAMPLES = (
     "Who wrote War and Peace?",
     "Where is the Taj Mahal?",
 )
+# /ask's and /ask_stream's settings arguments (RagSettings fields), in their positional order after
+# (question, ...) with `stack` between the first four and the reader settings
+API_SETTINGS = ("k", "num_beams", "max_new_tokens", "sequence_decoding", "answer_style", "prior_temperature",
+                "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples")
 MAX_UPLOAD_FILES = 20
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
 # Model events run two at a time: a cheap question can start while an expensive one runs. They
@@ -475,6 +481,46 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f'<ol class="rag-note">{cands}</ol></details>'
             )
     return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
+
+
+def render_partial(a: dict | None, mode: str) -> str:
+    """An answer card while it is decoded (streaming; RagPipeline.partial_answer's dict, or None
+    before its mode starts): the answer so far with a caret, RAG-Token's tokens coloured and its
+    heatmap growing row by row; RAG-Sequence's K drafts, one per passage, then the rescoring."""
+    head = (
+        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
+        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
+    )
+    if a is None:
+        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="waiting">'
+                f'{head}<div class="rag-placeholder">Waiting for its turn ...</div></div>')
+    caret = '<span class="rag-caret" aria-hidden="true">▍</span>'
+    parts = [head]
+    if a.get("phase") == "reading":
+        what = ("Reading the question (no passages) ..." if mode == "closed-book" else
+                f"Reading the question with each of the {plural(a.get('k', 0), 'passage')} (one prompt per passage) ...")
+        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="0">'
+                f'{head}<div class="rag-placeholder">{esc(what)}</div></div>')
+    if mode == "sequence":
+        rescoring = a.get("phase") == "rescoring"
+        what = ("Each passage has written its candidate; now every candidate is scored under every passage "
+                "and the mixture picks: p(y|x) = Σ_z p(z|x) p(y|x,z).") if rescoring else (
+                "Each passage writes its own candidate answer (one search per passage) ...")
+        rows = "".join(
+            f'<li>{badge(d["rank"], d["title"])} <span class="rag-draft">{esc(d["text"].strip())}</span>'
+            f'{"" if d["done"] else caret}</li>' for d in a.get("drafts", [])
+        )
+        parts += [f'<div class="rag-sub">{esc(what)}</div>', f'<ol class="rag-drafts">{rows}</ol>']
+    else:
+        text = a["text"].strip()
+        parts.append(f'<div class="rag-partial-answer">{esc(text)}{caret}</div>')
+        if mode == "token" and a.get("token_doc_posteriors"):
+            parts.append('<div class="rag-sub">Where each token came from (so far)</div>')
+            parts.append(render_tokens(a))
+            parts.append(f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>")
+    n = len(a.get("token_ids", []))
+    return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="{n}">'
+            f'{"".join(parts)}</div>')
 
 
 def doc_groups(answers: dict[str, dict]) -> list[tuple[str, list[str]]]:
@@ -886,7 +932,8 @@ def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, i
 
 
 def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None, *,
-                s: Session | None = None, serving: Serving | None = None, request: Any = None
+                s: Session | None = None, serving: Serving | None = None, request: Any = None,
+                on_partial: Callable[[dict], None] | None = None, stopped: Callable[[], bool] | None = None,
                 ) -> tuple[dict, Session | None]:
     """The three answers, one mode at a time (so the progress bar can say which), as the JSON-able
     {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}, and the
@@ -895,7 +942,9 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
     Refused before anything runs when over the budget; otherwise runs under one RunControl (one
     deadline for the three answers, priority from the cost, the shared gate). No lock is held:
     the gate interleaves this request's model steps with other requests' ones. An expensive
-    request is refused while `serving.max_heavy` others run."""
+    request is refused while `serving.max_heavy` others run. on_partial: streaming, each answer's
+    dict as it grows (RunControl.on_partial); stopped: True once the listener has gone (decoding
+    then stops as if cancelled)."""
     with user_errors():
         q = check_question(question)
     settings, asked_k = _fit_k(pipe, pipe.index, settings)
@@ -908,6 +957,12 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
     with user_errors():
         cost = serving.check(pipe, q, settings) if serving else None
     control = serving.control(cost, request) if serving else None
+    if on_partial is not None or stopped is not None:
+        from .budget import RunControl
+
+        gone = control.cancelled if control is not None else None
+        cancelled = (lambda: stopped() or bool(gone and gone())) if stopped is not None else gone  # noqa: E731
+        control = dataclasses.replace(control or RunControl(), on_partial=on_partial, cancelled=cancelled)
     answers = {}
     with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
         _run_modes(pipe, q, settings, control, answers, progress)
@@ -915,6 +970,55 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
         "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
         "settings": dataclasses.asdict(settings), "answers": answers,
     }, s
+
+
+STREAM_INTERVAL_S = 0.1  # at most ~10 page updates a second while answers grow
+
+
+def stream(run: Callable[[Callable[[dict], None], Callable[[], bool]], Any], interval: float = STREAM_INTERVAL_S):
+    """Run `run(on_partial, stopped)` in a worker thread (with this thread's context, so gradio's
+    warnings and progress still reach the page) and yield ("partial", {mode: latest dict}) while
+    answers grow, at most every `interval` s, then ("done", what `run` returned). `run`'s error
+    is raised here. If the consumer stops iterating (the visitor left), `stopped()` turns True
+    and the worker's decoding ends at its next step."""
+    events: queue.Queue = queue.Queue()
+    gone = threading.Event()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = run(events.put, gone.is_set)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            box["error"] = e
+        finally:
+            events.put(None)
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True, name="rag-answer")
+    worker.start()
+    latest: dict[str, dict] = {}
+    shown, finished, dirty = 0.0, False, False
+    try:
+        while not finished:
+            try:
+                item = events.get(timeout=interval)
+            except queue.Empty:
+                item = ...
+            while item is not ... and item is not None:  # drain: only the newest state of each mode matters
+                latest[item["mode"]], dirty = item, True
+                try:
+                    item = events.get_nowait()
+                except queue.Empty:
+                    item = ...
+            finished = item is None
+            if dirty and not finished and time.monotonic() - shown >= interval:
+                shown, dirty = time.monotonic(), False
+                yield "partial", dict(latest)
+        worker.join()
+        if "error" in box:
+            raise box["error"]
+        yield "done", box["result"]
+    finally:
+        gone.set()
 
 
 def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:
@@ -928,6 +1032,8 @@ def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: 
                 a = pipe.answer(q, mode, settings, control=control) if control is not None else pipe.answer(
                     q, mode, settings)
             answers[mode] = _finite(a.to_dict())
+            if control is not None and control.on_partial is not None:  # streaming: this card is final
+                control.on_partial({**answers[mode], "final": True})
     finally:
         memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
 
@@ -948,6 +1054,14 @@ def _ask_outputs(result: dict, s: Session) -> tuple:
         docs[0]["title"] if docs else "",
         s,
     )
+
+
+def _partial_outputs(latest: dict[str, dict]) -> tuple:
+    """The ask outputs while answers grow: the three cards, everything else left as it is."""
+    skip = gr.skip()
+    cards = (render_answer(a) if a and a.get("final") else render_partial(a, m) for m, a in
+             ((m, latest.get(m)) for m in MODES))
+    return (skip, *cards, skip, skip, skip, skip, skip, skip)
 
 
 def _empty_outputs(s: Session) -> tuple:
@@ -1073,15 +1187,26 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         )
 
     def ask_session(question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
-        """Answer in all three modes from this session's corpus (upload and edits included).
+        """Answer in all three modes from this session's corpus (upload and edits included),
+        streamed: the cards grow token by token, then the final outputs replace them.
         `settings`: the settings widgets' values by RagSettings field name (gradio's inputs_kwargs)."""
         s = fresh(s)
         settings = _settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(pool, s, progress)
-        result, s = _answer_all(pool, pipe, question, settings, progress, s=s, serving=serving, request=request)
-        return (render_status(pool, s, pipe), *_ask_outputs(result, s))
+        yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
+
+        def run(on_partial, stopped):
+            return _answer_all(pool, pipe, question, settings, s=s, serving=serving, request=request,
+                               on_partial=on_partial, stopped=stopped)
+
+        for kind, value in stream(run):
+            if kind == "partial":
+                yield _partial_outputs(value)
+            else:
+                result, s = value
+                yield (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
     defaults = RagSettings()  # the API's defaults are the library's
 
@@ -1108,16 +1233,49 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         which sentences the generator read). The reader settings come after `stack`, so callers
         from before they existed keep working. A question over the server's budget gets an error
         naming its cost and what to change, and nothing runs."""
-        settings = _settings(k=k, num_beams=num_beams, max_new_tokens=max_new_tokens,
-                             sequence_decoding=sequence_decoding, answer_style=answer_style,
-                             prior_temperature=prior_temperature, passage_sentences=passage_sentences,
-                             question_position=question_position, extractive=extractive,
-                             question_weight=question_weight, worked_examples=worked_examples)
-        if stack not in STACKS:
-            raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
-        with user_errors():
-            pipe = pool.get(stack)
+        pipe, settings = _api_request(locals())
         return _answer_all(pool, pipe, question, settings, serving=serving, request=request)[0]
+
+    def _api_request(args: dict) -> tuple[Any, RagSettings]:
+        """/ask's and /ask_stream's arguments -> (the stack's pipeline, the validated settings)."""
+        settings = _settings(**{f: args[f] for f in API_SETTINGS})
+        if args["stack"] not in STACKS:
+            raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
+        with user_errors():
+            return pool.get(args["stack"]), settings
+
+    def ask_stream(
+        question: str,
+        k: int = defaults.k,
+        num_beams: int = defaults.num_beams,
+        max_new_tokens: int = defaults.max_new_tokens,
+        sequence_decoding: str = defaults.sequence_decoding,
+        stack: str = "offline",
+        answer_style: str = defaults.answer_style,
+        prior_temperature: float = defaults.prior_temperature,
+        passage_sentences: int = defaults.passage_sentences,
+        question_position: str = defaults.question_position,
+        extractive: bool = defaults.extractive,
+        question_weight: float = defaults.question_weight,
+        worked_examples: int = defaults.worked_examples,
+        request: gr.Request = None,
+    ) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
+        """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done": false}
+        while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict, with
+        "partial": true; an answer already finished: its Answer.to_dict() with "final": true), then
+        /ask's final dict with "done": true. Same arguments and budget as /ask."""
+        pipe, settings = _api_request(locals())
+
+        def run(on_partial, stopped):
+            return _answer_all(pool, pipe, question, settings, serving=serving, request=request,
+                               on_partial=on_partial, stopped=stopped)[0]
+
+        for kind, value in stream(run):
+            if kind == "partial":
+                yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                       "answers": value, "done": False}
+            else:
+                yield {**value, "done": True}
 
     def upload(files, s, progress=gr.Progress()):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
@@ -1222,7 +1380,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         return (render_status(pool, s), *_empty_outputs(s))
 
     return {
-        "on_load": on_load, "ask_session": ask_session, "ask": ask, "upload": upload,
+        "on_load": on_load, "ask_session": ask_session, "ask": ask, "ask_stream": ask_stream, "upload": upload,
         "choose_corpus": choose_corpus, "choose_stack": choose_stack, "pick_passage": pick_passage,
         "edit_passage": edit_passage, "reset_edits": reset_edits, "estimate": estimate,
         "validate_ask": v_ask, "validate_edit": v_edit, "refuse": refuse,
@@ -1509,6 +1667,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
         gr.api(h["ask"], api_name="ask", **model)
+        gr.api(h["ask_stream"], api_name="ask_stream", **model)
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
     demo.rag_pool = pool  # for app.py (start loading) and tests

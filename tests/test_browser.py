@@ -218,6 +218,46 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     shot(page, "02-answer")
 
 
+WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through, as the page shows it
+    window.__tokenStates = [];
+    const box = document.querySelector('#rag-answer-token');
+    const note = () => {
+        const card = box.querySelector('.rag-card');
+        if (!card) return;
+        const partial = card.classList.contains('rag-card-partial');
+        const text = (card.querySelector(partial ? '.rag-partial-answer' : '.rag-answer') || {}).textContent || '';
+        const last = window.__tokenStates[window.__tokenStates.length - 1];
+        const state = {partial, n: partial ? Number(card.dataset.partial) : card.querySelectorAll('a.rag-tok').length,
+                       text: text.replace('\u258d', ''), tokens: card.querySelectorAll('a.rag-tok').length,
+                       rows: card.querySelectorAll('table.rag-heat tbody tr').length};
+        if (!last || JSON.stringify(last) !== JSON.stringify(state)) window.__tokenStates.push(state);
+    };
+    new MutationObserver(note).observe(box, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_answers_stream_token_by_token_then_the_final_card_replaces_them(page, server):
+    """#12: the RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
+    before its answer is complete, then the final card; the partial text is a prefix of it."""
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=16)
+    page.locator("#rag-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
+    page.evaluate(WATCH_TOKEN_CARD_JS)
+    ask(page, "Who devised pointillism?")
+    states = page.evaluate("window.__tokenStates")
+    partial = [s for s in states if s["partial"] and s["n"] > 0]
+    final = [s for s in states if not s["partial"]]
+    assert partial, f"no partial RAG-Token answer was shown: {states}"
+    assert final and final[-1]["n"] >= 1
+    full = final[-1]["text"].strip()
+    assert any(s["n"] < final[-1]["n"] for s in partial), states  # seen before the answer was complete
+    for s in partial:
+        assert full.startswith(s["text"].strip()), (s, full)
+        assert s["tokens"] == s["rows"] == s["n"]  # tokens coloured and heatmap rows, as far as decoded
+    assert states.index(partial[0]) < states.index(final[-1])
+    shot(page, "02b-streamed")
+
+
 def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):
     wait_ready(page, server)
     page.click("#rag-ask")  # empty question: the validator's message on the question box only

@@ -336,6 +336,37 @@ def test_sample_items_is_deterministic_and_validated():
         ev.sample_items(items, 51)
 
 
+def test_keep_answerable_keeps_labelled_rows_and_names_bad_files(tmp_path):
+    items = [ev.QAItem(f"q{i}?", ["a"], {"id": f"x{i}"}) for i in range(4)]
+    labels = _write(tmp_path, ['{"id": "x1", "answerable": true}', '{"id": "x2", "answerable": false}',
+                               '{"id": "x3", "answerable": true}', ""])
+    assert [it.question for it in ev.keep_answerable(items, labels)] == ["q1?", "q3?"]  # file order, trues only
+    for lines, msg in ((['{"id": "x1"}'], "line 1"), (['{"id": "x1", "answerable": "yes"}'], "true or false"),
+                       (['{"id": "other", "answerable": true}'], "belong to another file"),
+                       (['{"id": "x1", "answerable": false}'], "labels no question")):
+        with pytest.raises(ValueError, match=msg):
+            ev.keep_answerable(items, _write(tmp_path, lines))
+    with pytest.raises(ValueError, match="not found"):
+        ev.keep_answerable(items, tmp_path / "missing.jsonl")
+
+
+def test_the_external_files_labels_hold_ids_only_and_match_it():
+    """assets/qa_train_vital_labels.jsonl labels each row of ../shared/data/qa_train_vital.jsonl
+    (read by hand: does a supporting summary state the answer?). It holds no question text."""
+    import json
+
+    rows = [json.loads(line) for line in (ROOT / "assets" / "qa_train_vital_labels.jsonl").read_text().splitlines()]
+    assert all(set(r) == {"id", "answerable", "title"} for r in rows)
+    assert all(isinstance(r["answerable"], bool) and (r["title"] is None) != r["answerable"] for r in rows)
+    assert 100 <= sum(r["answerable"] for r in rows) <= 150 and len({r["id"] for r in rows}) == len(rows) == 600
+    external = ROOT.parent / "shared" / "data" / "qa_train_vital.jsonl"
+    if external.is_file():  # outside the repo: checked where it exists
+        ids = [json.loads(line)["id"] for line in external.read_text().splitlines() if line.strip()]
+        assert ids == [r["id"] for r in rows]
+        assert len(ev.keep_answerable(ev.load_qa(external), ROOT / "assets" / "qa_train_vital_labels.jsonl")) == \
+            sum(r["answerable"] for r in rows)
+
+
 def test_cli_eval_rejects_bad_modes(tmp_path, capsys):
     from rag_demo.cli import main
 

@@ -51,7 +51,9 @@ def test_listening_changes_nothing(pipe, beams):
 def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):
     out, seen = _listen(pipe, ["token"])
     final, parts = out["token"], [p for p in seen if p["mode"] == "token"]
-    assert len(parts) >= 2 and all(p["partial"] for p in parts)
+    assert parts[0]["phase"] == "reading" and parts[0]["k"] == 3 and parts[0]["token_ids"] == []  # before the prefill
+    parts = parts[1:]
+    assert len(parts) >= 2 and all(p["partial"] and p["phase"] == "decoding" for p in parts)
     lengths = [len(p["token_ids"]) for p in parts]
     assert lengths == sorted(lengths) and lengths[0] < len(final.token_ids)  # it grows, from short
     for p in parts:
@@ -69,6 +71,8 @@ def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):
 def test_rag_sequence_streams_one_draft_per_passage_then_rescoring(pipe):
     out, seen = _listen(pipe, ["sequence"])
     parts = [p for p in seen if p["mode"] == "sequence"]
+    assert parts[0]["phase"] == "reading" and parts[0]["drafts"] == []
+    parts = parts[1:]
     assert all(len(p["drafts"]) == 3 for p in parts)
     assert [d["rank"] for d in parts[0]["drafts"]] == [1, 2, 3]
     assert parts[-1]["phase"] == "rescoring" and all(d["done"] for d in parts[-1]["drafts"])
@@ -82,6 +86,7 @@ def test_rag_sequence_streams_one_draft_per_passage_then_rescoring(pipe):
 def test_closed_book_partials_grow_to_the_answer(pipe):
     out, seen = _listen(pipe, ["closed-book"])
     parts = [p for p in seen if p["mode"] == "closed-book"]
+    assert parts[0]["phase"] == "reading" and parts[0]["k"] == 0
     final = out["closed-book"]
     assert parts and all(final.token_ids[: len(p["token_ids"])] == p["token_ids"] for p in parts)
     assert parts[-1]["token_ids"] == final.token_ids and parts[-1]["docs"] == []

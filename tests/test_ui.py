@@ -366,6 +366,14 @@ class AnsweringPipe(FakePipe):
         return self
 
 
+def ask_all(h, *args, **kwargs):
+    """ask_session streams (#12): the outputs it yields last are the final ones."""
+    out = None
+    for out in h["ask_session"](*args, **kwargs):
+        pass
+    return out
+
+
 def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     warnings = []
     monkeypatch.setattr(ui.gr, "Warning", lambda msg, *a, **k: warnings.append(msg))
@@ -374,11 +382,11 @@ def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     h = ui.make_handlers(pool)
     s = None
     for _ in range(3):
-        out = h["ask_session"]("What is Mars?", s, progress=noprogress, k=5, max_new_tokens=8)
+        out = ask_all(h, "What is Mars?", s, progress=noprogress, k=5, max_new_tokens=8)
         s = out[-1]
     assert warnings == ["This corpus has only 1 passage: using K = 1 instead of 5."]
     assert {k for _, k, _ in pipe.calls} == {1}
-    h["ask_session"]("What is Mars?", None, progress=noprogress, k=5)  # a new session is told too
+    ask_all(h, "What is Mars?", None, progress=noprogress, k=5)  # a new session is told too
     assert len(warnings) == 2
 
 
@@ -560,7 +568,7 @@ def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
 
     pipe, pool = reader_pool(EditablePipe())
     h = ui.make_handlers(pool)
-    out = h["ask_session"]("What is Mars?", None, progress=noprogress, **page)
+    out = ask_all(h, "What is Mars?", None, progress=noprogress, **page)
     assert out[5]["settings"][name] == expected  # the raw answers say what they ran with
     h["edit_passage"]("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
     assert pipe.edited == [("a#0", "Mars is blue.", "Mars")]
@@ -597,7 +605,7 @@ def test_bad_reader_settings_get_the_library_message(name, value, message):
     pipe, pool = reader_pool(CostPipe())
     h = ui.make_handlers(pool)
     with pytest.raises(ui.gr.Error, match=re.escape(message)):
-        h["ask_session"]("What is Mars?", None, progress=noprogress, **{**ALL, name: value})
+        ask_all(h, "What is Mars?", None, progress=noprogress, **{**ALL, name: value})
     with pytest.raises(ui.gr.Error, match=re.escape(message)):
         h["ask"]("What is Mars?", **{name: value})
     assert pipe.calls == []  # nothing ran
@@ -798,7 +806,7 @@ def upload(c, *paths):
 @pytest.mark.slow
 def test_named_endpoints_are_listed(app):
     names = set(client(app[1]).view_api(print_info=False, return_format="dict")["named_endpoints"])
-    assert {"/ask", "/ask_session", "/upload", "/choose_corpus", "/choose_stack", "/edit_passage",
+    assert {"/ask", "/ask_stream", "/ask_session", "/upload", "/choose_corpus", "/choose_stack", "/edit_passage",
             "/reset_edits", "/status"} <= names
 
 
@@ -840,6 +848,33 @@ def test_ask_session_renders_answers_passages_tokens_heatmap(app):
     assert 'data-mode="closed-book"' in cb and "rag-heat" not in cb
     assert passages.count("<tr id=") == 2 and "The Starry Night" in passages
     assert val(pick) == "The Starry Night#0" and "Vincent van Gogh" in text
+
+
+@pytest.mark.slow
+def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
+    """/ask_stream (#12): partial answers while decoding (done false), RAG-Token's a prefix of its
+    final answer, then /ask's own dict (done true); /ask itself is unchanged (one final dict)."""
+    c = client(app[1])
+    settings = {"k": 2, "num_beams": 1, "max_new_tokens": 12, "sequence_decoding": "thorough",
+                "answer_style": "sentence", "worked_examples": 0}
+    job = c.submit("Who painted The Starry Night?", api_name="/ask_stream", **settings)
+    job.result(timeout=300)
+    outs = job.outputs()
+    final = outs[-1]
+    assert final["done"] is True and not any(o["done"] for o in outs[:-1])
+    once = c.predict("Who painted The Starry Night?", api_name="/ask", **settings)
+    assert "done" not in once and set(once["answers"]) == set(final["answers"])
+    for m in ("sequence", "token", "closed-book"):
+        assert final["answers"][m]["text"] == once["answers"][m]["text"]
+    tok_final = final["answers"]["token"]["token_ids"]
+    growing = [o["answers"]["token"] for o in outs[:-1] if "token" in o["answers"]
+               and o["answers"]["token"].get("partial") and o["answers"]["token"]["token_ids"]]
+    assert growing, "no partial RAG-Token answer was streamed"
+    for p in growing:
+        assert tok_final[: len(p["token_ids"])] == p["token_ids"]
+    assert any(len(p["token_ids"]) < len(tok_final) for p in growing)
+    drafts = [o["answers"]["sequence"]["drafts"] for o in outs[:-1] if o["answers"].get("sequence", {}).get("drafts")]
+    assert drafts and all(len(d) == 2 for d in drafts)
 
 
 @pytest.mark.slow
@@ -1107,7 +1142,7 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     assert calls == ["paper"] and s2.stack == "paper" and s2.upload_stack == "paper"
     assert s2.upload_index is not s.upload_index  # re-embedded with the new stack's passage encoder
     assert 'data-stack="paper"' in out[0] and "zorblax.txt" in out[0]
-    r = h["ask_session"]("Where is the Zorblax Festival held?", s2, progress=noprogress, k=1, max_new_tokens=2,
+    r = ask_all(h, "Where is the Zorblax Festival held?", s2, progress=noprogress, k=1, max_new_tokens=2,
                          sequence_decoding="fast")
     assert r[5]["stack"] == "paper" and r[5]["answers"]["token"]["docs"][0]["title"] == "zorblax"
     back = h["choose_stack"]("offline", r[-1], progress=noprogress)
