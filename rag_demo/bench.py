@@ -94,21 +94,43 @@ def _ms(s: float) -> str:
 # ---------------------------------------------------------------- 1-2 latency per stage
 
 
+def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
+    """Answer with a streaming listener (RunControl.on_partial); -> (seconds from the call to the
+    first partial answer holding a token, or None if none came; the Answer)."""
+    from .budget import RunControl
+
+    first: list[float] = []
+
+    def listen(d: dict) -> None:
+        if not first and (d["token_ids"] or any(x["text"] for x in d["drafts"])):
+            first.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    a = pipe.answer(question, mode, settings, control=RunControl(on_partial=listen))
+    return (first[0] - t0 if first else None), a
+
+
 def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
             say: Callable[[str], None]) -> dict:
-    """{mode: {stage: [seconds per question]}, "tokens": [...]}; one warm-up answer per mode first."""
+    """{mode: {stage: [seconds per question]}, "tokens": [...], "ttft": [...], "generate_streamed":
+    [...]}; one warm-up answer per mode first. Each question is answered twice in a row, quietly
+    (the stage timings) and streamed (time to first token, and the generate time with a listener:
+    the cost of streaming, paired question by question)."""
     out = {}
     for mode in modes:
         pipe.answer(questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
         rec = {s: [] for s in STAGES}
-        rec["tokens"] = []
+        rec.update(tokens=[], ttft=[], generate_streamed=[])
         for i, q in enumerate(questions, 1):
             a = pipe.answer(q, mode, settings)
             for s in STAGES:
                 rec[s].append(a.timings.get(s, 0.0))
             rec["tokens"].append(len(a.token_ids))
-            say(f"{mode}: {i}/{len(questions)}  total {a.timings['total']:.1f} s, {len(a.token_ids)} tokens  "
-                f"(load {load_avg()})")
+            ttft, b = streamed(pipe, q, mode, settings)
+            rec["ttft"].append(ttft if ttft is not None else b.timings["total"])
+            rec["generate_streamed"].append(b.timings["generate"])
+            say(f"{mode}: {i}/{len(questions)}  total {a.timings['total']:.1f} s, {len(a.token_ids)} tokens, "
+                f"first token {rec['ttft'][-1]:.2f} s  (load {load_avg()})")
         out[mode] = rec
     return out
 
@@ -203,6 +225,14 @@ def format_results(r: dict) -> str:
     for mode, rec in r["latency"].items():
         lines.append(f"| {titles[mode]} | " + " | ".join(_p(rec[s]) for s in STAGES)
                      + f" | {statistics.mean(rec['tokens']):.1f} |")
+    if all("ttft" in rec for rec in r["latency"].values()):
+        lines += ["", "Streaming (each question answered again with a listener): time from the call to the first "
+                      "partial answer holding a token, and the generate stage with the listener against without, "
+                      "p50 of the per-question ratios.", "",
+                  "| mode | time to first token p50 / p95, ms | streamed / quiet generate p50 |", "|---|---:|---:|"]
+        for mode, rec in r["latency"].items():
+            ratio = statistics.median(b / a for a, b in zip(rec["generate"], rec["generate_streamed"]) if a > 0)
+            lines.append(f"| {titles[mode]} | {_p(rec['ttft'])} | {ratio:.3f}x |")
     if r.get("token_overhead"):
         t = r["token_overhead"]
         lines += ["", f"RAG-Token generate / plain batched `model.generate` of the same K prompts, same number of "

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -68,7 +68,7 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
                    help=f"p(z|x) = softmax(scores / T): above 1 flatter, below 1 sharper (default {d.prior_temperature:g})")
     p.add_argument("--worked-examples", type=int, default=d.worked_examples,
                    help="how many worked examples (invented passages, answered in the answer style) come before "
-                   f"the question, 0-2 (default {d.worked_examples})")
+                   f"the question, 0-{MAX_WORKED_EXAMPLES} (default {d.worked_examples})")
     p.add_argument("--question-weight", type=float, default=d.question_weight,
                    help="p(z|x) = softmax(scores / T + W * log p_G(question | passage)): the generator's vote on which "
                    f"passage to read, 0 = the retriever alone (default {d.question_weight:g})")

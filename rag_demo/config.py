@@ -22,7 +22,7 @@ MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
 READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
                  "passage_sentences", "extractive", "max_doc_tokens")
-MAX_WORKED_EXAMPLES = 2
+MAX_WORKED_EXAMPLES = 4  # len(generators.WORKED_EXAMPLES)
 MAX_QUESTION_WEIGHT = 5.0
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens

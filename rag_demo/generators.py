@@ -55,6 +55,14 @@ WORKED_EXAMPLES = (
     ("Orlan Vesk", "Orlan Vesk was a Danubian composer and conductor. Born in Tallinburg in 1843, he studied in Vienna "
      "and is best known for his opera The Glass Harbour, first staged in 1889.",
      "When was The Glass Harbour first staged?", "1889", "The Glass Harbour was first staged in 1889."),
+    # the answer is the passage's own subject (retrieval often finds the answer's article)
+    ("Tomas Reyl", "Tomas Reyl (1709-1778) was an Estovian engineer and surveyor. He designed the Marrow Canal, the "
+     "first waterway to link the river Sallen to the port of Kettering Bay, and built the stone bridge at Amsel.",
+     "Who designed the Marrow Canal?", "Tomas Reyl", "The Marrow Canal was designed by Tomas Reyl."),
+    # an attribute named once among others (the language, not the country or the currency)
+    ("Kessaly", "Kessaly is a landlocked republic in the Vardan Highlands, bordered by Orvia to the north. Most of its "
+     "four million people speak Kessalian, and its currency is the kessal mark. Tor Halden is its highest mountain.",
+     "What language do people in Kessaly speak?", "Kessalian", "People in Kessaly speak Kessalian."),
 )
 # Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
 ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})

@@ -340,11 +340,14 @@ def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(ti
 
 def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
     gen = tiny_offline.stack.modes["token"].generator
-    with pytest.raises(ValueError, match=r"worked_examples=3 is out of range: use 0 \(none\) to 2"):
-        RagSettings(worked_examples=3)
+    from rag_demo.config import MAX_WORKED_EXAMPLES
+
+    assert MAX_WORKED_EXAMPLES == len(G.WORKED_EXAMPLES) == 4
+    with pytest.raises(ValueError, match=r"worked_examples=5 is out of range: use 0 \(none\) to 4"):
+        RagSettings(worked_examples=5)
     with pytest.raises(ValueError, match=r"worked_examples=1.5 is not a whole number"):
         RagSettings().merged(worked_examples=1.5)
-    (t1, x1, q1, span1, sent1), (t2, _, q2, span2, _) = G.WORKED_EXAMPLES
+    (t1, x1, q1, span1, sent1), (t2, _, q2, span2, _) = G.WORKED_EXAMPLES[:2]
     for style, answer in (("short", f"{G.SHORT_ANSWER_CUE} {span1}."), ("sentence", sent1)):
         none, one, two = (gen.messages(Q, FLEMING, 192, style, examples=n) for n in (0, 1, 2))
         assert len(none) == 2 and len(one) == 4 and len(two) == 6

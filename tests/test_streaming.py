@@ -111,3 +111,24 @@ def test_greedy_steps_hand_copies_and_the_row_log_probs_of_the_final_hypothesis(
     for t, st in enumerate(steps, start=1):
         assert st.tokens == [hyp.tokens[:t]]
         assert torch.allclose(st.row_lp[0, :, :t], hyp.row_lp[:, :t])
+
+
+def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pipe):
+    """bench.latency answers each question quietly and streamed: the first token comes before
+    the streamed answer's end, and the report prints a row per mode (not a timing test)."""
+    from rag_demo import bench
+
+    settings = RagSettings(k=3, max_new_tokens=8)
+    lat = bench.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,
+                        say=lambda msg: None)
+    for mode, rec in lat.items():
+        assert len(rec["ttft"]) == len(rec["generate_streamed"]) == 2
+        assert all(0 < t < g + rec["encode"][i] + rec["retrieve"][i] + 1.0 for i, (t, g) in
+                   enumerate(zip(rec["ttft"], rec["generate_streamed"])))
+    ttft, a = bench.streamed(pipe, QUESTION, "token", settings)
+    assert ttft is not None and ttft < a.timings["total"] + 0.05 and len(a.token_ids) == 8
+    text = bench.format_results({"n": 2, "stack": "tiny", "settings": {"k": 3, "max_new_tokens": 8}, "latency": lat,
+                                 "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
+                                 "targets": {}, "machine": {"processor": "cpu", "cpus": 2, "torch": "x", "threads": 2},
+                                 "load_avg": {"start": [], "end": []}})
+    assert "| RAG-Token | " in text and "time to first token" in text and text.count("x |") >= 3
