@@ -85,6 +85,9 @@ class Hyp:
     logprob: float  # sum of log-probs under the distribution the search used
     group: int  # the group (doc) that produced it
     row_lp: torch.Tensor | None = None  # (r, T) greedy only: each row's log-prob of each chosen token
+    # greedy with top_n > 0: at every step the top_n tokens of each row and of the beam's own
+    # (mixed) distribution: (ids (r, T, n), log-probs (r, T, n), ids (T, n), log-probs (T, n))
+    top: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class SpanConstraint:
@@ -158,7 +161,7 @@ class Rows:
 
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int],
            stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
-           on_step: OnStep | None = None) -> list[Hyp]:
+           on_step: OnStep | None = None, top_n: int = 0) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
@@ -168,13 +171,16 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     steps; when it names a reason ("time_limit", "cancelled") decoding ends there, the
     unfinished groups keep what they have, and `rows.stopped` holds the reason. `allowed`
     restricts the argmax (not the scores) to the tokens it allows (SpanConstraint). `on_step`
-    (streaming) is called with a `Step` after every step; it sees copies, it changes nothing."""
+    (streaming) is called with a `Step` after every step; it sees copies, it changes nothing.
+    top_n > 0 also records, at every step, the top_n next tokens of each row and of the beam's
+    distribution (`Hyp.top`: the token inspector's tables, from the log-probs decoding computed)."""
     rule = as_rule(eos)
     made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
     r = 1 if rows.prior is None and rows.per_beam == 1 else rows.per_beam
     toks: list[torch.Tensor] = []  # per step (G,) chosen token, -1 once a group has finished
     hist: list[torch.Tensor] = []  # per step (G, 1 + r) the beam's log-prob, then each row's
+    tops: list[tuple[torch.Tensor, ...]] = []  # per step, top_n > 0: (G, r, n) ids, lps; (G, n) ids, lps
     one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
         if allowed is None:
@@ -192,6 +198,14 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
         step_lp[active] = torch.cat([c, row_c], dim=1)
         toks.append(step_tok)
         hist.append(step_lp)
+        if top_n:
+            row_v, row_i = rows.row_lp.view(len(active), r, -1).topk(top_n, dim=-1)  # (A, r, n)
+            mix_v, mix_i = lp.topk(top_n, dim=-1)  # (A, n) the beam's own distribution
+            full = [torch.zeros((groups, r, top_n)), torch.zeros((groups, r, top_n), dtype=torch.long),
+                    torch.zeros((groups, top_n)), torch.zeros((groups, top_n), dtype=torch.long)]
+            for x, val in zip(full, (row_v, row_i, mix_v, mix_i)):
+                x[active] = val
+            tops.append(tuple(full))
         prev = toks[-2][active] if len(toks) > 1 else torch.full_like(tok, -1)  # (A,) the token before
         going = ~rule.hits(tok, prev)  # (A,)
         if on_step is not None:
@@ -211,7 +225,11 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     hyps = []
     for g in range(groups):
         n = int((seqs[g] >= 0).sum())  # a group's tokens are a prefix: it stops at its EOS
-        hyps.append(Hyp(seqs[g, :n].tolist(), float(lps[g, 0, :n].sum()), g, lps[g, 1:, :n]))
+        top = None
+        if top_n:
+            rv, ri, mv, mi = (torch.stack([t[j][g] for t in tops[:n]], dim=-2 if j < 2 else 0) for j in range(4))
+            top = (ri, rv, mi, mv)  # (r, n_tok, top_n) ids, log-probs; (n_tok, top_n) ids, log-probs
+        hyps.append(Hyp(seqs[g, :n].tolist(), float(lps[g, 0, :n].sum()), g, lps[g, 1:, :n], top))
     return hyps
 
 
@@ -338,15 +356,15 @@ def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
 def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
     length_penalty: float, stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
-    on_step: OnStep | None = None,
+    on_step: OnStep | None = None, top_n: int = 0,
 ) -> list[list[Hyp]]:
     """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
     lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs.
     `stop()`: asked between steps (see greedy / beam_search); `allowed`: extractive decoding;
-    `on_step`: streaming (a `Step` after every step)."""
+    `on_step`: streaming (a `Step` after every step); `top_n`: greedy's inspector tables (Hyp.top)."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed, on_step)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed, on_step, top_n)]
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
     return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed, on_step)

@@ -46,6 +46,54 @@ class Generation:
     question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z) when RagSettings.question_weight used it
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
     stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
+    inspection: Inspection | None = None  # RAG modes: the token inspector's tables (`inspect_answer`)
+
+
+@dataclass
+class Inspection:
+    """What each doc would have said at every step of the answer (the token inspector, #12).
+
+    doc_top_ids / doc_top_lp (K, T, n): the n most likely next tokens under p(. | x, z, y_<t)
+    and their log-probs, for every doc z and answer position t; mix_top_ids / mix_top_lp (T, n):
+    the same under RAG-Token's mixture sum_z p(z|x) p(. | x, z, y_<t) (None for RAG-Sequence,
+    whose model mixes whole answers, not next tokens)."""
+
+    doc_top_ids: torch.Tensor  # (K, T, n)
+    doc_top_lp: torch.Tensor  # (K, T, n)
+    mix_top_ids: torch.Tensor | None = None  # (T, n)
+    mix_top_lp: torch.Tensor | None = None  # (T, n)
+
+
+INSPECT_TOP = 3  # next tokens per doc and position the token inspector shows
+
+
+@torch.inference_mode()
+def inspect_answer(gen: Generator, state: GenState, first_lp: torch.Tensor, tokens: list[int],
+                   prior: torch.Tensor | None, n: int = INSPECT_TOP) -> Inspection:
+    """One teacher-forced pass of the answer y under each of the K prefilled docs (the prefill
+    state is copied, not consumed): at every position t the top-n of p(. | x, z, y_<t) per doc,
+    and, given the log-prior (K,), the top-n of the RAG-Token mixture
+    log sum_z exp(log p(z|x) + log p(. | x, z, y_<t)). Costs T-1 tokens through K rows."""
+    K, T = first_lp.shape[0], len(tokens)
+    top_ids, top_lp = torch.zeros((K, T, n), dtype=torch.long), torch.zeros((K, T, n))  # (K, T, n)
+    mix_ids = torch.zeros((T, n), dtype=torch.long) if prior is not None else None  # (T, n)
+    mix_lp = torch.zeros((T, n)) if prior is not None else None  # (T, n)
+
+    def record(a: int, lp: torch.Tensor) -> None:  # lp (K, l, V): positions a..a+l-1
+        v, i = lp.topk(n, dim=-1)  # (K, l, n)
+        top_lp[:, a: a + lp.shape[1]], top_ids[:, a: a + lp.shape[1]] = v, i
+        if prior is not None:
+            mixed = torch.logsumexp(prior.view(K, 1, 1) + lp, dim=0)  # (l, V): log p(. | x, y_<t) of RAG-Token
+            mv, mi = mixed.topk(n, dim=-1)  # (l, n)
+            mix_lp[a: a + lp.shape[1]], mix_ids[a: a + lp.shape[1]] = mv, mi
+
+    if T:
+        record(0, first_lp.float().unsqueeze(1))  # position 0: the prefill's own next-token log-probs
+    if T > 1:
+        st = gen.select(state, torch.arange(K))  # a copy: the answer's tokens are fed to it
+        for a, lp in gen.advance_slices(st, torch.tensor([tokens[:-1]] * K)):  # (K, l, V)
+            record(a + 1, lp)
+    return Inspection(top_ids, top_lp, mix_ids, mix_lp)
 
 
 @dataclass
@@ -128,15 +176,19 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
             doc_lp = None if st.row_lp is None else st.row_lp[0, :, : len(st.tokens[0])]  # (K, t)
             on_partial(Partial("token", st.tokens, doc_lp, prior, st.done))
     best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop, allowed, step)[0])
+                        s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)[0])
     t1 = time.perf_counter()
+    if best.top is not None:  # greedy recorded the inspector's tables while decoding
+        inspection = Inspection(*best.top)
+    else:  # beam search: one teacher-forced pass from the prefill state (decoding ran on a copy)
+        inspection = inspect_answer(gen, state0, first_lp, best.tokens, prior)
     if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
     else:  # beam search: one teacher-forced pass of the answer under each doc
         doc_lp = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
     logprob = float(rag_token_logprob(doc_lp, prior))
     out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior),
-                     prior=prior, question_lp=question_lp)
+                     prior=prior, question_lp=question_lp, inspection=inspection)
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
@@ -200,6 +252,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     out = Generation(
         cands[win].tokens, float(scores[win]), name, doc_lp, post, post[-1],
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=prior, question_lp=question_lp,
+        inspection=inspect_answer(gen, state0, first_lp, cands[win].tokens, None),
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(out.tokens, rows.stopped, ends, s)

@@ -276,6 +276,16 @@ class Generator:
             out.append(picked - torch.logsumexp(logits, dim=-1))  # (R, l) log_softmax, gathered first
         return torch.cat(out, dim=1)  # (R, L)
 
+    def advance_slices(self, state: GenState, tokens: torch.Tensor, max_logits: int = LOGITS_CHUNK):
+        """Feed tokens (R, L) to every row, in place; yield (a, log-probs (R, l, V)) for positions
+        a..a+l-1, each the next-token distribution after tokens[:, :a+j+1]: the full
+        distributions of a teacher-forced pass, a slice at a time (at most `max_logits` logits)."""
+        hidden = self._hidden(state, tokens)  # (R, L, H)
+        R, L = tokens.shape
+        step = max(1, max_logits // max(1, R * self.vocab_size))  # positions per slice
+        for a in range(0, L, step):
+            yield a, torch.log_softmax(self._logits(hidden[:, a: a + step]).float(), dim=-1)  # (R, l, V)
+
     def _hidden(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
         """Run tokens (R, L) through the model with the state's cache (updated in place) -> (R, L, H)."""
         raise NotImplementedError
@@ -311,6 +321,12 @@ class Generator:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self.tokenizer.all_special_ids
+
+    def piece(self, token_id: int) -> str:
+        """One token as text on its own (a special token by its name, e.g. the end of the answer)."""
+        if self.is_special(token_id):
+            return str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
+        return self.tokenizer.decode([int(token_id)])
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,10 @@ class Answer:
     corpus: str
     candidates: list[dict] = field(default_factory=list)  # RAG-Sequence: [{"text", "logprob"}]
     stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
+    # RAG modes, the token inspector (#12): per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
+    # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
+    # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
+    inspector: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -347,8 +351,29 @@ class RagPipeline:
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],
-            stopped=g.stopped,
+            stopped=g.stopped, inspector=self._inspector(gen, g, shown),
         )
+
+    @staticmethod
+    def _inspector(gen, g: Generation, shown: list[int]) -> list[dict]:
+        """Answer.inspector from the engine's Inspection and per-doc log-probs, shown tokens only."""
+        ins = g.inspection
+        if ins is None or g.doc_lp is None:
+            return []
+        pieces: dict[int, str] = {}
+
+        def named(ids: torch.Tensor, lps: torch.Tensor) -> list[list]:
+            return [[pieces.setdefault(i, gen.piece(i)), float(p)]
+                    for i, p in zip(ids.tolist(), lps.exp().tolist())]
+
+        out = []
+        for t in shown:
+            out.append({
+                "p_token": g.doc_lp[:, t].exp().tolist(),  # (K,)
+                "top": [named(ins.doc_top_ids[z, t], ins.doc_top_lp[z, t]) for z in range(ins.doc_top_ids.shape[0])],
+                "mix": named(ins.mix_top_ids[t], ins.mix_top_lp[t]) if ins.mix_top_ids is not None else None,
+            })
+        return out
 
     # -- what a request costs -----------------------------------------------------
     WARM_UP_QUESTION = "What is the capital of France?"

@@ -388,15 +388,17 @@ def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
     if not a["tokens"] or not rows:
         return '<div class="rag-tokens rag-placeholder">no tokens</div>'
     spans, prev = [], None
-    for tok, row, j in zip(a["tokens"], rows, a["top_docs"], strict=False):
+    for i, (tok, row, j) in enumerate(zip(a["tokens"], rows, a["top_docs"], strict=False)):
         d = docs[j]
         bg, dark = _mix(colour(d["rank"]), row[j], floor=0.35)
         tip = f"{tok!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
+        if a.get("inspector"):
+            tip += "  (click: what each passage proposed here)"
         sup = f"<sup>{d['rank']}</sup>" if j != prev else ""
         cls = "rag-tok rag-dark" if dark else "rag-tok"
         spans.append(
-            f'<a class="{cls}" href="#{anchor}{d["rank"]}" data-rank="{d["rank"]}" style="background:{bg}" '
-            f'title="{esc(tip)}">{sup}{esc(tok)}</a>'
+            f'<a class="{cls}" href="#{anchor}{d["rank"]}" data-rank="{d["rank"]}" data-i="{i}" '
+            f'style="background:{bg}" title="{esc(tip)}">{sup}{esc(tok)}</a>'
         )
         prev = j
     used = sorted(set(a["top_docs"]))
@@ -428,6 +430,43 @@ def render_heatmap(a: dict) -> str:
         f'<thead><tr><th>token</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
         f'<div class="rag-caption">Tokens down, passages across; {esc(ATTRIBUTION[a["mode"]])}</div>'
     )
+
+
+def _fmt_p(p: float) -> str:
+    """A probability in a few characters: 0.42, 0.003, 2e-05."""
+    return f"{p:.2f}" if p >= 0.01 else (f"{p:.3f}" if p >= 0.001 else f"{p:.0e}")
+
+
+def render_inspector(a: dict) -> str:
+    """The token inspector of a RAG answer: one hidden panel per token (the page's script shows
+    the one whose token was clicked). A row per passage z: p(z|x), p(y_i | x, z, y_<i), the
+    heatmap's posterior for this token, and the tokens z alone would have put here next; for
+    RAG-Token, the mixture's own top tokens under the table. Numbers from Answer.inspector."""
+    ins, docs, rows = a.get("inspector") or [], a["docs"], a["token_doc_posteriors"]
+    if not ins or len(ins) != len(rows):
+        return ""
+    post_head = {"token": "p(z | x, y_i, y_<i)", "sequence": "p(z | x, y_≤i)"}[a["mode"]]
+    panels = []
+    for i, (tok, info, row) in enumerate(zip(a["tokens"], ins, rows)):
+        body = []
+        for z, d in enumerate(docs):
+            top = " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["top"][z])
+            best = ' class="rag-max"' if z == a["top_docs"][i] else ""
+            body.append(f'<tr{best}><td>{badge(d["rank"], d["title"])}</td><td>{_fmt_p(d["prior"])}</td>'
+                        f'<td>{_fmt_p(info["p_token"][z])}</td><td class="rag-insp-post">{row[z]:.3f}</td>'
+                        f"<td>{top}</td></tr>")
+        mix = ""
+        if info.get("mix"):
+            mix = ('<div class="rag-note">The mixture Σ_z p(z|x) p(· | x, z, y_&lt;i) proposed: '
+                   + " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["mix"]) + "</div>")
+        panels.append(
+            f'<div class="rag-insp" data-i="{i}" hidden><div class="rag-sub">Token {i + 1}: '
+            f"<code>{esc(show_token(tok))}</code> <button class=\"rag-insp-close\" type=\"button\">close</button></div>"
+            f'<div class="rag-heat-wrap"><table class="rag-insp-table"><thead><tr><th>passage z</th><th>p(z|x)</th>'
+            f"<th>p(y_i | x, z, y_&lt;i)</th><th>{esc(post_head)}</th><th>z alone would say next</th></tr></thead>"
+            f'<tbody>{"".join(body)}</tbody></table></div>{mix}</div>'
+        )
+    return f'<div class="rag-inspector">{"".join(panels)}</div>'
 
 
 def _fmt_lp(lp: float | None) -> str:
@@ -466,8 +505,9 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
             "(the paper's parametric-only baseline). Compare it with the two RAG answers.</div>"
         )
     else:
-        parts.append('<div class="rag-sub">Where each token came from</div>')
+        parts.append('<div class="rag-sub">Where each token came from (click a token to inspect it)</div>')
         parts.append(render_tokens(a, anchor))
+        parts.append(render_inspector(a))
         parts.append(
             f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>"
         )
@@ -1468,6 +1508,24 @@ def _diagram() -> str:
     return f'<div class="rag-diagram">{svg}</div>'
 
 
+# Runs once when the page loads (launch(js=...)): a click on an answer token opens that token's
+# inspector panel in its card (render_inspector) instead of jumping to its passage; a second
+# click, or "close", hides it.
+PAGE_JS = """() => {
+    document.addEventListener('click', (ev) => {
+        const close = ev.target.closest('.rag-insp-close');
+        const tok = ev.target.closest('a.rag-tok[data-i]');
+        const card = (close || tok) && (close || tok).closest('.rag-card');
+        if (!card) return;
+        ev.preventDefault();
+        const panels = card.querySelectorAll('.rag-insp');
+        const want = tok ? card.querySelector(`.rag-insp[data-i="${tok.dataset.i}"]`) : null;
+        const open = want && want.hidden;
+        panels.forEach((p) => { p.hidden = true; });
+        card.querySelectorAll('a.rag-tok.rag-active').forEach((t) => t.classList.remove('rag-active'));
+        if (open) { want.hidden = false; tok.classList.add('rag-active'); }
+    });
+}"""
 COUNTER_JS = """(q) => {
   const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
   return `<div class="rag-qcount${over ? " rag-over" : ""}" data-n="${n}">${n.toLocaleString("en")} / ${
@@ -1687,6 +1745,7 @@ def theme() -> gr.themes.Base:
 def launch(demo: gr.Blocks, **kwargs) -> Any:
     """demo.launch with the app's CSS and theme (launch() arguments in gradio 6)."""
     kwargs.setdefault("css_paths", [CSS_PATH])
+    kwargs.setdefault("js", PAGE_JS)
     kwargs.setdefault("theme", theme())
     kwargs.setdefault("show_error", True)
     return demo.launch(**kwargs)

@@ -236,9 +236,10 @@ WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through
 }"""
 
 
-def test_answers_stream_token_by_token_then_the_final_card_replaces_them(page, server):
+def test_answers_stream_then_a_token_opens_its_inspector(page, server):
     """#12: the RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
-    before its answer is complete, then the final card; the partial text is a prefix of it."""
+    before its answer is complete, then the final card; the partial text is a prefix of it.
+    Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row."""
     wait_ready(page, server)
     small_settings(page, k=2, max_new=16)
     page.locator("#rag-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
@@ -256,6 +257,23 @@ def test_answers_stream_token_by_token_then_the_final_card_replaces_them(page, s
         assert s["tokens"] == s["rows"] == s["n"]  # tokens coloured and heatmap rows, as far as decoded
     assert states.index(partial[0]) < states.index(final[-1])
     shot(page, "02b-streamed")
+    # the token inspector: click the second token of RAG-Token's answer
+    card = page.locator("#rag-answer-token")
+    card.locator("a.rag-tok").nth(1).click()
+    panel = card.locator('.rag-insp[data-i="1"]')
+    panel.wait_for(state="visible")
+    assert card.locator(".rag-insp:visible").count() == 1
+    rows = panel.locator("tbody tr")
+    assert rows.count() == 2  # a row per passage (K = 2)
+    shown = [float(x) for x in panel.locator("td.rag-insp-post").all_inner_texts()]
+    heat = [float(x) for x in card.locator("table.rag-heat tbody tr").nth(1).locator("td:not(.rag-heat-tok)")
+            .all_inner_texts()]
+    assert shown == pytest.approx(heat, abs=0.006)  # the heatmap rounds to 2 decimals, the panel to 3
+    assert abs(sum(shown) - 1) < 0.01 and "mixture" in panel.inner_text()
+    page.wait_for_timeout(300)
+    shot(page, "02c-inspector")
+    card.locator("a.rag-tok").nth(1).click()  # a second click closes it
+    panel.wait_for(state="hidden")
 
 
 def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):

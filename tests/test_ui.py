@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+import re
 import subprocess
 import sys
 import threading
@@ -180,6 +181,23 @@ def test_tokens_are_coloured_by_their_top_passage():
     assert 'href="#rag-p-1"' in spans[0]
     legend = html.split('class="rag-legend"')[1]
     assert legend.count("rag-legend-item") == 2 and "Mars &lt;b&gt;planet&lt;/b&gt;" in legend  # escaped
+
+
+def test_inspector_has_a_panel_per_token_with_a_row_per_passage():
+    ins = [{"p_token": [0.5, 0.05], "top": [[["Vin", 0.5], ["Van", 0.2], ["<b>", 0.1]], [["Mars", 0.6], ["a", 0.1],
+                                                                                       ["the", 0.05]]],
+            "mix": [["Vin", 0.37], ["Mars", 0.18], ["Van", 0.14]]}] * 3
+    html = ui.render_answer(answer_dict(inspector=ins))
+    assert html.count('class="rag-insp"') == 3 and html.count(" hidden>") == 3  # shown by the page's script
+    assert [int(x) for x in re.findall(r'<a class="rag-tok[^>]* data-i="(\d+)"', html)] == [0, 1, 2]
+    panel = html.split('class="rag-insp" data-i="1"')[1].split('class="rag-insp" data-i="2"')[0]
+    assert panel.count("<tr") == 3  # head + a row per passage
+    assert ">0.200</td>" in panel and ">0.800</td>" in panel  # the heatmap row of token 2, as the heatmap has it
+    assert "&lt;b&gt;" in panel and "<b>" not in panel.replace("<b>planet</b>", "")  # token text escaped
+    assert "The mixture" in panel and "0.37" in panel
+    seq = ui.render_answer(answer_dict(mode="sequence", inspector=[{**i, "mix": None} for i in ins]))
+    assert seq.count('class="rag-insp"') == 3 and "The mixture" not in seq and "p(z | x, y_≤i)" in seq
+    assert 'class="rag-insp"' not in ui.render_answer(answer_dict())  # no inspector data: no panels
 
 
 def test_heatmap_has_a_row_per_token_and_a_column_per_passage():

@@ -1,0 +1,101 @@
+"""The token inspector's numbers (#12), on tiny random BART with EOS suppressed (8-token answers).
+
+Answer.inspector carries, per shown token, each doc's p(y_i | x, z, y_<i) and top next tokens
+(and RAG-Token's mixture's): they must agree with the attribution rows the heatmap shows, the
+greedy choice must be the mixture's top token, and the tables greedy records while decoding
+must equal a separate teacher-forced pass over the finished answer."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rag_demo.config import RagSettings, StackSpec
+from rag_demo.corpus import corpus_from_documents
+from rag_demo.engine import INSPECT_TOP, inspect_answer
+from rag_demo.marginalize import doc_log_prior
+from rag_demo.pipeline import RagPipeline
+from rag_demo.random_models import fixture_passages
+
+Q = "who painted the starry night"
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpts, tmp_path_factory):
+    spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
+                     ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
+    corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=8))
+    with torch.no_grad():  # random BART says EOS at once; -1e4 on its EOS logit makes answers run on
+        for mm in pipe.stack.modes.values():
+            mm.generator.model.final_logits_bias[..., mm.generator.eos_token_ids[0]] = -1e4
+    return pipe
+
+
+def _normalised(xs: list[float]) -> list[float]:
+    total = sum(xs)
+    return [x / total for x in xs]
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_rag_token_inspector_agrees_with_the_heatmap_and_the_choice(pipe, beams):
+    a = pipe.answer(Q, "token", num_beams=beams)
+    prior = [d.prior for d in a.docs]
+    assert len(a.inspector) == len(a.tokens) == len(a.token_doc_posteriors) == 8
+    for i, row in enumerate(a.inspector):
+        assert len(row["p_token"]) == len(row["top"]) == 3 and all(len(t) == INSPECT_TOP for t in row["top"])
+        # the heatmap row of RAG-Token: p(z | x, y_i, y_<i) ∝ p(z|x) p(y_i | x, z, y_<i)
+        assert _normalised([p * q for p, q in zip(prior, row["p_token"])]) == pytest.approx(
+            a.token_doc_posteriors[i], abs=1e-5)
+        for top in (*row["top"], row["mix"]):
+            probs = [p for _, p in top]
+            assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+        # each doc's own probability of the chosen token is at most its top token's
+        assert all(p <= top[0][1] + 1e-6 for p, top in zip(row["p_token"], row["top"]))
+        # the mixture's probability of the chosen token: sum_z p(z|x) p(y_i | x, z, y_<i)
+        mix_p = sum(p * q for p, q in zip(prior, row["p_token"]))
+        if beams == 1:  # greedy takes the mixture's most likely token
+            assert row["mix"][0][0] == a.tokens[i] and row["mix"][0][1] == pytest.approx(mix_p, rel=1e-4)
+        else:
+            assert mix_p <= row["mix"][0][1] + 1e-6
+
+
+def test_greedy_records_what_a_teacher_forced_pass_computes(pipe):
+    """The tables greedy records while decoding equal inspect_answer's teacher-forced pass over
+    the finished answer from a fresh prefill (float32, same numbers in another order: 1e-4)."""
+    from rag_demo.engine import rag_token
+
+    s = RagSettings(k=3, max_new_tokens=8)
+    gen = pipe.stack.modes["token"].generator
+    r = pipe.retrieve(Q, "token", 3)
+    prompts = [gen.prompt(Q, p, s.max_doc_tokens) for p in r.passages]
+    scores = r.scores * pipe.stack.modes["token"].score_scale
+    g = rag_token(gen, prompts, scores, s)
+    first, state = gen.prefill(prompts)  # (3, V)
+    forced = inspect_answer(gen, state, first, g.tokens, doc_log_prior(scores))
+    rec = g.inspection
+    torch.testing.assert_close(rec.doc_top_lp, forced.doc_top_lp, atol=1e-4, rtol=0)
+    torch.testing.assert_close(rec.mix_top_lp, forced.mix_top_lp, atol=1e-4, rtol=0)
+    same = (rec.doc_top_ids == forced.doc_top_ids) | (rec.doc_top_lp - forced.doc_top_lp).abs().lt(1e-4)
+    assert bool(same.all())  # the same tokens, up to ties
+    assert rec.mix_top_ids[:, 0].tolist() == g.tokens  # greedy: the mixture's top token is the answer
+    # and the pass leaves the prefill state usable: a second pass gives the same numbers
+    again = inspect_answer(gen, state, first, g.tokens, doc_log_prior(scores))
+    torch.testing.assert_close(again.doc_top_lp, forced.doc_top_lp)
+
+
+def test_rag_sequence_inspector_explains_its_running_posterior(pipe):
+    a = pipe.answer(Q, "sequence")
+    prior = [d.prior for d in a.docs]
+    assert len(a.inspector) == len(a.tokens) and all(row["mix"] is None for row in a.inspector)
+    running = [math.log(p) for p in prior]
+    for i, row in enumerate(a.inspector):
+        # the heatmap row of RAG-Sequence: p(z | x, y_<=i) ∝ p(z|x) prod_{j<=i} p(y_j | x, z, y_<j)
+        running = [lp + math.log(p) for lp, p in zip(running, row["p_token"])]
+        top = max(running)
+        assert _normalised([math.exp(lp - top) for lp in running]) == pytest.approx(a.token_doc_posteriors[i], abs=1e-5)
+
+
+def test_closed_book_has_no_inspector(pipe):
+    assert pipe.answer(Q, "closed-book").inspector == []
