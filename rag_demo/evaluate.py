@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import random
 import re
@@ -428,6 +429,7 @@ def evaluate(
                 "docs": [{"id": d.id, "title": d.title, "prior": d.prior, "posterior": post}
                          for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs))],
                 **({"candidates": a.candidates} if a.candidates else {}),
+                **({"drops": a.passage_drop} if a.passage_drop else {}),
             }
             f1_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
         records.append(rec)
@@ -465,6 +467,37 @@ def given_retrieval(res: list[dict]) -> dict:
     return answer_scores([x for x in res if x.get("hit")])
 
 
+def faithfulness(res: list[dict]) -> dict:
+    """How faithful the attributions are (Cohen-Wang et al. 2024, "ContextCite": the top-k drop
+    test at k = 1, and leave-one-out agreement), over answer records carrying "drops" (per
+    passage: log p(y|x) minus log p(y|x) without it, `Answer.passage_drop`) and the passages'
+    attribution "posterior" (RAG-Token: mean token posterior; RAG-Sequence: p(z|x,y)).
+
+    top_drop: mean drop when the top-attributed passage is taken away; other_drop: mean over
+    answers of the mean drop when one of the other passages is; agree: how often the
+    top-attributed passage is the one whose removal drops log p(y|x) most. n: answers with at
+    least 2 passages. A faithful attribution has top_drop well above other_drop, agree near 1.
+
+    >>> docs = lambda *p: [{"posterior": x} for x in p]
+    >>> faithfulness([{"drops": [2.0, 0.5, 0.0], "docs": docs(.7, .2, .1)},
+    ...               {"drops": [0.1, 1.0, None], "docs": docs(.6, .3, .1)}])
+    {'n': 2, 'top_drop': 1.05, 'other_drop': 0.625, 'agree': 0.5}
+    """
+    tops, others, agree = [], [], []
+    for x in res:
+        drops, post = x.get("drops") or [], [d.get("posterior") for d in x.get("docs", [])]
+        if len(drops) < 2 or len(post) != len(drops) or any(p is None for p in post):
+            continue
+        top = max(range(len(post)), key=post.__getitem__)
+        if drops[top] is None:
+            continue
+        rest = [d for z, d in enumerate(drops) if z != top and d is not None]
+        tops.append(drops[top])
+        others.append(_mean(rest))
+        agree.append(float(max(range(len(drops)), key=lambda z: -math.inf if drops[z] is None else drops[z]) == top))
+    return {"n": len(tops), "top_drop": _mean(tops), "other_drop": _mean(others), "agree": _mean(agree)}
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
@@ -489,6 +522,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
             "contains": _mean(x["contains"] for x in res), "n": len(res),
             "given_retrieval": given_retrieval(res),
+            **({"faithfulness": faithfulness(res)} if mode != "closed-book" else {}),
             "seconds_p50": statistics.median(x["seconds"] for x in res),
             "tokens_mean": _mean(x["n_tokens"] for x in res),
             "by_type": {
@@ -572,6 +606,15 @@ def format_report(report: dict) -> str:
                      f"| {_pct(g['contains'])} | {gr['n']} | {_pct(gr['em'])} | {_pct(gr['f1'])} | {_pct(gr['contains'])} "
                      f"| {g['seconds_p50']:.1f} | {g['tokens_mean']:.1f} |")
     gens = report["generation"]
+    faithful = [g for g in gens if g.get("faithfulness", {}).get("n")]
+    if faithful:
+        lines += ["", "### Attribution faithfulness: take the top-attributed passage away (ContextCite top-1 drop)",
+                  "", "| mode | passages from | n | drop in log p(y\\|x), top-attributed passage removed "
+                  "| mean drop, another passage removed | top-attributed = largest drop |", "|---|---|---:|---:|---:|---:|"]
+        for g in faithful:
+            f = g["faithfulness"]
+            lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {f['n']} | {f['top_drop']:.2f} "
+                         f"| {f['other_drop']:.2f} | {_pct(f['agree'])} |")
     if gens:
         types = list(gens[0]["by_type"])
         counts = {t: gens[0]["by_type"][t]["n"] for t in types}

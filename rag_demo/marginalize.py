@@ -98,3 +98,28 @@ def sequence_posteriors(lp: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
     """
     joint = prior.unsqueeze(-1) + torch.cumsum(lp, dim=-1)  # (K, T)
     return F.softmax(joint, dim=0).T  # (T, K)
+
+
+def logprob_without_each(lp: torch.Tensor, prior: torch.Tensor, mode: str) -> torch.Tensor:
+    """log p(y|x) of the same answer y with each doc taken away in turn (leave one out), the
+    prior renormalised over the other K-1 docs:
+
+    log p'(z|x) = prior_z - logsumexp_{z' != d} prior_z'   for z != d, and -inf for z = d,
+
+    then `rag_token_logprob` or `rag_sequence_logprob` ("token" / "sequence") under p'. The
+    per-doc log-probs lp_{z,i} do not depend on the other docs (each doc has its own prompt),
+    so this needs no model pass. lp (K, T), prior (K,) -> (K,): entry d is log p(y | x, docs
+    without d). With K = 1 nothing is left: -inf.
+    """
+    K = prior.shape[-1]
+    if K == 1:
+        return torch.full((1,), float("-inf"))  # (1,) no doc left to generate from
+    keep = ~torch.eye(K, dtype=torch.bool)  # (K, K): row d keeps every doc but d
+    masked = torch.where(keep, prior.unsqueeze(0), float("-inf"))  # (K, K) row d: prior without d
+    renorm = masked - torch.logsumexp(masked, dim=-1, keepdim=True)  # (K, K)  <- the prior, renormalised
+    lps = lp.unsqueeze(0).expand(K, -1, -1)  # (K, K, T): the same per-doc log-probs for every row d
+    if mode == "token":
+        return rag_token_logprob(lps, renorm)  # (K,)
+    if mode == "sequence":
+        return rag_sequence_logprob(lps, renorm)  # (K,)
+    raise ValueError(f"mode={mode!r} has no passages to take away: use 'token' or 'sequence'.")

@@ -25,7 +25,7 @@ from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
-from .marginalize import token_posteriors
+from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .stacks import LoadedStack, load_stack
 
@@ -71,6 +71,10 @@ class Answer:
     # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
     # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
     inspector: list[dict] = field(default_factory=list)
+    # RAG modes: per retrieved passage z, how much log p(y|x) of this answer drops when z is taken
+    # away (p(z|x) renormalised over the rest; marginalize.logprob_without_each, no model pass);
+    # None where nothing would be left (K = 1). The faithfulness check of the attributions (#12).
+    passage_drop: list[float | None] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -351,8 +355,17 @@ class RagPipeline:
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],
-            stopped=g.stopped, inspector=self._inspector(gen, g, shown),
+            stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
         )
+
+    @staticmethod
+    def _drops(mode: str, g: Generation) -> list[float | None]:
+        """Answer.passage_drop: log p(y|x) over all K docs minus log p(y|x) without each doc."""
+        if g.doc_lp is None or g.prior is None or mode not in ("token", "sequence"):
+            return []
+        full = (rag_token_logprob if mode == "token" else rag_sequence_logprob)(g.doc_lp, g.prior)  # ()
+        without = logprob_without_each(g.doc_lp, g.prior, mode)  # (K,)
+        return [float(full - w) if torch.isfinite(w) else None for w in without]
 
     @staticmethod
     def _inspector(gen, g: Generation, shown: list[int]) -> list[dict]:

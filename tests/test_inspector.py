@@ -99,3 +99,24 @@ def test_rag_sequence_inspector_explains_its_running_posterior(pipe):
 
 def test_closed_book_has_no_inspector(pipe):
     assert pipe.answer(Q, "closed-book").inspector == []
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_passage_drop_is_the_answers_log_prob_lost_without_each_passage(pipe, mode):
+    """Answer.passage_drop[z] = log p(y|x) - log p(y|x) with z taken away and p(z|x) renormalised
+    over the rest, recomputed here by hand from the inspector's per-doc token probabilities."""
+    a = pipe.answer(Q, mode)
+    prior, rows = [d.prior for d in a.docs], [r["p_token"] for r in a.inspector]
+    assert len(rows) == 8  # every generated token is shown (EOS suppressed): the whole answer
+
+    def logp(keep: list[int]) -> float:
+        w = [prior[z] / sum(prior[z] for z in keep) for z in keep]
+        if mode == "token":
+            return sum(math.log(sum(wi * r[z] for wi, z in zip(w, keep))) for r in rows)
+        return math.log(sum(wi * math.prod(r[z] for r in rows) for wi, z in zip(w, keep)))
+
+    full = logp([0, 1, 2])
+    assert full == pytest.approx(a.sequence_logprob, abs=1e-3)
+    for z in range(3):
+        assert a.passage_drop[z] == pytest.approx(full - logp([x for x in range(3) if x != z]), abs=1e-3)
+    assert pipe.answer(Q, mode, k=1).passage_drop == [None]  # nothing left to answer from

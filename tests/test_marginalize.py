@@ -19,6 +19,7 @@ import torch
 
 from rag_demo.marginalize import (
     doc_log_prior,
+    logprob_without_each,
     rag_sequence_logprob,
     rag_sequence_logprob_hf,
     rag_token_logprob,
@@ -105,3 +106,22 @@ def test_reference_convention_skips_bos():
     prior = doc_log_prior(SCORES)
     hf = rag_sequence_logprob_hf(lp, prior, mask, first_is_bos=True)
     torch.testing.assert_close(hf.exp(), torch.tensor(0.07), **HAND)
+
+
+def test_taking_a_doc_away_renormalises_the_prior_over_the_rest():
+    """Hand case: without doc 1 only doc 2 is left (prior 1): p(y) = .1 * .6 = .06 in both
+    models; without doc 2, doc 1 alone: .5 * .2 = .1. So RAG-Token's p(y) = .1 drops by log(.1/.06)
+    without doc 1 and not at all without doc 2; RAG-Sequence's .07 drops to .06 and rises to .1."""
+    prior = doc_log_prior(SCORES)
+    for mode in ("token", "sequence"):
+        torch.testing.assert_close(logprob_without_each(LP, prior, mode).exp(), torch.tensor([0.06, 0.1]), **HAND)
+    # with 3 docs the other two share the prior in proportion: the explicit formula, row by row
+    lp3, prior3 = torch.log(torch.tensor([[0.5, 0.2], [0.1, 0.6], [0.3, 0.3]])), torch.log(torch.tensor([.2, .3, .5]))
+    for mode, f in (("token", rag_token_logprob), ("sequence", rag_sequence_logprob)):
+        got = logprob_without_each(lp3, prior3, mode)
+        for d in range(3):
+            rest = [z for z in range(3) if z != d]
+            torch.testing.assert_close(got[d], f(lp3[rest], prior3[rest] - torch.logsumexp(prior3[rest], 0)), **HAND)
+    assert logprob_without_each(LP[:1], prior[:1], "token").tolist() == [float("-inf")]  # nothing left
+    with pytest.raises(ValueError, match="closed-book"):
+        logprob_without_each(LP, prior, "closed-book")
