@@ -624,9 +624,11 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
                 title = f'<a href="{esc(d["url"])}" target="_blank" rel="noopener">{title}</a>'
             tag = '<span class="rag-edited">edited by you</span>' if d["id"] in edits else ""
             posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i]) for m in modes)
+            drop = (f'<button class="rag-without-btn" type="button" data-id="{esc(d["id"])}" title="answer the same '
+                    f'question again with this passage taken away">answer without it</button>') if len(docs) > 1 else ""
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
-                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}</td>'
+                f'<td><div class="rag-ptitle">{title}{tag}{drop}</div>{render_passage_text(d)}</td>'
                 f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
             )
         out.append(
@@ -637,6 +639,39 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         )
     return "".join(out)
+
+
+def render_without(result: dict | None) -> str:
+    """The answers with one passage taken away, beside the originals (`_answer_without`'s dict):
+    per RAG mode the new answer, and how the original answer's log p(y|x) changed (exact, from
+    Answer.passage_drop); then what that says about the attribution."""
+    if not result:
+        return ('<div class="rag-without rag-placeholder">"answer without it" beside a passage answers the '
+                "question again without that passage.</div>")
+    d, rows, notes = result["dropped"], [], []
+    for m, x in result["modes"].items():
+        drop = x["drop"]
+        change = "-" if drop is None else f"{-drop:+.3f}"
+        rows.append(f'<tr data-mode="{m}"><td>{esc(MODE_TITLES[m])}</td><td>{esc(x["before"].strip() or "(empty)")}</td>'
+                    f'<td class="rag-without-new">{esc(x["after"].strip() or "(empty)")}</td>'
+                    f'<td class="rag-num rag-without-delta">{change}</td></tr>')
+        top, most = x["top"], x["most"]
+        said = (f"the attribution's top passage [{top['rank']}] {esc(top['title'])} is also the one whose removal "
+                f"costs the answer most" if top["rank"] == most["rank"] else
+                f"the attribution's top passage is [{top['rank']}] {esc(top['title'])}, but taking away "
+                f"[{most['rank']}] {esc(most['title'])} would cost the answer most ({-most['drop']:+.2f})")
+        notes.append(f"<li>{esc(MODE_TITLES[m])}: {said}.</li>")
+    return (
+        f'<div class="rag-without" data-without="{d["rank"]}"><h3>Without passage {badge(d["rank"])} '
+        f'{esc(d["title"])} <small>(p(z|x) renormalised over the other {result["k"] - 1})</small></h3>'
+        '<div class="rag-heat-wrap"><table class="rag-ptable"><thead><tr><th>mode</th><th>answer with all passages'
+        '</th><th>answer without it</th><th title="log p(original answer | x) without the passage, minus with it">'
+        "change in log p(original answer)</th></tr></thead>"
+        f'<tbody>{"".join(rows)}</tbody></table></div>'
+        '<div class="rag-note">How faithful are these attributions? A passage an answer really leans on should '
+        "cost it probability when taken away; one it ignores should not. Here "
+        f'<ul>{"".join(notes)}</ul></div></div>'
+    )
 
 
 def _question_lp_note(d: dict) -> str:
@@ -1078,6 +1113,47 @@ def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: 
         memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
 
 
+def _answer_without(pipe: Any, raw: dict | None, pid: Any, control: Any = None) -> dict:
+    """Answer the last question again in each RAG mode that read passage `pid`, without it, with
+    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
+    `render_without` shows. ValueError (shown on the page) when there is no answer to compare."""
+    if not raw or not raw.get("answers"):
+        raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
+    settings = RagSettings(**{f: v for f, v in raw["settings"].items() if f in RagSettings.__dataclass_fields__})
+    by_ids: dict[tuple[str, ...], list[str]] = {}
+    for m, a in raw["answers"].items():
+        if m != "closed-book" and any(d["id"] == pid for d in a["docs"]):
+            by_ids.setdefault(tuple(d["id"] for d in a["docs"]), []).append(m)
+    if not by_ids:
+        raise ValueError(f"passage {pid!r} is not among the last answer's passages: ask again, then choose one of them.")
+    corpus, out, dropped, k = pipe.index.corpus, {}, None, 0
+    for ids, modes in by_ids.items():
+        docs = raw["answers"][modes[0]]["docs"]
+        if len(docs) < 2:
+            raise ValueError("the last answer read only one passage: with it taken away nothing is left (raise K).")
+        keep = [d for d in docs if d["id"] != pid]
+        try:
+            passages = [corpus.passages[corpus.position(d["id"])] for d in keep]
+        except (KeyError, ValueError):
+            raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
+        new = pipe.answer_from_modes(raw["question"], modes, passages, [d["score"] for d in keep], settings,
+                                     control=control)
+        z = next(i for i, d in enumerate(docs) if d["id"] == pid)
+        dropped, k = docs[z], len(docs)
+        for m in modes:
+            a = raw["answers"][m]
+            drops = a.get("passage_drop") or [None] * len(docs)
+            post = a.get("doc_posterior") or [d["prior"] for d in docs]
+            top = max(range(len(docs)), key=post.__getitem__)
+            most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
+            out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
+                      "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
+                      "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
+                      "answer": new[m].to_dict()}
+    return {"question": raw["question"], "dropped": dropped, "k": k,
+            "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
+
+
 def _ask_outputs(result: dict, s: Session) -> tuple:
     """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, session)."""
     answers = result["answers"]
@@ -1414,6 +1490,17 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
         return (render_status(pool, s, pipe), *_ask_outputs(result, s))
 
+    def without_passage(pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
+        """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
+        `pid` taken away, and show how the original answer's log-probability changed."""
+        s = fresh(s)
+        with user_errors():
+            pipe, s = session_pipeline(pool, s, progress)
+            progress(0.1, desc="Answering again without the passage")
+            control = serving.control(None, request) if serving else None
+            result = _answer_without(pipe, raw, pid, control)  # the session's index: uploads and edits too
+        return render_without(result), s
+
     def reset_edits(s):
         """Drop this session's passage edits (back to the unedited corpus)."""
         s = dataclasses.replace(fresh(s), edited=None, edits=())
@@ -1421,6 +1508,7 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
 
     return {
         "on_load": on_load, "ask_session": ask_session, "ask": ask, "ask_stream": ask_stream, "upload": upload,
+        "without_passage": without_passage,
         "choose_corpus": choose_corpus, "choose_stack": choose_stack, "pick_passage": pick_passage,
         "edit_passage": edit_passage, "reset_edits": reset_edits, "estimate": estimate,
         "validate_ask": v_ask, "validate_edit": v_edit, "refuse": refuse,
@@ -1513,6 +1601,14 @@ def _diagram() -> str:
 # click, or "close", hides it.
 PAGE_JS = """() => {
     document.addEventListener('click', (ev) => {
+        const drop = ev.target.closest('button.rag-without-btn');
+        if (drop) {  // "answer without it": hand the passage id to the hidden textbox, then press its button
+            const box = document.querySelector('#rag-without-id textarea, #rag-without-id input');
+            box.value = drop.dataset.id;
+            box.dispatchEvent(new Event('input', {bubbles: true}));
+            setTimeout(() => document.querySelector('#rag-without-go').click(), 100);
+            return;
+        }
         const close = ev.target.closest('.rag-insp-close');
         const tok = ev.target.closest('a.rag-tok[data-i]');
         const card = (close || tok) && (close || tok).closest('.rag-card');
@@ -1646,6 +1742,12 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                 with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
+                without = gr.HTML(render_without(None), elem_id="rag-without")
+                # the passage rows' "answer without it" buttons fill this box and click this button
+                # (PAGE_JS); hidden by CSS, not visible=False, so that they are on the page
+                without_id = gr.Textbox(elem_id="rag-without-id", elem_classes=["rag-hidden"], show_label=False,
+                                        container=False)
+                without_btn = gr.Button("answer without", elem_id="rag-without-go", elem_classes=["rag-hidden"])
                 with gr.Accordion("Edit a retrieved passage, then ask again", open=False, elem_id="rag-edit-acc"):
                     gr.Markdown(
                         "Change what a passage says (e.g. swap the painter's name) and ask the same question: "
@@ -1722,6 +1824,10 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
             h["edit_passage"], inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
             outputs=[status, *answer_out], api_name="edit_passage", validator=h["validate_edit"], **model,
         )
+        gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
+              show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
+        without_btn.click(h["without_passage"], inputs=[without_id, raw, session], outputs=[without, session],
+                          api_name="without_passage", **model)
         reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
         gr.api(h["ask"], api_name="ask", **model)

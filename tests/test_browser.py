@@ -236,7 +236,7 @@ WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through
 }"""
 
 
-def test_answers_stream_then_a_token_opens_its_inspector(page, server):
+def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_away(page, server):
     """#12: the RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
     before its answer is complete, then the final card; the partial text is a prefix of it.
     Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row."""
@@ -274,6 +274,18 @@ def test_answers_stream_then_a_token_opens_its_inspector(page, server):
     shot(page, "02c-inspector")
     card.locator("a.rag-tok").nth(1).click()  # a second click closes it
     panel.wait_for(state="hidden")
+    # take the top passage away: new answers beside the old, and the change in log p(original answer)
+    page.locator("#rag-passages tbody tr").first.locator("button.rag-without-btn").click()
+    result = page.locator("#rag-without .rag-without")
+    result.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    assert result.get_attribute("data-without") == "1"
+    rows = result.locator("tbody tr")
+    assert rows.count() == 2  # RAG-Sequence and RAG-Token
+    for i in range(2):
+        assert rows.nth(i).locator(".rag-without-new").inner_text().strip()
+        float(rows.nth(i).locator(".rag-without-delta").inner_text())  # a signed number
+    assert "How faithful" in result.inner_text()
+    shot(page, "02d-without")
 
 
 def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):

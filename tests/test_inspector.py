@@ -6,6 +6,7 @@ greedy choice must be the mixture's top token, and the tables greedy records whi
 must equal a separate teacher-forced pass over the finished answer."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -120,3 +121,37 @@ def test_passage_drop_is_the_answers_log_prob_lost_without_each_passage(pipe, mo
     for z in range(3):
         assert a.passage_drop[z] == pytest.approx(full - logp([x for x in range(3) if x != z]), abs=1e-3)
     assert pipe.answer(Q, mode, k=1).passage_drop == [None]  # nothing left to answer from
+
+
+def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe):
+    """The page's "answer without it" (ui._answer_without, library calls only): the new answers
+    are those of the remaining passages, the change is Answer.passage_drop's."""
+    from rag_demo import ui
+
+    out = pipe.answer_modes(Q, ["sequence", "token", "closed-book"])
+    raw = {"question": Q, "settings": dataclasses.asdict(pipe.settings),
+           "answers": {m: a.to_dict() for m, a in out.items()}}
+    docs = raw["answers"]["token"]["docs"]
+    res = ui._answer_without(pipe, raw, docs[0]["id"])
+    assert list(res["modes"]) == ["sequence", "token"] and res["dropped"]["rank"] == 1 and res["k"] == 3
+    for m in ("sequence", "token"):  # the paper stack: each mode has its own question encoder and ranking
+        mine = raw["answers"][m]["docs"]
+        z = [d["id"] for d in mine].index(docs[0]["id"])
+        keep = [d for d in mine if d["id"] != docs[0]["id"]]
+        rest = [pipe.index.corpus.passages[pipe.index.corpus.position(d["id"])] for d in keep]
+        again = pipe.answer_from(Q, m, rest, [d["score"] for d in keep])
+        x = res["modes"][m]
+        assert x["after"] == again.text and x["before"] == out[m].text
+        assert x["drop"] == pytest.approx(out[m].passage_drop[z])
+        assert [d["id"] for d in x["answer"]["docs"]] == [d["id"] for d in keep]
+    html = ui.render_without(res)
+    assert html.count("<tr data-mode=") == 2 and "How faithful" in html and "renormalised over the other 2" in html
+    for bad, msg in ((None, "no answer yet"), ({**raw, "answers": {"closed-book": raw["answers"]["closed-book"]}},
+                                                "not among")):
+        with pytest.raises(ValueError, match=msg):
+            ui._answer_without(pipe, bad, docs[0]["id"])
+    with pytest.raises(ValueError, match="not among"):
+        ui._answer_without(pipe, raw, "no-such#0")
+    one = {**raw, "answers": {"token": pipe.answer(Q, "token", k=1).to_dict()}}
+    with pytest.raises(ValueError, match="only one passage"):
+        ui._answer_without(pipe, one, one["answers"]["token"]["docs"][0]["id"])
