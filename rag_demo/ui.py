@@ -1,10 +1,11 @@
 """The web app: a Gradio Blocks teaching demo of RAG (Lewis et al. 2020) over `RagPipeline`.
 
-Owns the page: HTML rendering of answers (answer cards with per-token passage colours, the
-tokens x passages heatmap of the paper's Fig. 2, the retrieved passages table), per-session
-state (uploaded corpus, edited passages: `Session` in a `gr.State`), lazy loading of one
-pipeline per stack (`PipelinePool`), and the named API endpoints. Renderers take
-`Answer.to_dict()` dicts, so they are pure and testable; nothing here recomputes the math.
+Owns the page: per-session state (uploaded corpus, edited passages: `Session` in a `gr.State`),
+the handlers behind every button (answers streamed as they are decoded, uploads, edits, taking
+a passage away), the budget each request must fit, the layout and the named API endpoints. Its
+neighbours: render.py draws the HTML from the library's dicts (pure), pool.py loads one pipeline
+per stack, assets/ holds the page's text (intro.html, how_it_works.md) and style.css; nothing
+here recomputes the math.
 
 Imports no torch: handlers call the library (loaded lazily, inside functions). Layout follows
 gradio's demos: functions first, then `with gr.Blocks()` layout, then event wiring.
@@ -15,11 +16,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import html
 import math
 import queue
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,42 +41,36 @@ from .config import (
     SEQUENCE_DECODINGS,
     STACKS,
     RagSettings,
-    StackSpec,
     check_question,
 )
 from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, check_passage_text, load_documents, supported_extensions
-from .corpus import split_sentences
+from .pool import PipelinePool, Progress, default_unavailable, stack_factory  # noqa: F401 - re-exported
+from .render import (  # noqa: F401 - re-exported: the renderers are the page's
+    PALETTE,
+    _finite,
+    anchors,
+    badge,
+    esc,
+    fmt_seconds,
+    plural,
+    render_answer,
+    render_heatmap,
+    render_inspector,
+    render_partial,
+    render_passages,
+    render_tokens,
+    render_without,
+    show_token,
+)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
 DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
-MODE_FORMULAS = {
-    "sequence": "p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i)",
-    "token": "p(y|x) = Π_i Σ_z p(z|x) p(y_i|x,z,y_<i)",
-    "closed-book": "p(y|x) = Π_i p(y_i|x,y_<i)",
-}
-ATTRIBUTION = {  # what a heatmap row means (docs/DESIGN.md §3.5)
-    "sequence": "row i is the running posterior p(z | x, y_≤i): which passage the answer so far is "
-    "consistent with; the last row is the answer's passage posterior.",
-    "token": "row i is p(z | x, y_i, y_<i) ∝ p(z|x)·p(y_i | x, z, y_<i): which passage token i came from "
-    "(the paper's Fig. 2).",
-}
-POSTERIOR_HEADS = {  # (column head, hover text) of each mode's passage posterior in the passage table
-    "sequence": ("p(z|x,y)",
-                 "RAG-Sequence: p(z | x, y) ∝ p(z|x) Π_i p(y_i | x, z, y_<i), the answer's passage posterior"),
-    "token": ("mean p(z|x,y_i)", "RAG-Token: p(z | x, y_i, y_<i) averaged over the answer's tokens"),
-}
-STAGES = ("encode", "retrieve", "generate", "attribute")
 STACK_BLURB = {
     "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
     "paper": "paper: DPR retriever + BART-large (facebook/rag-*-nq, from the Hub)",
 }
-# Passage colours by rank: mid-tone, so dark text on them reads in light and dark mode alike.
-PALETTE = (
-    "#7fb3ff", "#ffb366", "#7dd87d", "#ff8a8a", "#c9a6ff", "#d9b38c", "#ff9ed8", "#bdbdbd", "#e0e060", "#6fdbe8",
-    "#b3d1ff", "#ffd1a3", "#b5ebb5", "#ffbdbd", "#e0ccff", "#ead2bb", "#ffcbeb", "#e0e0e0", "#f0f09a", "#a8edf5",
-)
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus).
 VITAL_EXAMPLES = (
     "Who painted The Starry Night?",
@@ -102,174 +95,8 @@ MODEL_CONCURRENCY = 2
 QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
 # The question the settings' cost estimate is computed for (a typical one-sentence question).
 TYPICAL_QUESTION = "Who painted The Starry Night?"
-# Why an answer stopped before its end-of-sequence token (Answer.stopped), as shown on the card.
-CUT_REASONS = {
-    "max_new_tokens": "max new tokens reached",
-    "time_limit": "time limit reached",
-    "cancelled": "cancelled",
-}
-HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
 STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
 
-Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
-
-
-# ---------------------------------------------------------------- loading: one pipeline per stack
-
-
-def _log(msg: str) -> None:
-    print(f"[rag-demo] {msg}", file=sys.stderr, flush=True)
-
-
-def default_unavailable(stack: str) -> str | None:
-    """Why `stack` cannot be loaded here, or None. The paper stack needs the Hub unless its three
-    checkpoints are in the local Hugging Face cache; the probe takes HUB_PROBE_S at most."""
-    if stack != "paper":
-        return None
-    from .stacks import hub_unavailable_reason
-
-    reason = hub_unavailable_reason(HUB_PROBE_S)  # bounded, DNS lookup included
-    if reason is None:
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        spec = StackSpec(name="paper")
-        repos = (spec.rag_token, spec.rag_sequence, spec.ctx_encoder)
-        if all(isinstance(try_to_load_from_cache(r, "config.json"), str) for r in repos):
-            return None  # cached: loads without the Hub
-    except Exception:  # noqa: BLE001 - a cache probe must never break the page
-        pass
-    return reason
-
-
-def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None):
-    """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default):
-    `RagPipeline.load`, which relays its progress. Imports the library lazily."""
-
-    def factory(stack: str, progress: Progress) -> Any:
-        from .pipeline import RagPipeline
-
-        return RagPipeline.load(StackSpec(name=stack), corpus_fn() if corpus_fn else None, settings, progress)
-
-    return factory
-
-
-class PipelinePool:
-    """One loaded pipeline per stack, loaded lazily in a background thread on first use.
-
-    A stack counts as loaded (and the page says "Live") only once it has answered a question in
-    every mode (`RagPipeline.warm_up`): the first real question is then as fast as any other.
-    `get` waits for the load and relays its progress. `lock` serialises the passage encoder for
-    index builds (uploads, edits); answers never hold it (the StepGate orders their model steps).
-    """
-
-    def __init__(
-        self,
-        factory: Callable[[str, Progress], Any] | None = None,
-        preloaded: dict[str, Any] | None = None,
-        unavailable: Callable[[str], str | None] = default_unavailable,
-    ):
-        self._factory = factory or stack_factory()
-        self._pipes: dict[str, Any] = dict(preloaded or {})
-        self._errors: dict[str, str] = {}
-        self._threads: dict[str, threading.Thread] = {}
-        self._progress: dict[str, tuple[float | None, str]] = {}
-        self._reasons: dict[str, str | None] = {}
-        self._unavailable_fn = unavailable
-        self._guard = threading.Lock()
-        self.lock = threading.RLock()
-
-    @classmethod
-    def of(cls, pipelines: Any, unavailable: Callable[[str], str | None] = default_unavailable) -> PipelinePool:
-        """A pool from a pool, a factory(stack, progress), or one loaded RagPipeline (other stacks
-        then load over the same built-in corpus)."""
-        if isinstance(pipelines, PipelinePool):
-            return pipelines
-        if hasattr(pipelines, "answer_modes"):
-            corpus = pipelines.index.corpus
-            factory = stack_factory(lambda: corpus, pipelines.settings)
-            return cls(factory, {pipelines.stack.name: pipelines}, unavailable)
-        return cls(pipelines, None, unavailable)
-
-    def unavailable(self, stack: str) -> str | None:
-        """Cached reason the stack cannot load here (None: it can, or it is loaded already)."""
-        if stack in self._pipes:
-            return None
-        if stack not in self._reasons:
-            self._reasons[stack] = self._unavailable_fn(stack)
-        return self._reasons[stack]
-
-    def loaded(self, stack: str) -> Any | None:
-        return self._pipes.get(stack)
-
-    def loaded_stacks(self) -> list[str]:
-        return list(self._pipes)
-
-    def loading(self, stack: str) -> bool:
-        t = self._threads.get(stack)
-        return stack not in self._pipes and t is not None and t.is_alive()
-
-    def error(self, stack: str) -> str | None:
-        """Why the last load of `stack` failed (None: it did not)."""
-        return self._errors.get(stack)
-
-    def progress(self, stack: str) -> tuple[float | None, str]:
-        return self._progress.get(stack, (None, "waiting to load"))
-
-    def start(self, stack: str) -> None:
-        """Begin loading `stack` in the background (no-op if loaded or loading)."""
-        with self._guard:
-            if stack in self._pipes or (stack in self._threads and self._threads[stack].is_alive()):
-                return
-            self._errors.pop(stack, None)
-            self._progress[stack] = (0.0, f"Starting the {stack} stack ...")
-            t = threading.Thread(target=self._load, args=(stack,), name=f"load-{stack}", daemon=True)
-            self._threads[stack] = t
-            t.start()
-
-    def _load(self, stack: str) -> None:
-        def report(frac: float | None, msg: str) -> None:
-            prev = self._progress.get(stack, (None, ""))[0]
-            self._progress[stack] = (prev if frac is None else frac, msg)
-            _log(msg)
-
-        t0 = time.perf_counter()
-        try:  # not under `lock`: loading a stack touches only its own models, others keep answering
-            pipe = self._factory(stack, report)
-            warm = getattr(pipe, "warm_up", None)
-            if warm is not None:  # ready means warm: the first question must not pay for lazy set-up
-                report(0.95, f"Warming up the {stack} stack: one question in every mode ...")
-                secs = warm(lambda msg: report(None, msg))
-                report(None, f"Warmed up in {secs:.1f} s")
-            self._pipes[stack] = pipe
-            report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
-        except Exception as e:  # noqa: BLE001 - shown to the user, the app keeps serving
-            self._errors[stack] = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
-            report(None, f"Loading the {stack} stack failed: {self._errors[stack]}")
-
-    def get(self, stack: str, progress: Progress | None = None, timeout: float | None = None) -> Any:
-        """The loaded pipeline of `stack`, loading it first (relaying progress); ValueError if it cannot load."""
-        if stack in self._pipes:
-            return self._pipes[stack]
-        reason = self.unavailable(stack)
-        if reason:
-            raise ValueError(f"the {stack} stack is unavailable here: {reason}. Use the offline stack.")
-        self.start(stack)
-        t0, last = time.monotonic(), None
-        while stack not in self._pipes:
-            thread = self._threads.get(stack)
-            if stack in self._errors and not (thread and thread.is_alive()):
-                raise ValueError(f"the {stack} stack could not be loaded: {self._errors[stack]}")
-            now = self._progress.get(stack)
-            if progress and now != last:
-                progress(*now)
-                last = now
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"the {stack} stack is still loading after {timeout:.0f} s")
-            if thread:
-                thread.join(0.25)
-        return self._pipes[stack]
 
 
 # ---------------------------------------------------------------- per-session state
@@ -324,369 +151,6 @@ def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None =
         s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
     index = active_index(s, base)
     return (base if index is base.index else base.with_index(index)), s
-
-
-# ---------------------------------------------------------------- rendering (pure: dicts in, HTML out)
-
-
-def esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def colour(rank: int) -> str:
-    return PALETTE[(rank - 1) % len(PALETTE)]
-
-
-def _mix(c: str, p: float, floor: float = 0.0) -> tuple[str, bool]:
-    """(CSS background for colour c at strength p, whether text on it must be dark)."""
-    pct = round(100 * max(floor, min(1.0, p)))
-    return f"color-mix(in srgb, {c} {pct}%, transparent)", pct >= 55
-
-
-def badge(rank: int, title: str | None = None) -> str:
-    t = f' title="{esc(title)}"' if title else ""
-    return f'<span class="rag-badge" style="background:{colour(rank)}"{t}>{rank}</span>'
-
-
-def show_token(tok: str) -> str:
-    """A token piece as a heatmap row label: newlines, tabs and all-space pieces made visible."""
-    shown = tok.replace("\n", "↵").replace("\t", "⇥")
-    return shown if shown.strip() else (shown.replace(" ", "␣") or "∅")
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
-
-
-def fmt_seconds(s: float) -> str:
-    return f"{1000 * s:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
-def _finite(x: Any) -> Any:
-    """JSON-safe copy: non-finite floats become None."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
-def render_timings(t: dict[str, float]) -> str:
-    keys = [k for k in STAGES if k in t] + [k for k in t if k not in STAGES and k != "total"]
-    chips = [f"<span>{esc(k)} {fmt_seconds(t[k])}</span>" for k in keys]
-    if "total" in t:
-        chips.append(f'<span class="rag-total">total {fmt_seconds(t["total"])}</span>')
-    return f'<div class="rag-timings" title="seconds per stage">{"".join(chips)}</div>'
-
-
-def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
-    """Answer tokens coloured by their most responsible passage; a rank badge starts each run;
-    hovering a token names the passage and its posterior; clicking jumps to the passage row."""
-    docs, rows = a["docs"], a["token_doc_posteriors"]
-    if not a["tokens"] or not rows:
-        return '<div class="rag-tokens rag-placeholder">no tokens</div>'
-    spans, prev = [], None
-    for i, (tok, row, j) in enumerate(zip(a["tokens"], rows, a["top_docs"], strict=False)):
-        d = docs[j]
-        bg, dark = _mix(colour(d["rank"]), row[j], floor=0.35)
-        tip = f"{tok!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
-        if a.get("inspector"):
-            tip += "  (click: what each passage proposed here)"
-        sup = f"<sup>{d['rank']}</sup>" if j != prev else ""
-        cls = "rag-tok rag-dark" if dark else "rag-tok"
-        spans.append(
-            f'<a class="{cls}" href="#{anchor}{d["rank"]}" data-rank="{d["rank"]}" data-i="{i}" '
-            f'style="background:{bg}" title="{esc(tip)}">{sup}{esc(tok)}</a>'
-        )
-        prev = j
-    used = sorted(set(a["top_docs"]))
-    legend = "".join(
-        f'<span class="rag-legend-item">{badge(docs[j]["rank"])} {esc(docs[j]["title"])}</span>' for j in used
-    )
-    return f'<div class="rag-tokens">{"".join(spans)}</div><div class="rag-legend">{legend}</div>'
-
-
-def render_heatmap(a: dict) -> str:
-    """Tokens (rows) x passages (columns), each cell shaded by the attribution posterior."""
-    docs, rows = a["docs"], a["token_doc_posteriors"]
-    if not rows:
-        return ""
-    head = "".join(f"<th>{badge(d['rank'], d['title'])}</th>" for d in docs)
-    body = []
-    for tok, row, best in zip(a["tokens"], rows, a["top_docs"], strict=False):
-        cells = []
-        for j, p in enumerate(row):
-            bg, dark = _mix(colour(docs[j]["rank"]), p)
-            cls = " ".join(c for c in ("rag-dark" if dark else "", "rag-max" if j == best else "") if c)
-            cells.append(
-                f'<td class="{cls}" style="background:{bg}" title="[{docs[j]["rank"]}] {esc(docs[j]["title"])}: '
-                f'{p:.3f}">{p:.2f}</td>'
-            )
-        body.append(f'<tr><td class="rag-heat-tok">{esc(show_token(tok))}</td>{"".join(cells)}</tr>')
-    return (
-        f'<div class="rag-heat-wrap"><table class="rag-heat" data-tokens="{len(rows)}" data-docs="{len(docs)}">'
-        f'<thead><tr><th>token</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
-        f'<div class="rag-caption">Tokens down, passages across; {esc(ATTRIBUTION[a["mode"]])}</div>'
-    )
-
-
-def _fmt_p(p: float) -> str:
-    """A probability in a few characters: 0.42, 0.003, 2e-05."""
-    return f"{p:.2f}" if p >= 0.01 else (f"{p:.3f}" if p >= 0.001 else f"{p:.0e}")
-
-
-def render_inspector(a: dict) -> str:
-    """The token inspector of a RAG answer: one hidden panel per token (the page's script shows
-    the one whose token was clicked). A row per passage z: p(z|x), p(y_i | x, z, y_<i), the
-    heatmap's posterior for this token, and the tokens z alone would have put here next; for
-    RAG-Token, the mixture's own top tokens under the table. Numbers from Answer.inspector."""
-    ins, docs, rows = a.get("inspector") or [], a["docs"], a["token_doc_posteriors"]
-    if not ins or len(ins) != len(rows):
-        return ""
-    post_head = {"token": "p(z | x, y_i, y_<i)", "sequence": "p(z | x, y_≤i)"}[a["mode"]]
-    panels = []
-    for i, (tok, info, row) in enumerate(zip(a["tokens"], ins, rows)):
-        body = []
-        for z, d in enumerate(docs):
-            top = " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["top"][z])
-            best = ' class="rag-max"' if z == a["top_docs"][i] else ""
-            body.append(f'<tr{best}><td>{badge(d["rank"], d["title"])}</td><td>{_fmt_p(d["prior"])}</td>'
-                        f'<td>{_fmt_p(info["p_token"][z])}</td><td class="rag-insp-post">{row[z]:.3f}</td>'
-                        f"<td>{top}</td></tr>")
-        mix = ""
-        if info.get("mix"):
-            mix = ('<div class="rag-note">The mixture Σ_z p(z|x) p(· | x, z, y_&lt;i) proposed: '
-                   + " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["mix"]) + "</div>")
-        panels.append(
-            f'<div class="rag-insp" data-i="{i}" hidden><div class="rag-sub">Token {i + 1}: '
-            f"<code>{esc(show_token(tok))}</code> <button class=\"rag-insp-close\" type=\"button\">close</button></div>"
-            f'<div class="rag-heat-wrap"><table class="rag-insp-table"><thead><tr><th>passage z</th><th>p(z|x)</th>'
-            f"<th>p(y_i | x, z, y_&lt;i)</th><th>{esc(post_head)}</th><th>z alone would say next</th></tr></thead>"
-            f'<tbody>{"".join(body)}</tbody></table></div>{mix}</div>'
-        )
-    return f'<div class="rag-inspector">{"".join(panels)}</div>'
-
-
-def _fmt_lp(lp: float | None) -> str:
-    return f"{lp:.3f}" if lp is not None and math.isfinite(lp) else "-inf"
-
-
-def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None) -> str:
-    """One answer card: answer text, score and timings, then coloured tokens and the heatmap."""
-    mode = a["mode"] if a else mode
-    head = (
-        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
-        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
-    )
-    if a is None:
-        wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
-        return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
-    text = a["text"].strip()
-    cut = CUT_REASONS.get(a.get("stopped") or "")
-    mark = f'<span class="rag-cut" title="cut: {esc(cut)}">…</span>' if cut else ""
-    answer = f'<div class="rag-answer">{esc(text)}{mark}</div>' if text else (
-        f'<div class="rag-answer rag-empty">(empty answer){mark}</div>'
-    )
-    asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}</div>'
-             if a.get("question") else "")
-    lp_s = _fmt_lp(a["sequence_logprob"])
-    k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""
-    stop = f' · <span class="rag-cut-note">cut: {esc(cut)}</span>' if cut else ""
-    meta = (
-        f'<div class="rag-meta" title="log-probability of this answer under this model">score '
-        f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}{stop}</div>'
-    )
-    parts = [head, asked, answer, meta, render_timings(a["timings"])]
-    if mode == "closed-book":
-        parts.append(
-            '<div class="rag-note">No passages: the generator answers from what its weights memorised '
-            "(the paper's parametric-only baseline). Compare it with the two RAG answers.</div>"
-        )
-    else:
-        parts.append('<div class="rag-sub">Where each token came from (click a token to inspect it)</div>')
-        parts.append(render_tokens(a, anchor))
-        parts.append(render_inspector(a))
-        parts.append(
-            f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>"
-        )
-        if a.get("candidates"):
-            cands = "".join(
-                f"<li><code>{_fmt_lp(c['logprob'])}</code> {esc(c['text'].strip() or '(empty)')}</li>"
-                for c in a["candidates"]
-            )
-            parts.append(
-                f"<details><summary>Candidates rescored ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
-                f'<ol class="rag-note">{cands}</ol></details>'
-            )
-    return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
-
-
-def render_partial(a: dict | None, mode: str) -> str:
-    """An answer card while it is decoded (streaming; RagPipeline.partial_answer's dict, or None
-    before its mode starts): the answer so far with a caret, RAG-Token's tokens coloured and its
-    heatmap growing row by row; RAG-Sequence's K drafts, one per passage, then the rescoring."""
-    head = (
-        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
-        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
-    )
-    if a is None:
-        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="waiting">'
-                f'{head}<div class="rag-placeholder">Waiting for its turn ...</div></div>')
-    caret = '<span class="rag-caret" aria-hidden="true">▍</span>'
-    parts = [head]
-    if a.get("phase") == "reading":
-        what = ("Reading the question (no passages) ..." if mode == "closed-book" else
-                f"Reading the question with each of the {plural(a.get('k', 0), 'passage')} (one prompt per passage) ...")
-        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="0">'
-                f'{head}<div class="rag-placeholder">{esc(what)}</div></div>')
-    if mode == "sequence":
-        rescoring = a.get("phase") == "rescoring"
-        what = ("Each passage has written its candidate; now every candidate is scored under every passage "
-                "and the mixture picks: p(y|x) = Σ_z p(z|x) p(y|x,z).") if rescoring else (
-                "Each passage writes its own candidate answer (one search per passage) ...")
-        rows = "".join(
-            f'<li>{badge(d["rank"], d["title"])} <span class="rag-draft">{esc(d["text"].strip())}</span>'
-            f'{"" if d["done"] else caret}</li>' for d in a.get("drafts", [])
-        )
-        parts += [f'<div class="rag-sub">{esc(what)}</div>', f'<ol class="rag-drafts">{rows}</ol>']
-    else:
-        text = a["text"].strip()
-        parts.append(f'<div class="rag-partial-answer">{esc(text)}{caret}</div>')
-        if mode == "token" and a.get("token_doc_posteriors"):
-            parts.append('<div class="rag-sub">Where each token came from (so far)</div>')
-            parts.append(render_tokens(a))
-            parts.append(f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>")
-    n = len(a.get("token_ids", []))
-    return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="{n}">'
-            f'{"".join(parts)}</div>')
-
-
-def doc_groups(answers: dict[str, dict]) -> list[tuple[str, list[str]]]:
-    """[(group name, modes)]: modes that retrieved the same passages share one table ("all");
-    the paper stack's two question encoders may retrieve different ones."""
-    groups: dict[tuple, list[str]] = {}
-    for mode, a in answers.items():
-        if a and a["docs"]:  # same passages, and the same sentences read (two question encoders may differ)
-            key = tuple((d["id"], _read(d)) for d in a["docs"])
-            groups.setdefault(key, []).append(mode)
-    if len(groups) == 1:
-        return [("all", next(iter(groups.values())))]
-    return [(modes[0], modes) for modes in groups.values()]
-
-
-def _read(d: dict) -> tuple[int, ...] | None:
-    read = d.get("read_sentences")
-    return None if read is None else tuple(read)
-
-
-def render_passage_text(d: dict) -> str:
-    """A retrieved passage's text. When the generator read only some of its sentences
-    (RagSettings.passage_sentences > 0: d["read_sentences"], indices into corpus.split_sentences
-    of the text), the sentences it read are shown as they are and the others dimmed, with a note
-    saying how many it read; None (it read the whole passage): the text as it is."""
-    read = _read(d)
-    if read is None:
-        return f'<div class="rag-ptext">{esc(d["text"])}</div>'
-    sentences = split_sentences(d["text"])
-    kept = set(read) & set(range(len(sentences)))
-    spans = " ".join(f'<span class="{"rag-read" if j in kept else "rag-unread"}">{esc(sent)}</span>'
-                     for j, sent in enumerate(sentences))
-    note = (f"the generator read the whole passage ({plural(len(sentences), 'sentence')})"
-            if len(kept) == len(sentences) else f"the generator read the {plural(len(kept), 'highlighted sentence')}")
-    return (f'<div class="rag-ptext" data-read="{",".join(map(str, sorted(kept)))}">{spans}</div>'
-            f'<div class="rag-read-note">{esc(note)}</div>')
-
-
-def anchors(answers: dict[str, dict]) -> dict[str, str]:
-    return {m: f"rag-p-{g}-" for g, modes in doc_groups(answers) for m in modes}
-
-
-def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> str:
-    """The retrieved passages: rank, title (linked), text, retrieval score, p(z|x), and each mode's
-    posterior over the passage given the answer."""
-    groups = doc_groups(answers)
-    if not groups:
-        return '<div class="rag-passages rag-placeholder">The retrieved passages appear here.</div>'
-    out = []
-    for g, modes in groups:
-        docs = answers[modes[0]]["docs"]
-        corpus = answers[modes[0]]["corpus"]
-        who = "" if g == "all" else f" for {' and '.join(MODE_TITLES[m] for m in modes)}"
-        post_heads = "".join(
-            f'<th title="{esc(POSTERIOR_HEADS[m][1])}">{MODE_TITLES[m]}<br>{POSTERIOR_HEADS[m][0]}</th>' for m in modes
-        )
-        rows = []
-        for i, d in enumerate(docs):
-            title = esc(d["title"])
-            if d.get("url"):
-                title = f'<a href="{esc(d["url"])}" target="_blank" rel="noopener">{title}</a>'
-            tag = '<span class="rag-edited">edited by you</span>' if d["id"] in edits else ""
-            posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i]) for m in modes)
-            drop = (f'<button class="rag-without-btn" type="button" data-id="{esc(d["id"])}" title="answer the same '
-                    f'question again with this passage taken away">answer without it</button>') if len(docs) > 1 else ""
-            rows.append(
-                f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
-                f'<td><div class="rag-ptitle">{title}{tag}{drop}</div>{render_passage_text(d)}</td>'
-                f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
-            )
-        out.append(
-            f'<div class="rag-passages"><h3>Retrieved passages{who} '
-            f'<small>(top {len(docs)} of {esc(corpus)})</small></h3>'
-            f'<table class="rag-ptable"><thead><tr><th>#</th><th>passage</th><th title="retrieval inner product '
-            f'q(x)·d(z)">score<br>q(x)·d(z)</th><th title="softmax of the scores over the K passages">prior<br>p(z|x)'
-            f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-        )
-    return "".join(out)
-
-
-def render_without(result: dict | None) -> str:
-    """The answers with one passage taken away, beside the originals (`_answer_without`'s dict):
-    per RAG mode the new answer, and how the original answer's log p(y|x) changed (exact, from
-    Answer.passage_drop); then what that says about the attribution."""
-    if not result:
-        return ('<div class="rag-without rag-placeholder">"answer without it" beside a passage answers the '
-                "question again without that passage.</div>")
-    d, rows, notes = result["dropped"], [], []
-    for m, x in result["modes"].items():
-        drop = x["drop"]
-        change = "-" if drop is None else f"{-drop:+.3f}"
-        rows.append(f'<tr data-mode="{m}"><td>{esc(MODE_TITLES[m])}</td><td>{esc(x["before"].strip() or "(empty)")}</td>'
-                    f'<td class="rag-without-new">{esc(x["after"].strip() or "(empty)")}</td>'
-                    f'<td class="rag-num rag-without-delta">{change}</td></tr>')
-        top, most = x["top"], x["most"]
-        said = (f"the attribution's top passage [{top['rank']}] {esc(top['title'])} is also the one whose removal "
-                f"costs the answer most" if top["rank"] == most["rank"] else
-                f"the attribution's top passage is [{top['rank']}] {esc(top['title'])}, but taking away "
-                f"[{most['rank']}] {esc(most['title'])} would cost the answer most ({-most['drop']:+.2f})")
-        notes.append(f"<li>{esc(MODE_TITLES[m])}: {said}.</li>")
-    return (
-        f'<div class="rag-without" data-without="{d["rank"]}"><h3>Without passage {badge(d["rank"])} '
-        f'{esc(d["title"])} <small>(p(z|x) renormalised over the other {result["k"] - 1})</small></h3>'
-        '<div class="rag-heat-wrap"><table class="rag-ptable"><thead><tr><th>mode</th><th>answer with all passages'
-        '</th><th>answer without it</th><th title="log p(original answer | x) without the passage, minus with it">'
-        "change in log p(original answer)</th></tr></thead>"
-        f'<tbody>{"".join(rows)}</tbody></table></div>'
-        '<div class="rag-note">How faithful are these attributions? A passage an answer really leans on should '
-        "cost it probability when taken away; one it ignores should not. Here "
-        f'<ul>{"".join(notes)}</ul></div></div>'
-    )
-
-
-def _question_lp_note(d: dict) -> str:
-    """With the generator's vote on (question_weight > 0): log p(question | passage) under the score."""
-    lp = d.get("question_logprob")
-    if lp is None:
-        return ""
-    return (f'<div class="rag-qlp" title="the generator\'s log-likelihood of the question after this passage, '
-            f'added to the score times the vote\'s weight before the softmax">log p(x|z) {lp:.1f}</div>')
-
-
-def _prob_cell(p: float | None) -> str:
-    if p is None:
-        return '<td class="rag-num">–</td>'
-    return f'<td class="rag-num">{p:.3f}<div class="rag-bar"><div style="width:{100 * p:.0f}%"></div></div></td>'
 
 
 def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note: str = "") -> str:
@@ -1517,75 +981,9 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
 
 # ---------------------------------------------------------------- the page
 
-INTRO = """<div class="rag-header"><h1>Retrieval-Augmented Generation, step by step</h1>
-<p>Ask a question. A retriever finds the <i>K</i> passages closest to it; a small generator reads each one and
-answers (<b>RAG-Sequence</b>: one passage per answer; <b>RAG-Token</b>: a new passage mix at every token). The
-closed-book answer uses no passages at all. Every answer token is coloured by the passage it leans on most
-(Lewis et al. 2020,
-<a href="https://arxiv.org/abs/2005.11401" target="_blank" rel="noopener">arXiv:2005.11401</a>).</p></div>"""
+INTRO = (ASSETS / "intro.html").read_text(encoding="utf-8")  # the page's header
 
-HOW_IT_WORKS = r"""
-### Retrieve, then generate
-
-RAG couples a **parametric memory** (a generator's weights) with a **non-parametric memory** (an index of
-passages). For a question $x$ it runs four steps, each timed under every answer:
-
-1. **encode** the question into a vector $q(x)$;
-2. **retrieve** the top-$K$ passages $z$ by inner product $q(x)\cdot d(z)$, with prior
-   $p(z|x) = \mathrm{softmax}_z\, q(x)\cdot d(z) / T$ over those $K$ ($T$: the *retrieval temperature* in
-   Settings; $T = 1$ is the retriever's own prior). With the *generator's vote* $w > 0$ the generator
-   reweighs them too: $p(z|x) = \mathrm{softmax}_z\,(q(x)\cdot d(z) / T + w \log p(x \mid z))$, where
-   $\log p(x \mid z)$ is how likely the generator finds the question after the passage (Sachan et al. 2022,
-   "UPR"), read from the prompt it runs anyway (the table shows it under the score);
-3. **generate** with the generator $p(y_i \mid x, z, y_{<i})$ run once per passage, combined in one of two ways
-   (with *sentences per passage* above 0 the generator reads only each passage's sentences closest to the
-   question; the passage table dims the others). The offline generator's prompt opens with *worked examples*,
-   two invented passages answered the way it should answer, computed once and shared by all $K$ prompts;
-   *short* answers end at the first line end or sentence-final period;
-4. **attribute** each answer token to the passages (the heatmap).
-
-**RAG-Sequence** uses one passage for the whole answer, mixing once per sequence:
-
-$$p_{\text{RAG-Sequence}}(y|x) = \sum_{z \in \text{top-}K} p(z|x) \prod_{i=1}^{N} p(y_i \mid x, z, y_{<i})$$
-
-**RAG-Token** may draw each token from a different passage, mixing at every step:
-
-$$p_{\text{RAG-Token}}(y|x) = \prod_{i=1}^{N} \sum_{z \in \text{top-}K} p(z|x)\, p(y_i \mid x, z, y_{<i})$$
-
-The **closed-book** baseline is the generator alone, $\prod_i p(y_i \mid x, y_{<i})$: what it memorised.
-Each card's *score* is $\log p(y|x)$ of its answer under its own model. RAG-Sequence decoding is either
-*thorough* (every candidate answer rescored under every passage, exact) or *fast* (a candidate gets
-$p(y|x,z) \approx 0$ from passages that did not produce it, paper section 2.5).
-
-### Reading the heatmap
-
-Rows are answer tokens, columns the retrieved passages (coloured and numbered like the passage table).
-
-* **RAG-Token**: row $i$ is $p(z \mid x, y_i, y_{<i}) \propto p(z|x)\, p(y_i \mid x, z, y_{<i})$: how much each
-  passage explains token $i$. This is the paper's Figure 2: name tokens usually lock onto the passage that
-  contains them, while function words spread out.
-* **RAG-Sequence**: row $i$ is the running posterior $p(z \mid x, y_{\le i}) \propto p(z|x) \prod_{j \le i}
-  p(y_j \mid x, z, y_{<j})$: which passage the answer so far is consistent with. Its last row is the answer's
-  passage posterior, shown in the passage table.
-
-A token is coloured by its darkest cell; hover it to see the passage and the probability, click it to jump to
-the passage.
-
-### Sharing one server fairly
-
-Every question is priced before it runs: the app estimates its time and memory from the settings (shown in
-*Settings*) and refuses one over the server's limit, with what it would cost and what to change. An admitted
-question runs under a wall-clock limit; an answer cut by it (or by *max new tokens*) ends with "…" and says why.
-Two questions run at once, but the models take one step at a time: at every step the waiting question with the
-lower priority number goes first, and questions estimated to be expensive run at low priority. A cheap question
-asked while an expensive one is running therefore finishes in about its own time.
-
-### Hot-swapping knowledge
-
-The index is memory you can replace without retraining. Upload your own documents (they are split into
-~100-word passages and embedded, in your session only), or edit a retrieved passage and ask again: the answer
-follows the edited text while the models stay the same (the paper's index hot-swap, section 4.5, in miniature).
-"""
+HOW_IT_WORKS = (ASSETS / "how_it_works.md").read_text(encoding="utf-8")  # the "How it works" tab
 
 
 def _diagram() -> str:
