@@ -1247,9 +1247,13 @@ def theme() -> gr.themes.Base:
 
 
 def launch(demo: gr.Blocks, **kwargs) -> Any:
-    """demo.launch with the app's CSS and theme (launch() arguments in gradio 6)."""
+    """demo.launch with the app's CSS, page script and theme (launch() arguments in gradio 6), and
+    the MCP server on."""
     kwargs.setdefault("css_paths", [CSS_PATH])
     kwargs.setdefault("js", PAGE_JS)
     kwargs.setdefault("theme", theme())
     kwargs.setdefault("show_error", True)
+    # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
+    # an agent calls `ask` with the question and gets /ask's dict
+    kwargs.setdefault("mcp_server", True)
     return demo.launch(**kwargs)

@@ -903,6 +903,36 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
 
 
 @pytest.mark.slow
+def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
+    """launch() serves the named endpoints as MCP tools (#12): the `mcp` client lists `ask` with
+    its docstring and its settings as parameters, and a call answers in the three modes."""
+    import ast
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def run():
+        async with streamablehttp_client(app[1] + "gradio_api/mcp/") as (read, write, _):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {t.name: t for t in (await session.list_tools()).tools}
+                got = await session.call_tool("ask", {"question": "Who painted The Starry Night?", "k": 2,
+                                                      "max_new_tokens": 8, "sequence_decoding": "fast"})
+                return tools, got
+
+    tools, got = asyncio.run(run())
+    assert "ask" in tools and "Answer one question with RAG-Sequence, RAG-Token and closed-book" in tools["ask"].description
+    params = tools["ask"].inputSchema["properties"]
+    assert {"question", "k", "num_beams", "answer_style", "question_weight"} <= set(params)
+    assert not got.isError, got
+    text = "".join(c.text for c in got.content if getattr(c, "type", "") == "text")
+    answers = ast.literal_eval(text)["answers"]  # gradio's MCP server hands a dict as its Python text
+    assert answers is not None and set(answers) == {"sequence", "token", "closed-book"}, text[:500]
+    assert all(len(a["docs"]) == 2 for m, a in answers.items() if m != "closed-book")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("question, message", [
     ("", "question is empty"),
     ("   ", "question is empty"),
