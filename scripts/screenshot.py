@@ -1,10 +1,14 @@
-"""Take the README screenshot: the real app (Vital Articles, offline stack) answering a question.
+"""Take the README screenshots: the real app (Vital Articles, offline stack) answering a question.
 
     python scripts/screenshot.py                      # starts `python app.py` on a free port
     python scripts/screenshot.py --url http://127.0.0.1:7860/   # or use a running app
+    python scripts/screenshot.py --views              # also: streaming, inspector, phone
 
 Drives Debian's chromium (/usr/bin/chromium) with Playwright, asks the question, and writes
-assets/screenshot.png (palette-quantised to stay under ~300 KB).
+assets/screenshot.png (palette-quantised to stay under ~300 KB); with --views also
+assets/screenshot_streaming.png (the cards while RAG-Token decodes, sentence answers so the
+stream lasts long enough to catch), assets/screenshot_inspector.png (a RAG-Token token clicked)
+and assets/screenshot_phone.png (390 px wide).
 """
 from __future__ import annotations
 
@@ -45,7 +49,6 @@ def _wait_http(url: str, proc: subprocess.Popen | None, timeout: float = 120) ->
 
 
 def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dark: bool) -> None:
-    from PIL import Image
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -71,10 +74,68 @@ def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dar
         page.screenshot(path=str(raw), full_page=True,
                         clip={"x": 0, "y": 0, "width": 1280, "height": bottom["y"] + bottom["height"] + 16})
         browser.close()
+    _save(raw, out)
+
+
+def _save(raw: Path, out: Path) -> None:
+    from PIL import Image
+
     img = Image.open(raw).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
     img.save(out, optimize=True)
     raw.unlink()
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB, {img.size[0]}x{img.size[1]})")
+
+
+PARTIAL_JS = """() => {
+    const tok = document.querySelector('#rag-answer-token .rag-card-partial');
+    return !!tok && Number(tok.dataset.partial) >= 3;
+}"""
+
+
+def capture_views(url: str, question: str, folder: Path) -> None:
+    """The streaming view, the inspector and the phone layout (see the module docstring)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+        page.goto(url)
+        page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
+        page.locator("#rag-settings").get_by_text("Settings").click()
+        page.locator("#rag-style").get_by_text("sentence", exact=True).click()
+        page.locator("#rag-settings").get_by_text("Settings").click()
+        page.locator("#rag-question textarea, #rag-question input").first.fill(question)
+        page.click("#rag-ask")
+        page.wait_for_function(PARTIAL_JS, timeout=600_000, polling=50)
+        cards = page.locator("#rag-cards").bounding_box()
+        raw = folder / "screenshot_streaming.raw.png"
+        page.screenshot(path=str(raw), clip={"x": 0, "y": cards["y"] - 8, "width": 1280, "height": cards["height"] + 16})
+        _save(raw, folder / "screenshot_streaming.png")
+        for mode in ("sequence", "token", "closed-book"):
+            page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
+        token = page.locator("#rag-answer-token a.rag-tok").nth(1)
+        token.click()
+        page.locator('#rag-answer-token .rag-insp[data-i="1"]').wait_for(state="visible")
+        time.sleep(0.5)
+        card = page.locator("#rag-answer-token").bounding_box()
+        raw = folder / "screenshot_inspector.raw.png"
+        page.screenshot(path=str(raw), full_page=True, clip={"x": card["x"] - 8, "y": card["y"] - 8,
+                                                             "width": card["width"] + 16, "height": card["height"] + 16})
+        _save(raw, folder / "screenshot_inspector.png")
+        phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+        phone.goto(url)
+        phone.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
+        phone.locator("#rag-question textarea, #rag-question input").first.fill(question)
+        phone.click("#rag-ask")
+        for mode in ("sequence", "token", "closed-book"):
+            phone.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
+        time.sleep(1)
+        top = phone.locator("#rag-cards").bounding_box()
+        raw = folder / "screenshot_phone.raw.png"
+        phone.screenshot(path=str(raw), full_page=True, clip={"x": 0, "y": top["y"] - 8, "width": 390,
+                                                              "height": min(top["height"] + 16, 1400)})
+        _save(raw, folder / "screenshot_phone.png")
+        browser.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dark", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshot.png")
+    p.add_argument("--views", action="store_true", help="also the streaming, inspector and phone screenshots")
     args = p.parse_args(argv)
     proc = None
     url = args.url
@@ -96,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _wait_http(url, proc)
         capture(url, args.question, args.out, args.k, args.max_new_tokens, args.dark)
+        if args.views:
+            capture_views(url, args.question, args.out.parent)
     finally:
         if proc is not None:
             proc.terminate()
