@@ -57,12 +57,12 @@ def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dar
                                 color_scheme="dark" if dark else "light")
         page.goto(url + ("?__theme=dark" if dark else ""))
         page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
-        page.locator("#rag-settings").get_by_text("Settings").click()
+        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
         for elem, value in (("rag-k", k), ("rag-max-new", max_new_tokens)):
             box = page.locator(f"#{elem} input[type=number]")
             box.fill(str(value))
             box.press("Enter")
-        page.locator("#rag-settings").get_by_text("Settings").click()  # closed again
+        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()  # closed again
         page.locator("#rag-question textarea, #rag-question input").first.fill(question)
         page.click("#rag-ask")
         for mode in ("sequence", "token", "closed-book"):
@@ -101,9 +101,9 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
-        page.locator("#rag-settings").get_by_text("Settings").click()
+        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
         page.locator("#rag-style").get_by_text("sentence", exact=True).click()
-        page.locator("#rag-settings").get_by_text("Settings").click()
+        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
         page.locator("#rag-question textarea, #rag-question input").first.fill(question)
         page.click("#rag-ask")
         page.wait_for_function(PARTIAL_JS, timeout=600_000, polling=50)
@@ -117,10 +117,8 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         token.click()
         page.locator('#rag-answer-token .rag-insp[data-i="1"]').wait_for(state="visible")
         time.sleep(0.5)
-        card = page.locator("#rag-answer-token").bounding_box()
         raw = folder / "screenshot_inspector.raw.png"
-        page.screenshot(path=str(raw), full_page=True, clip={"x": card["x"] - 8, "y": card["y"] - 8,
-                                                             "width": card["width"] + 16, "height": card["height"] + 16})
+        page.locator("#rag-answer-token").screenshot(path=str(raw))
         _save(raw, folder / "screenshot_inspector.png")
         phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1)
         phone.goto(url)
