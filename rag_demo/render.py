@@ -344,7 +344,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
                     f'question again with this passage taken away">answer without it</button>') if len(docs) > 1 else ""
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
-                f'<td><div class="rag-ptitle">{title}{tag}{drop}</div>{render_passage_text(d)}</td>'
+                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}{drop}</td>'
                 f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
             )
         out.append(

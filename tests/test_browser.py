@@ -276,7 +276,7 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
     panel.wait_for(state="hidden")
     # take the top passage away: new answers beside the old, and the change in log p(original answer)
     page.locator("#rag-passages tbody tr").first.locator("button.rag-without-btn").click()
-    result = page.locator("#rag-without .rag-without")
+    result = page.locator("#rag-without .rag-without[data-without]")  # not the placeholder
     result.wait_for(timeout=ANSWER_TIMEOUT_MS)
     assert result.get_attribute("data-without") == "1"
     rows = result.locator("tbody tr")
