@@ -62,3 +62,25 @@ def smollm_tokenizer_folder():
     if folder is None or not (folder / "tokenizer_config.json").is_file():
         pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
     return folder
+
+
+@pytest.fixture(scope="module")
+def long_answer_pipe(tiny_ckpts, tmp_path_factory):
+    """The paper stack's loading code on the tiny random checkpoints, K=3 over the 3 fixture
+    passages, answers up to 8 tokens; EOS made unreachable (random BART says EOS at once), so
+    every answer runs to 8 tokens: what streaming and the inspector need to see."""
+    import torch
+
+    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.corpus import corpus_from_documents
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.random_models import fixture_passages
+
+    spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
+                     ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
+    corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=8))
+    with torch.no_grad():  # -1e4 on the EOS logit
+        for mm in pipe.stack.modes.values():
+            mm.generator.model.final_logits_bias[..., mm.generator.eos_token_ids[0]] = -1e4
+    return pipe
