@@ -65,8 +65,7 @@ def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dar
         page.locator("#rag-settings").get_by_text("Settings", exact=True).click()  # closed again
         page.locator("#rag-question textarea, #rag-question input").first.fill(question)
         page.click("#rag-ask")
-        for mode in ("sequence", "token", "closed-book"):
-            page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
+        _wait_answers(page)
         time.sleep(1)
         # the page down to the end of the passage table
         bottom = page.locator("#rag-passages").bounding_box()
@@ -75,6 +74,12 @@ def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dar
                         clip={"x": 0, "y": 0, "width": 1280, "height": bottom["y"] + bottom["height"] + 16})
         browser.close()
     _save(raw, out)
+
+
+def _wait_answers(page) -> None:
+    """Until the three cards show final answers (streaming cards carry no .rag-answer)."""
+    for mode in ("sequence", "token", "closed-book"):
+        page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
 
 
 def _save(raw: Path, out: Path) -> None:
@@ -111,8 +116,7 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         raw = folder / "screenshot_streaming.raw.png"
         page.screenshot(path=str(raw), clip={"x": 0, "y": cards["y"] - 8, "width": 1280, "height": cards["height"] + 16})
         _save(raw, folder / "screenshot_streaming.png")
-        for mode in ("sequence", "token", "closed-book"):
-            page.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
+        _wait_answers(page)
         token = page.locator("#rag-answer-token a.rag-tok").nth(1)
         token.click()
         page.locator('#rag-answer-token .rag-insp[data-i="1"]').wait_for(state="visible")
@@ -125,8 +129,7 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         phone.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
         phone.locator("#rag-question textarea, #rag-question input").first.fill(question)
         phone.click("#rag-ask")
-        for mode in ("sequence", "token", "closed-book"):
-            phone.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=600_000)
+        _wait_answers(phone)
         time.sleep(1)
         top = phone.locator("#rag-cards").bounding_box()
         raw = folder / "screenshot_phone.raw.png"
