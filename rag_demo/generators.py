@@ -15,6 +15,7 @@ Every method returns float32 log-probabilities (log_softmax of the logits).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -167,6 +168,13 @@ class GrowingLayer(DynamicLayer):
         out = GrowingLayer()
         if self.is_initialized and self._n:
             out.update(self.keys.index_select(0, rows), self.values.index_select(0, rows))
+        return out
+
+    def cropped(self, n: int) -> "GrowingLayer":
+        """A new layer holding the first n positions (a copy; the source is unchanged)."""
+        out = GrowingLayer()
+        if self.is_initialized and self._n and n:
+            out.update(self.keys[..., :n, :], self.values[..., :n, :])  # update copies into its own buffer
         return out
 
     def _forget_buffer(self) -> None:  # after transformers' own in-place edits (crop, reorder, ...)
@@ -433,6 +441,9 @@ class DecoderOnlyGenerator(Generator):
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self._kept: list[tuple[tuple[int, ...], _GrowingCache]] = []  # recent prefixes' KV (`_prefix_kv`)
+        self._kept_lock = threading.Lock()
+        self.prefix_tokens_run = 0  # prefix tokens the model actually ran (tests read it)
 
     def messages(self, question: str, doc: Passage | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: int = 0) -> list[dict]:
@@ -512,20 +523,59 @@ class DecoderOnlyGenerator(Generator):
                 return n, len(ids) - start - n
         return None
 
+    # How many recent prefixes' KV caches `_prefix_kv` keeps (0: none). One question's prefix is
+    # ~400 tokens with 4 worked examples (~19 MB of float32 KV for SmolLM2-135M); four cover the
+    # RAG and closed-book prompts of two settings without thrashing.
+    KEPT_PREFIXES = 4
+
+    @torch.inference_mode()
+    def _prefix_kv(self, prefix: tuple[int, ...]) -> "_GrowingCache":
+        """The KV cache of `prefix` as one row (1, heads, P, d), a fresh copy the caller may extend.
+
+        Every question's prompts open the same way (system prompt, worked examples: ~400 of a
+        RAG-Token question's ~550 tokens per row), so the part `prefix` shares with a recently
+        seen prefix is copied from that one's cache, not recomputed: causal attention makes the
+        KV of tokens 0..L-1 depend on those tokens alone, so this is exact (the rest runs as a
+        second chunk: float sums in another order, ~1e-6). Then `prefix` itself is kept."""
+        with self._kept_lock:
+            kept = list(self._kept)
+        best, L = None, 0
+        for key, kv in kept:  # the kept prefix sharing the longest opening with this one
+            n = next((i for i, (a, b) in enumerate(zip(key, prefix)) if a != b), min(len(key), len(prefix)))
+            if n > L:
+                best, L = kv, n
+        if L < MIN_SHARED_PREFIX:
+            best, L = None, 0
+        cache = _GrowingCache() if best is None else _GrowingCache(
+            [layer.cropped(L) for layer in best.layers])  # (1, heads, L, d) copies
+        if L < len(prefix):
+            rest = torch.tensor([list(prefix[L:])])  # (1, P-L)
+            self.model.model(input_ids=rest, position_ids=torch.arange(L, len(prefix)).unsqueeze(0),
+                             past_key_values=cache, use_cache=True)
+            self.prefix_tokens_run += len(prefix) - L
+        if self.KEPT_PREFIXES:
+            keep = _GrowingCache([layer.cropped(len(prefix)) for layer in cache.layers])  # never handed out
+            with self._kept_lock:  # the most recent last; the oldest dropped
+                others = [(k, v) for k, v in self._kept if k != prefix]
+                self._kept = (others + [(prefix, keep)])[-self.KEPT_PREFIXES:]
+        return cache
+
     @torch.inference_mode()
     def prefill(self, prompts, score_last: int = 0):
         """The K doc prompts share their opening (system prompt, chat header, worked examples:
         `shared_prefix`): that prefix runs once, as one row, its KV cache is copied to every row,
         and only the rest of each prompt runs per row, left-padded after the prefix (the padding
-        is masked out and skipped by the position ids, so every row reads exactly its prompt)."""
+        is masked out and skipped by the position ids, so every row reads exactly its prompt).
+        The prefix's own KV comes from `_prefix_kv`, which reuses what earlier questions share."""
         if not 0 <= score_last < min(len(p) for p in prompts):
             raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
         P = shared_prefix(prompts, keep=score_last + 1)
+        if len(prompts) == 1 and self.KEPT_PREFIXES:  # one row (closed-book): its opening can be kept too
+            P = max(0, len(prompts[0]) - score_last - 1)
+            P = P if P >= MIN_SHARED_PREFIX else 0
         cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:
-            prefix = torch.tensor([list(prompts[0][:P])])  # (1, P)
-            self.model.model(input_ids=prefix, position_ids=torch.arange(P).unsqueeze(0), past_key_values=cache,
-                             use_cache=True)
+            cache = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
             cache = _select_cache(cache, torch.zeros(len(prompts), dtype=torch.long))  # (R, heads, P, d)
             head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
         ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded

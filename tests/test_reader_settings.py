@@ -312,7 +312,7 @@ def test_encoder_decoder_generators_do_not_predict_their_input(tiny_ckpts):
 def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(tiny_offline):
     """The K prompts share their opening (system prompt, chat header): prefill runs it once and
     copies its cache. Each row's next-token log-probs, then and after one more token, equal
-    that prompt prefilled alone (no shared prefix: one row)."""
+    that prompt prefilled alone (one row: its opening then comes from the kept prefix)."""
     gen = tiny_offline.stack.modes["token"].generator
     passages = [Passage(id=f"d#{i}", title=t, text=x) for i, (t, x) in enumerate(DOCS)]
     prompts = [gen.prompt(Q, p, 192, "short") for p in passages]
@@ -324,6 +324,7 @@ def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(ti
     calls = []
     real = gen.model.model.forward
     gen.model.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
+    gen._kept = []  # nothing kept from earlier tests (test_prefix_cache.py covers what is kept)
     try:
         first, state = gen.prefill(prompts)
     finally:

@@ -1,0 +1,99 @@
+"""The decoder-only generator keeps recent prompt openings' KV caches (`_prefix_kv`): a question
+whose prompts open like an earlier one's (system prompt, worked examples) runs only the rest.
+Exact up to float order, and it must really skip the work."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
+
+from rag_demo import engine  # noqa: E402
+from rag_demo.config import RagSettings  # noqa: E402
+from rag_demo.corpus import Passage  # noqa: E402
+from rag_demo.generators import shared_prefix  # noqa: E402
+
+DOCS = [Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel."),
+        Passage(id="p2", title="Orlan Vesk", text="Orlan Vesk was an invented painter, born in 1802 in Tarrow."),
+        Passage(id="p3", title="Kessaly", text="Kessaly is an invented country whose language is Kessalic.")]
+QUESTIONS = ["What is the capital of Veltrania?", "When was Orlan Vesk born?", "What language is spoken in Kessaly?"]
+
+
+def _gen(folder, kept: int):
+    from rag_demo.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(folder, layers=2, kv_heads=2, seed=3)
+    gen.KEPT_PREFIXES = kept  # an instance attribute: the class default stays
+    return gen
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal log-probs up to float order. The tiny model's logits spread by ~0.08 around ~-10.9,
+    so a relative tolerance would hide real errors (a wrong position id moves them by ~7e-5):
+    absolute, on log-probs centred per row; float order alone moved them by <= 1e-6 measured."""
+    torch.testing.assert_close(a - a.mean(-1, keepdim=True), b - b.mean(-1, keepdim=True), rtol=0, atol=1e-5)
+
+
+def _prompts(gen, q, examples=2):
+    return [gen.prompt(q, d, 192, "short", examples=examples) for d in DOCS]
+
+
+def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_tokenizer_folder):
+    """Three questions in turn, each in both RAG modes and closed-book: with kept prefixes and
+    without (same weights), the same first-step log-probs, question log-probs and answers. From
+    the second question on, only the part after the shared opening runs (the opening is
+    hundreds of tokens with worked examples; a question's own prefix part a few)."""
+    keep, fresh = _gen(smollm_tokenizer_folder, 4), _gen(smollm_tokenizer_folder, 0)
+    s = RagSettings(max_new_tokens=4, answer_style="short")
+    scores = torch.tensor([3.0, 2.0, 1.0])
+    for i, q in enumerate(QUESTIONS):
+        prompts = _prompts(keep, q)
+        before = keep.prefix_tokens_run
+        for score_last in (0, 3):
+            a_lp, a = keep.prefill(prompts, score_last=score_last)  # (K, V)
+            b_lp, b = fresh.prefill(prompts, score_last=score_last)
+            _same(a_lp, b_lp)
+            if score_last:
+                _same(a.prompt_lp, b.prompt_lp)
+        ran, P = keep.prefix_tokens_run - before, shared_prefix(prompts, keep=4)
+        assert P > 150  # system prompt + 2 worked examples + this question's passage header
+        if i == 0:
+            assert ran == P  # nothing kept yet: the whole shared prefix ran, once for both calls
+        else:
+            # the K prompts part at the passage, before the question: the same opening every time
+            assert ran == 0, (ran, P)
+        for mode in (engine.rag_token, engine.rag_sequence):
+            assert mode(keep, prompts, scores, s).tokens == mode(fresh, prompts, scores, s).tokens
+        cb = keep.prompt(q, None, 192, "short", examples=2)
+        before = keep.prefix_tokens_run
+        _same(keep.prefill([cb])[0], fresh.prefill([cb])[0])
+        ran = keep.prefix_tokens_run - before  # one row: all but its last token is its "prefix"
+        assert (ran == len(cb) - 1) if i == 0 else (0 < ran < 30), (ran, len(cb))  # later: the question's turn
+        assert engine.closed_book(keep, cb, s).tokens == engine.closed_book(fresh, cb, s).tokens
+    assert fresh.prefix_tokens_run > 0 and not fresh._kept  # kept=0 keeps nothing, recomputes every time
+
+
+def test_kept_prefixes_are_bounded_and_never_handed_out(smollm_tokenizer_folder):
+    """At most KEPT_PREFIXES entries, the latest last; and the caller's copy is its own:
+    decoding from one prefill's state leaves the kept cache as it was."""
+    gen = _gen(smollm_tokenizer_folder, 2)
+    for examples in (0, 1, 2):  # three different openings
+        gen.prefill(_prompts(gen, QUESTIONS[0], examples))
+    assert len(gen._kept) == 2
+    key, kv = gen._kept[-1]
+    assert list(key) == list(_prompts(gen, QUESTIONS[0], 2)[0][:len(key)])
+    sizes = [layer.keys.shape for layer in kv.layers]
+    _, state = gen.prefill(_prompts(gen, QUESTIONS[1], 2))
+    gen.advance(state, torch.tensor([[5], [6], [7]]))
+    assert [layer.keys.shape for layer in gen._kept[-1][1].layers] == sizes or gen._kept[-1][0] != key
+    assert all(layer.keys.shape[0] == 1 for _, kv in gen._kept for layer in kv.layers)  # one row each
+
+
+@pytest.mark.parametrize("kept", [0, 4])
+def test_a_short_single_prompt_still_runs(smollm_tokenizer_folder, kept):
+    gen = _gen(smollm_tokenizer_folder, kept)
+    ids = gen.tokenizer("Hi", add_special_tokens=False)["input_ids"]
+    lp, _ = gen.prefill([ids])  # shorter than MIN_SHARED_PREFIX: no prefix split
+    assert lp.shape[0] == 1 and torch.isfinite(lp).all()
