@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
+    be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
+                    "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")
+    be.add_argument("--scale-n", type=int, default=1_000_000, help="vectors for --scale (default 1,000,000)")
+    be.add_argument("--scale-dims", default="384,768", help="comma-separated vector widths for --scale (default 384,768)")
     _add_reader_settings(be)
     _add_common(be)
     return parser
@@ -218,6 +222,19 @@ def cmd_eval(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.scale:
+        from .scale import run_scale
+
+        try:
+            dims = [int(d) for d in args.scale_dims.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"--scale-dims {args.scale_dims!r} is not a list of numbers: use e.g. 384,768.") from None
+        if args.scale_n < 1000 or not dims or min(dims) < 8:
+            raise ValueError(f"--scale-n {args.scale_n} / --scale-dims {args.scale_dims!r}: use at least 1000 vectors "
+                             "and widths of 8 or more.")
+        out = args.out if args.out != "artifacts/bench.json" else "artifacts/bench_scale.json"
+        run_scale(args.scale_n, dims, say=_progress, out=out, cache_dir=_spec(args).cache_dir)
+        return 0
     from .bench import run_bench
 
     return run_bench(args, _spec(args), _progress)

@@ -1,0 +1,175 @@
+"""Index kinds for big corpora: which FAISS index holds the passage vectors, and how it is searched.
+
+Owns the three kinds, their settings and the choice between them:
+
+* ``flat``: `IndexFlatIP`, exact inner product. 4·D bytes a passage (1.5 KB at 384-d): the
+  default while the vectors fit in `FLAT_LIMIT_BYTES`; every demo-sized corpus is flat.
+* ``hnsw``: `IndexHNSWFlat`, a navigable small-world graph over the full vectors: fast and close
+  to exact, but larger than flat (the vectors plus ~2·M neighbour ids each).
+* ``ivfpq``: `IndexIVFPQ`, the compressed kind (the family of wiki_dpr's "compressed" index):
+  an inverted file of `nlist` k-means cells, each vector stored as `pq_m` one-byte product-
+  quantiser codes (plus an 8-byte id). Searched in `nprobe` cells with approximate scores;
+  with ``rerank`` > 0 the top rerank·k candidates are re-scored exactly against the float32
+  vectors read from a memory-mapped file, so RAM holds only the codes.
+
+Vectors are added in chunks (`CHUNK` rows) with `progress(done, total)` after each, so building
+shows progress and never copies the whole matrix. Recall against exact search, speed and memory
+of each kind at 1M vectors are measured by ``bench --scale`` (rag_demo/scale.py); what to expect
+is `expected_recall`, printed when an index is built.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+KINDS = ("flat", "hnsw", "ivfpq")
+CHUNK = 65536  # rows added at once: 100 MB of 384-d float32, whatever the corpus size
+FLAT_LIMIT_BYTES = 2 * 2**30  # above 2 GB of float32 vectors (1.4M at 384-d) `choose_kind` picks ivfpq
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class AnnSettings:
+    """How an index is built and searched; every field has a default and a reason."""
+
+    kind: str = "flat"  # exact until the vectors outgrow RAM (choose_kind)
+    # HNSW: 32 neighbours a node is FAISS's usual trade (recall vs 256 B of links a vector);
+    # efConstruction 80 builds a good graph at ~2x the time of 40; efSearch 64 keeps recall@5
+    # near 0.99 at 1M (bench --scale) for well under a millisecond more than 16.
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 80
+    hnsw_ef_search: int = 64
+    # IVF: None = about sqrt(N) cells (a power of two, 1024 at 1M): ~1,000 vectors a cell, and
+    # k-means trained on 40 points a cell stays seconds on 2 cores. nprobe 32 cells scanned.
+    nlist: int | None = None
+    nprobe: int = 32
+    # PQ: None = D/4 one-byte codes (96 at 384-d: 4 dimensions a sub-quantiser, 6% of flat's
+    # 4·D bytes); fewer bytes compress more and lose recall (bench --scale measures both).
+    pq_m: int | None = None
+    # exact re-rank of the top rerank·k approximate hits against the float32 vectors (0: off)
+    rerank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"index kind {self.kind!r} is unknown: use one of {', '.join(KINDS)}.")
+        for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "nprobe"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range: use 1 or more.")
+        if self.nlist is not None and self.nlist < 1:
+            raise ValueError(f"nlist={self.nlist!r} is out of range: use 1 or more, or None for about sqrt(N).")
+        if self.pq_m is not None and self.pq_m < 1:
+            raise ValueError(f"pq_m={self.pq_m!r} is out of range: use 1 or more, or None for D/4.")
+        if self.rerank < 0:
+            raise ValueError(f"rerank={self.rerank!r} is out of range: use 0 (off) or a factor such as 10.")
+
+
+def choose_kind(n: int, dim: int, limit_bytes: int = FLAT_LIMIT_BYTES) -> str:
+    """``flat`` while N·D float32 fit in `limit_bytes`, else ``ivfpq`` (compressed, ~6% of flat)."""
+    return "flat" if n * dim * 4 <= limit_bytes else "ivfpq"
+
+
+def default_nlist(n: int) -> int:
+    """About sqrt(N) cells, a power of two, at least 1 and at most N/40 (k-means needs ~40 points a cell)."""
+    if n < 80:
+        return 1
+    return max(1, min(2 ** round(math.log2(math.sqrt(n))), 2 ** int(math.log2(n / 40))))
+
+
+def default_pq_m(dim: int) -> int:
+    """D/4 sub-quantisers, lowered until it divides D (FAISS needs D % m == 0)."""
+    m = max(1, dim // 4)
+    while dim % m:
+        m -= 1
+    return m
+
+
+def expected_recall(s: AnnSettings) -> str:
+    """What recall@5 against exact search to expect, as `bench --scale` measured it at 1M vectors
+    (AMD EPYC, synthetic vectors around the real Vital Articles embeddings: README "Scale")."""
+    if s.kind == "flat":
+        return "exact (recall 1.0)"
+    if s.kind == "hnsw":
+        return f"recall@5 about 0.97-0.99 at efSearch={s.hnsw_ef_search} (bench --scale)"
+    if s.rerank:
+        return f"recall@5 about 0.98 or more with the exact re-rank of {s.rerank}·k (bench --scale)"
+    return f"recall@5 about 0.9 at nprobe={s.nprobe} without a re-rank (bench --scale)"
+
+
+def bytes_per_vector(s: AnnSettings, dim: int) -> float:
+    """RAM a vector costs in the index (the structure's fixed part aside): the 21M projection."""
+    if s.kind == "flat":
+        return 4.0 * dim
+    if s.kind == "hnsw":
+        return 4.0 * dim + 2 * s.hnsw_m * 4 * 1.05  # base layer 2·M int32 links; upper layers ~5% more
+    return (s.pq_m or default_pq_m(dim)) + 8.0  # the codes and the int64 id
+
+
+def _add(index: faiss.Index, vectors: np.ndarray, progress: Progress | None) -> None:
+    n = len(vectors)
+    for start in range(0, n, CHUNK):
+        index.add(np.ascontiguousarray(vectors[start:start + CHUNK], dtype=np.float32))  # (<=CHUNK, D)
+        if progress is not None:
+            progress(min(start + CHUNK, n), n)
+
+
+def build(vectors: np.ndarray, s: AnnSettings, progress: Progress | None = None, seed: int = 0) -> faiss.Index:
+    """A FAISS index of kind `s.kind` over (N, D) L2-normalised vectors (inner product = cosine).
+    `vectors` may be a memory-mapped array: it is read in chunks."""
+    if vectors.ndim != 2 or not len(vectors):
+        raise ValueError(f"vectors have shape {vectors.shape}: pass an (N, D) array with N >= 1.")
+    n, d = vectors.shape
+    if s.kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif s.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, s.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = s.hnsw_ef_construction
+        index.hnsw.efSearch = s.hnsw_ef_search
+    else:
+        nlist, m = s.nlist or default_nlist(n), s.pq_m or default_pq_m(d)
+        if d % m:
+            raise ValueError(f"pq_m={m} does not divide the vector dimension {d}: use a divisor of {d}.")
+        if n < max(nlist, 256):
+            raise ValueError(f"{n} vectors are too few to train ivfpq (nlist={nlist}, 256 PQ centroids): "
+                             "use the flat kind below a few thousand passages.")
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
+        rng = np.random.default_rng(seed)
+        train = min(n, max(40 * nlist, 256 * 40))  # k-means: ~40 points a cell and a PQ centroid
+        rows = np.sort(rng.choice(n, size=train, replace=False))
+        index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))  # (train, D)
+        index.nprobe = min(s.nprobe, nlist)
+    _add(index, vectors, progress)
+    return index
+
+
+class Searcher:
+    """Search an index of any kind: `search(q, k)` -> (scores (B, k), ids (B, k)); with
+    `settings.rerank` and the float32 `vectors` (e.g. np.load(..., mmap_mode="r")), the top
+    rerank·k approximate hits are re-scored exactly and the best k returned."""
+
+    def __init__(self, index: faiss.Index, settings: AnnSettings, vectors: np.ndarray | None = None) -> None:
+        if settings.rerank and settings.kind != "flat" and vectors is None:
+            raise ValueError(f"rerank={settings.rerank} needs the float32 vectors to re-score: pass vectors= "
+                             "(a memory-mapped .npy is enough), or rerank=0.")
+        self.index, self.settings, self.vectors = index, settings, vectors
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = np.ascontiguousarray(q, dtype=np.float32)  # (B, D)
+        s = self.settings
+        if not s.rerank or s.kind == "flat":
+            return self.index.search(q, k)  # (B, k), (B, k)
+        cand = min(self.index.ntotal, s.rerank * k)
+        _, ids = self.index.search(q, cand)  # (B, C) approximate
+        scores = np.full((len(q), k), -np.inf, np.float32)  # (B, k)
+        out = np.full((len(q), k), -1, np.int64)  # (B, k)
+        for b in range(len(q)):
+            row = ids[b][ids[b] >= 0]  # (C',) FAISS pads missing hits with -1
+            order = np.sort(row)  # ascending ids: sequential reads of the memory map
+            exact = np.asarray(self.vectors[order], dtype=np.float32) @ q[b]  # (C',)
+            top = np.argsort(-exact)[:k]
+            scores[b, :len(top)], out[b, :len(top)] = exact[top], order[top]
+        return scores, out

@@ -1,0 +1,134 @@
+"""Index kinds (rag_demo/ann.py) and the scale benchmark's pieces (rag_demo/scale.py) on small
+clustered vector sets: validation, each kind against exact search, the exact re-rank over a
+memory-mapped file, the synthetic vectors' promises, and the 21M projection's arithmetic."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag_demo import ann, scale
+from rag_demo.ann import AnnSettings, Searcher, build
+
+
+def _clustered(n: int, d: int, centres: int = 50, spread: float = 0.35, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centres, d))
+    x = c[rng.integers(0, centres, n)] + spread * rng.standard_normal((n, d))  # (n, d)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x = _clustered(6000, 32)
+    q = _clustered(200, 32, seed=1)
+    exact = (q @ x.T).argsort(1)[:, ::-1][:, :5]  # (200, 5) brute force
+    return x, q, exact
+
+
+def test_settings_validation_names_the_bad_value():
+    with pytest.raises(ValueError, match=r"index kind 'ivf' is unknown: use one of flat, hnsw, ivfpq"):
+        AnnSettings(kind="ivf")
+    with pytest.raises(ValueError, match=r"nprobe=0 is out of range"):
+        AnnSettings(nprobe=0)
+    with pytest.raises(ValueError, match=r"rerank=-1 is out of range"):
+        AnnSettings(rerank=-1)
+    with pytest.raises(ValueError, match=r"pq_m=0 is out of range"):
+        AnnSettings(pq_m=0)
+
+
+def test_choose_kind_and_defaults():
+    assert ann.choose_kind(11_485, 384) == "flat"
+    assert ann.choose_kind(1_000_000, 384) == "flat"  # 1.5 GB: still under the 2 GB limit
+    assert ann.choose_kind(2_000_000, 384) == "ivfpq" and ann.choose_kind(1_000_000, 768) == "ivfpq"
+    assert ann.default_nlist(1_000_000) == 1024 and ann.default_nlist(50) == 1
+    assert ann.default_nlist(6000) <= 6000 / 40  # ~40 training points a cell at least
+    assert ann.default_pq_m(384) == 96 and ann.default_pq_m(768) == 192 and 30 % ann.default_pq_m(30) == 0
+
+
+def test_flat_is_exact_and_hnsw_is_close(data):
+    x, q, exact = data
+    _, flat = Searcher(build(x, AnnSettings()), AnnSettings()).search(q, 5)
+    assert (flat == exact).mean() > 0.99  # exact up to ties in float32
+    s = AnnSettings(kind="hnsw")  # the defaults: M 32, efSearch 64
+    _, hnsw = Searcher(build(x, s), s).search(q, 5)
+    assert scale.recall_at(hnsw, exact) >= 0.9
+
+
+def test_ivfpq_compresses_and_the_rerank_restores_exact_scores(data, tmp_path):
+    x, q, exact = data
+    s = AnnSettings(kind="ivfpq", pq_m=8, nprobe=8)
+    index = build(x, s)
+    assert index.pq.M == 8 and index.nlist == ann.default_nlist(len(x))
+    assert index.code_size == 8  # 8 one-byte codes a vector against 128 bytes of float32
+    _, approx = Searcher(index, s).search(q, 5)
+    np.save(tmp_path / "v.npy", x)
+    r = AnnSettings(kind="ivfpq", pq_m=8, nprobe=8, rerank=10)
+    scores, reranked = Searcher(index, r, np.load(tmp_path / "v.npy", mmap_mode="r")).search(q, 5)
+    assert scale.recall_at(reranked, exact) > scale.recall_at(approx, exact)
+    assert scale.recall_at(reranked, exact) >= 0.9
+    # re-ranked scores are the exact inner products of the ids returned, best first
+    np.testing.assert_allclose(scores, np.einsum("bd,bkd->bk", q, x[reranked]), rtol=0, atol=1e-5)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+    with pytest.raises(ValueError, match="rerank=10 needs the float32 vectors"):
+        Searcher(index, r)
+
+
+def test_build_reports_progress_in_chunks(data, monkeypatch):
+    x, _, _ = data
+    monkeypatch.setattr(ann, "CHUNK", 2500)
+    calls = []
+    build(x, AnnSettings(), progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(2500, 6000), (5000, 6000), (6000, 6000)]
+
+
+def test_ivfpq_refuses_too_few_vectors_and_a_bad_pq_m():
+    x = _clustered(200, 32)
+    with pytest.raises(ValueError, match="too few to train ivfpq"):
+        build(x, AnnSettings(kind="ivfpq"))
+    with pytest.raises(ValueError, match="pq_m=7 does not divide the vector dimension 32"):
+        build(_clustered(3000, 32), AnnSettings(kind="ivfpq", pq_m=7))
+
+
+def test_synthetic_vectors_keep_their_promises():
+    real = _clustered(2000, 24, centres=200, spread=0.5)
+    x, how = scale.synthesize(real, 8000, seed=0)
+    assert x.shape == (8000, 24) and x.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
+    assert how["nn_cosines"] == sorted(how["nn_cosines"])  # denser subsets, closer neighbours
+    assert how["nn_cosine"] > how["nn_cosines"][-1]  # the fit, read at 4x the real size, is closer still
+    assert abs(how["measured_nn_cosine"] - how["nn_cosine"]) < 0.1  # the set is as dense as the fit says
+    lifted = scale.lift(x[:300], 64, noise_energy=0.0)
+    np.testing.assert_allclose(lifted @ lifted.T, x[:300] @ x[:300].T, atol=1e-5)  # an isometry
+    noisy = scale.lift(x[:300], 64, noise_energy=0.1)
+    assert 0.85 < float(np.mean(np.sum(noisy * lifted, 1))) < 0.99  # ~sqrt(1 / 1.1) = 0.95 of it kept
+
+
+def test_recall_and_the_projection_by_hand():
+    assert scale.recall_at(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[3, 2, 9], [4, 5, 6]])) == pytest.approx(5 / 6)
+    rows = [{"kind": "flat", "dim": 384, "settings": {"kind": "flat"}},
+            {"kind": "ivfpq", "dim": 384, "settings": {"kind": "ivfpq", "pq_m": 48, "rerank": 10}}]
+    flat, pq = scale.project(rows, n=21_015_300)
+    assert flat["ram_gb"] == pytest.approx(21_015_300 * 384 * 4 / 1e9, abs=0.01)  # 32.28 GB
+    # 48 code bytes + an 8-byte id a vector, plus 4096 cells x 384 x 4 bytes of centroids
+    assert pq["ram_gb"] == pytest.approx((21_015_300 * 56 + 4096 * 384 * 4) / 1e9, abs=0.01)
+    assert pq["rerank_vectors_on_disk_gb"] == pytest.approx(32.3, abs=0.1) and flat["rerank_vectors_on_disk_gb"] is None
+
+
+def test_measure_on_a_small_set(tmp_path):
+    x, q = _clustered(4000, 32), _clustered(50, 32, seed=1)
+    configs = (("flat", AnnSettings()), ("ivfpq + re-rank", AnnSettings(kind="ivfpq", pq_m=8, rerank=10)))
+    rows = scale.measure(x, q, configs, say=lambda m: None, workdir=tmp_path)
+    assert [r["kind"] for r in rows] == ["flat", "ivfpq + re-rank"]
+    assert rows[0]["recall_at_5"] == 1.0 and rows[0]["bytes_per_vector"] >= 128
+    assert rows[1]["bytes_per_vector"] < 0.3 * rows[0]["bytes_per_vector"] and rows[1]["recall_at_5"] > 0.8
+    assert not list(tmp_path.iterdir())  # the memory-mapped copy is removed
+    assert "| ivfpq + re-rank | 32 |" in scale.format_scale(
+        {"n": 4000, "cpu": "x", "load": [], "how": "h", "rows": rows, "projection": scale.project(rows)})
+
+
+def test_cli_rejects_bad_scale_arguments(capsys):
+    from rag_demo.cli import main
+
+    assert main(["bench", "--scale", "--scale-dims", "384,wide"]) == 2
+    assert "--scale-dims '384,wide' is not a list of numbers" in capsys.readouterr().err
+    assert main(["bench", "--scale", "--scale-n", "10"]) == 2
