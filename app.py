@@ -2,7 +2,9 @@
 
 The page is served at once; the models and the index load (and warm up) in the background while
 the page shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
-documents instead of Wikipedia Vital Articles; tests use it to start fast), --port, --host.
+documents instead of Wikipedia Vital Articles; tests use it to start fast), --knowledge-dataset DIR
+--knowledge-index FILE (a knowledge dataset in transformers' RAG format, its stored vectors used as
+they are: rag_demo/knowledge.py), --port, --host.
 
 Serving limits (rag_demo.budget.Budget; each flag also reads an environment variable, and
 defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stack", default="offline", choices=STACKS, help="stack loaded at start (default: offline)")
     p.add_argument("--corpus-file", action="append", default=[], metavar="FILE",
                    help="built-in corpus from these files (.txt .md .csv .jsonl .pdf) instead of Vital Articles")
+    p.add_argument("--knowledge-dataset", metavar="DIR", help="serve this knowledge dataset (transformers' RAG format: "
+                   "a save_to_disk folder with title, text, embeddings) with its stored vectors; needs --knowledge-index")
+    p.add_argument("--knowledge-index", metavar="FILE", help="the FAISS index file of --knowledge-dataset")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to serve on (0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -81,7 +86,17 @@ def main(argv: list[str] | None = None) -> None:
 
         files = list(args.corpus_file)
         corpus_fn = lambda: load_documents(files, name="Demo documents")  # noqa: E731
-    pool = PipelinePool(stack_factory(corpus_fn))
+    knowledge = None
+    try:
+        from rag_demo.knowledge import knowledge_paths, load_knowledge
+
+        paths = knowledge_paths(args.knowledge_dataset, args.knowledge_index)
+        if paths and args.corpus_file:
+            raise ValueError("--corpus-file and --knowledge-dataset both give the passages: use one of them.")
+        knowledge = load_knowledge(*paths, say=lambda msg: print(f"[rag-demo] {msg}", file=sys.stderr)) if paths else None
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge))
     stack = args.stack
     reason = pool.unavailable(stack)
     if reason:

@@ -45,6 +45,19 @@ def _corpus(args):
     return load_documents(args.corpus_file)
 
 
+def _knowledge(args):
+    """The knowledge dataset given with --knowledge-dataset/--knowledge-index (read before any
+    model loads, so a bad one fails at once), or None."""
+    from .knowledge import knowledge_paths, load_knowledge
+
+    paths = knowledge_paths(getattr(args, "knowledge_dataset", None), getattr(args, "knowledge_index", None))
+    if paths is None:
+        return None
+    if getattr(args, "corpus_file", None):
+        raise ValueError("--corpus-file and --knowledge-dataset both give the passages: use one of them.")
+    return load_knowledge(*paths, say=_progress)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default="offline", help=f"one of {', '.join(STACKS)} (default: offline)")
     p.add_argument("--cache-dir", help="index cache folder (default: $RAG_DEMO_CACHE or the user cache dir)")
@@ -56,6 +69,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
                    "instead of Wikipedia Vital Articles; repeatable")
+
+
+def _add_knowledge(p: argparse.ArgumentParser) -> None:
+    """A knowledge dataset in transformers' RAG format as the passages (rag_demo/knowledge.py)."""
+    p.add_argument("--knowledge-dataset", help="use this knowledge dataset (a datasets save_to_disk folder with "
+                   "title, text, embeddings: transformers' RAG format) with its stored vectors; needs --knowledge-index")
+    p.add_argument("--knowledge-index", help="the FAISS index file of --knowledge-dataset "
+                   "(dataset.get_index('embeddings').save(path))")
 
 
 def _add_reader_settings(p: argparse.ArgumentParser) -> None:
@@ -103,8 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
     _add_reader_settings(ask)
     _add_common(ask)
+    _add_knowledge(ask)
     index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
+    index.add_argument("--export", metavar="DIR", help="also write corpus, vectors and FAISS index in transformers' "
+                       "RAG format: DIR/hf_dataset (save_to_disk) and DIR/hf_dataset_index.faiss")
     _add_common(index)
+    _add_knowledge(index)
     ev = sub.add_parser("eval", help="score retrieval (recall@1/5/20) and answers (EM, F1) on a QA file")
     ev.add_argument("--qa", default="assets/qa_dev.jsonl", help='JSONL, one {"question": ..., "answers": [...]} per line')
     ev.add_argument("--modes", default="closed-book,sequence,token", help="comma-separated modes (default: all three)")
@@ -121,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
     _add_reader_settings(ev)
     _add_common(ev)
+    _add_knowledge(ev)
     be = sub.add_parser("bench", help="latency per stage, memory, index throughput, cold start, reference ratios")
     be.add_argument("--n", type=int, default=20, help="questions per mode (default 20)")
     be.add_argument("--qa", default="assets/qa_dev.jsonl", help="questions are taken from this QA file")
@@ -178,7 +204,9 @@ def cmd_ask(args) -> int:
                            sequence_decoding=args.decoding, **reader_settings(args))
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
-    pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index)
+    knowledge = _knowledge(args)
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index,
+                            knowledge=knowledge)
     _progress(f"Ready in {time.perf_counter() - t0:.1f} s ({pipe.stack.describe()})")
     answers = pipe.answer_modes(args.question, modes)
     if args.json:
@@ -192,7 +220,17 @@ def cmd_ask(args) -> int:
 def cmd_index(args) -> int:
     from .pipeline import RagPipeline
 
-    RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_load_progress, rebuild_index=args.rebuild_index)
+    from .knowledge import check_export_dir, export_knowledge
+
+    if args.export:
+        check_export_dir(args.export)  # before the models load
+    pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_load_progress, rebuild_index=args.rebuild_index,
+                            knowledge=_knowledge(args))
+    if args.export:
+        passages, index = export_knowledge(pipe.index, args.export, say=_progress)
+        print(f"passages_path={passages}\nindex_path={index}")
+        print(f"# transformers: RagRetriever.from_pretrained(<rag checkpoint>, index_name='custom', "
+              f"passages_path='{passages}', index_path='{index}')")
     return 0
 
 
@@ -210,7 +248,7 @@ def cmd_eval(args) -> int:
     settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
                            sequence_decoding=args.decoding, **reader_settings(args))
     pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
-                            rebuild_index=args.rebuild_index)
+                            rebuild_index=args.rebuild_index, knowledge=_knowledge(args))
     partial = Path(args.out).with_suffix(".partial.json")
     report = evaluate(pipe, items, modes, settings, retrievers, say=_progress, partial_path=partial)
     partial.unlink(missing_ok=True)

@@ -71,6 +71,11 @@ class PassageIndex:
                 f"k={k} is out of range for corpus {self.corpus.name!r} of {len(self)} passages: use 1 to {len(self)}."
             )
         scores, ids = self.index.search(q, k)  # (B, k), (B, k)
+        if (ids < 0).any():  # an approximate index (e.g. a loaded HNSW one) may find fewer than k
+            raise ValueError(
+                f"the FAISS index of {self.corpus.name!r} found fewer than k={k} passages for a question: "
+                "lower k, or use an exact index (python -m rag_demo index --export DIR writes one)."
+            )
         return scores, [[self.corpus.passages[i] for i in row] for row in ids]
 
     def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder,

@@ -27,6 +27,7 @@ from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
 from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
 from .index import IndexInfo, PassageIndex, load_or_build_index
+from .knowledge import Knowledge
 from .stacks import LoadedStack, load_stack
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -108,8 +109,10 @@ class RagPipeline:
         settings: RagSettings | None = None,
         progress: Progress | None = None,
         rebuild_index: bool = False,
+        knowledge: Knowledge | None = None,
     ) -> "RagPipeline":
-        """Load the stack's models, then the index for `corpus` (Vital Articles by default).
+        """Load the stack's models, then the index for `corpus` (Vital Articles by default), or
+        use `knowledge` (a loaded knowledge dataset: its vectors and FAISS index as they are).
 
         progress(fraction or None, message) is called before each slow step and while passages
         are embedded (models 0-0.5, index 0.5-1.0): what the CLI prints and the app's status shows.
@@ -120,6 +123,12 @@ class RagPipeline:
         steps = iter((0.05, 0.2, 0.3, 0.4))  # load_stack says what it loads before each model
         stack = load_stack(spec, lambda msg: say(next(steps, 0.45), msg))
         say(0.5, f"Models loaded in {stack.load_seconds:.1f} s")
+        if knowledge is not None:
+            if corpus is not None:
+                raise ValueError("both a corpus and a knowledge dataset were given: pass one of them.")
+            knowledge.check_encoder(stack.ctx_encoder, spec.name)
+            say(1.0, f"Using the knowledge dataset {knowledge.dataset_path} ({len(knowledge.index):,} passages)")
+            return cls(stack, knowledge.index, settings, knowledge.info())
         corpus = corpus if corpus is not None else load_vital_articles()
         pipe = cls(stack, None, settings)  # type: ignore[arg-type]
         pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))

@@ -45,14 +45,17 @@ def default_unavailable(stack: str) -> str | None:
     return reason
 
 
-def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None):
-    """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default):
-    `RagPipeline.load`, which relays its progress. Imports the library lazily."""
+def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None,
+                  knowledge: Any = None):
+    """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default), or
+    over `knowledge` (a loaded knowledge.Knowledge, shared by the stacks whose passage encoder
+    fits it): `RagPipeline.load`, which relays its progress. Imports the library lazily."""
 
     def factory(stack: str, progress: Progress) -> Any:
         from .pipeline import RagPipeline
 
-        return RagPipeline.load(StackSpec(name=stack), corpus_fn() if corpus_fn else None, settings, progress)
+        return RagPipeline.load(StackSpec(name=stack), corpus_fn() if corpus_fn else None, settings, progress,
+                                knowledge=knowledge)
 
     return factory
 

@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
@@ -242,3 +243,20 @@ def test_empty_corpus_is_rejected(encoder: MiniLMEncoder, tmp_path: Path):
         load_or_build_index(Corpus("none", []), encoder, tmp_path)
     with pytest.raises(ValueError, match="the corpus is empty"):
         build_index(Corpus("none", []), encoder)
+
+
+def test_an_index_that_finds_fewer_than_k_is_a_clear_error():
+    """An approximate index (a loaded one may be) can return fewer than k rows (-1 ids); that must
+    not silently become the last passage. IVF with 2 lists probing 1: 3 passages reachable."""
+    d = 8
+    vecs = np.zeros((6, d), np.float32)
+    vecs[:3, 0], vecs[3:, 0] = 1.0, -1.0
+    vecs[:, 1:] = np.random.default_rng(0).standard_normal((6, d - 1)) * 0.01
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, 2, faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vecs)
+    ivf.add(vecs)
+    corpus = corpus_from_documents("six", [(f"doc {i}", f"text {i}", None) for i in range(6)])
+    index = PassageIndex(corpus, vecs, ivf)
+    assert len(index.search(vecs[:1], 3)[1][0]) == 3
+    with pytest.raises(ValueError, match="found fewer than k=5 passages for a question: lower k, or use an exact index"):
+        index.search(vecs[:1], 5)
