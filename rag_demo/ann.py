@@ -73,6 +73,23 @@ def choose_kind(n: int, dim: int, limit_bytes: int = FLAT_LIMIT_BYTES) -> str:
     return "flat" if n * dim * 4 <= limit_bytes else "ivfpq"
 
 
+def kind_of(index: faiss.Index) -> str:
+    """The kind of a FAISS index made elsewhere (a cache, a knowledge dataset): hnsw, ivfpq
+    (any inverted file) or flat (anything else searched as it is)."""
+    if isinstance(index, faiss.IndexHNSW):
+        return "hnsw"
+    if isinstance(index, faiss.IndexIVF):
+        return "ivfpq"
+    return "flat"
+
+
+def settings_for(kind: str, n: int, dim: int, rerank: int = 10) -> AnnSettings:
+    """StackSpec.index_kind ("auto" or a kind) and index_rerank -> the settings for N D-dim
+    vectors: auto is `choose_kind`; the re-rank applies to ivfpq only."""
+    kind = choose_kind(n, dim) if kind == "auto" else kind
+    return AnnSettings(kind=kind, rerank=rerank if kind == "ivfpq" else 0)
+
+
 def default_nlist(n: int) -> int:
     """About sqrt(N) cells, a power of two, at least 1 and at most N/40 (k-means needs ~40 points a cell)."""
     if n < 80:

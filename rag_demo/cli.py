@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -30,8 +30,8 @@ def _spec(args) -> StackSpec:
     kw = {"name": args.stack}
     if args.cache_dir:
         kw["cache_dir"] = args.cache_dir
-    for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype"):
-        if getattr(args, name, None):
+    for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype", "index_kind", "index_rerank"):
+        if getattr(args, name, None) not in (None, ""):
             kw[name] = getattr(args, name)
     return StackSpec(**kw)
 
@@ -67,6 +67,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generator-dtype", help=f"offline generator weights: {', '.join(GENERATOR_DTYPES)} (default auto: "
                    "bfloat16 where the CPU has native bfloat16, else float32)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
+    p.add_argument("--index-kind", default=StackSpec.index_kind, help=f"{', '.join(INDEX_KINDS)} (default auto: exact "
+                   "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")
+    p.add_argument("--index-rerank", type=int, default=StackSpec.index_rerank,
+                   help="ivfpq: re-score the top N x k hits exactly (0: off; default 10)")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
                    "instead of Wikipedia Vital Articles; repeatable")
 

@@ -1,15 +1,17 @@
-"""The passage index: exact inner-product search over passage vectors, cached on disk.
+"""The passage index: inner-product search over passage vectors, cached on disk.
 
-Owns `PassageIndex` (a corpus, its (N, D) embeddings and a FAISS `IndexFlatIP`; exact search
-is fast enough for demo-sized corpora), the per-session "edit a passage" copy, and the
-on-disk cache: `cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
-sha256(corpus fingerprint + encoder fingerprint)[:16]. A cache is written atomically (temp
+Owns `PassageIndex` (a corpus, its (N, D) embeddings and a FAISS index: `IndexFlatIP`, exact,
+for demo-sized corpora; HNSW or compressed IVF-PQ for big ones, rag_demo/ann.py), the
+per-session "edit a passage" copy, and the on-disk cache:
+`cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
+sha256(corpus fingerprint + encoder fingerprint [+ index kind])[:16]. A cache is written atomically (temp
 sibling folder, fsync, rename: `publish.py`) and verified on load (key, sizes, format, file hashes);
 anything missing, corrupt or stale is logged and rebuilt, never trusted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -22,6 +24,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from rag_demo.ann import AnnSettings, Searcher, kind_of
+from rag_demo.ann import build as build_ann
 from rag_demo.corpus import Corpus, Passage
 from rag_demo.encoders import Encoder
 from rag_demo.publish import publish_folder, write_synced
@@ -35,21 +39,26 @@ _FILES = ("index.faiss", "embeddings.npy")
 class PassageIndex:
     """A corpus and its passage vectors; row i of `embeddings` is `corpus.passages[i]`."""
 
-    def __init__(self, corpus: Corpus, embeddings: np.ndarray, index: faiss.Index | None = None) -> None:
+    def __init__(self, corpus: Corpus, embeddings: np.ndarray, index: faiss.Index | None = None,
+                 ann: AnnSettings | None = None, progress: Callable[[int, int], None] | None = None) -> None:
+        """`index`: a FAISS index over `embeddings` (loaded from a cache or a knowledge dataset), or
+        None to build one of kind `ann` (default flat: exact). `ann.rerank` re-scores the top
+        rerank x k approximate hits exactly against `embeddings` (ann.Searcher)."""
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or embeddings.shape[0] != len(corpus):
             raise ValueError(
                 f"embeddings have shape {embeddings.shape} but corpus {corpus.name!r} has {len(corpus)} passages: "
                 "embed every passage, one row each."
             )
+        ann = ann or AnnSettings(kind="flat" if index is None else kind_of(index))
         if index is None:
-            index = faiss.IndexFlatIP(embeddings.shape[1])
-            index.add(embeddings)
+            index = build_ann(embeddings, ann, progress)
         if (index.ntotal, index.d) != embeddings.shape:
             raise ValueError(
                 f"the FAISS index holds {index.ntotal} x {index.d} vectors, not {embeddings.shape}: rebuild it."
             )
-        self.corpus, self.embeddings, self.index = corpus, embeddings, index
+        self.corpus, self.embeddings, self.index, self.ann = corpus, embeddings, index, ann
+        self._searcher = Searcher(index, ann, embeddings if ann.rerank else None)
 
     def __len__(self) -> int:
         return len(self.corpus)
@@ -70,7 +79,7 @@ class PassageIndex:
             raise ValueError(
                 f"k={k} is out of range for corpus {self.corpus.name!r} of {len(self)} passages: use 1 to {len(self)}."
             )
-        scores, ids = self.index.search(q, k)  # (B, k), (B, k)
+        scores, ids = self._searcher.search(q, k)  # (B, k), (B, k)
         if (ids < 0).any():  # an approximate index (e.g. a loaded HNSW one) may find fewer than k
             raise ValueError(
                 f"the FAISS index of {self.corpus.name!r} found fewer than k={k} passages for a question: "
@@ -92,7 +101,7 @@ class PassageIndex:
             )
         embeddings = self.embeddings.copy()  # (N, D)
         embeddings[i] = vec[0]
-        return PassageIndex(corpus, embeddings)
+        return PassageIndex(corpus, embeddings, ann=self.ann)
 
 
 @dataclass
@@ -104,15 +113,20 @@ class IndexInfo:
     key: str  # the fingerprint
 
 
-def build_index(corpus: Corpus, encoder: Encoder, progress: Callable[[int, int], None] | None = None) -> PassageIndex:
-    """Embed every passage (tqdm bar + `progress(done, total)`) into an exact inner-product index."""
+def build_index(corpus: Corpus, encoder: Encoder, progress: Callable[[int, int], None] | None = None,
+                ann: AnnSettings | None = None) -> PassageIndex:
+    """Embed every passage (tqdm bar + `progress(done, total)`) into an inner-product index of
+    kind `ann` (default flat: exact)."""
     if not len(corpus):
         raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
-    return PassageIndex(corpus, encoder.encode_passages(corpus.passages, progress=progress))
+    return PassageIndex(corpus, encoder.encode_passages(corpus.passages, progress=progress), ann=ann)
 
 
-def cache_key(corpus: Corpus, encoder: Encoder) -> str:
-    return hashlib.sha256((corpus.fingerprint() + encoder.fingerprint()).encode()).hexdigest()[:16]
+def cache_key(corpus: Corpus, encoder: Encoder, ann: AnnSettings | None = None) -> str:
+    """sha256(corpus + encoder fingerprints [+ the index kind's settings unless flat])[:16]: a
+    flat index keeps the key it always had, another kind gets its own folder."""
+    kind = "" if ann is None or ann.kind == "flat" else repr(dataclasses.replace(ann, rerank=0))
+    return hashlib.sha256((corpus.fingerprint() + encoder.fingerprint() + kind).encode()).hexdigest()[:16]
 
 
 class _StaleCache(Exception):
@@ -142,7 +156,7 @@ def _meta(key: str, index: PassageIndex, encoder: Encoder, blobs: dict[str, byte
     }
 
 
-def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder) -> PassageIndex:
+def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder, ann: AnnSettings | None = None) -> PassageIndex:
     meta = json.loads((folder / "meta.json").read_text())
     expected = {"format_version": FORMAT_VERSION, "key": key, "n": len(corpus), "dim": encoder.dim}
     wrong = {k: meta.get(k) for k, v in expected.items() if meta.get(k) != v}
@@ -156,7 +170,7 @@ def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder) -> PassageIn
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise _StaleCache("index.faiss does not use inner product")
     embeddings = np.load(io.BytesIO(blobs["embeddings.npy"]), allow_pickle=False)
-    return PassageIndex(corpus, embeddings, index)
+    return PassageIndex(corpus, embeddings, index, ann=ann)
 
 
 def _save(folder: Path, key: str, index: PassageIndex, encoder: Encoder) -> None:
@@ -178,20 +192,22 @@ def load_or_build_index(
     cache_dir: Path,
     progress: Callable[[int, int], None] | None = None,
     rebuild: bool = False,
+    ann: AnnSettings | None = None,
 ) -> tuple[PassageIndex, IndexInfo]:
-    """The index for (corpus, encoder) from the cache when it is intact, else built and cached."""
+    """The index of kind `ann` (default flat) for (corpus, encoder) from the cache when it is
+    intact, else built and cached."""
     if not len(corpus):
         raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
     start = time.perf_counter()
-    key = cache_key(corpus, encoder)
+    key = cache_key(corpus, encoder, ann)
     folder = Path(cache_dir) / "indexes" / key
     if folder.exists() and not rebuild:
         try:
-            index = _load(folder, key, corpus, encoder)
+            index = _load(folder, key, corpus, encoder, ann)
             return index, IndexInfo("cache", time.perf_counter() - start, folder, len(index), key)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, _StaleCache) as e:
             log.warning("index cache %s is unusable (%s: %s); rebuilding it", folder, type(e).__name__, e)
-    index = build_index(corpus, encoder, progress)
+    index = build_index(corpus, encoder, progress, ann)
     try:
         _save(folder, key, index, encoder)
     except OSError as e:

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from .ann import expected_recall, settings_for
 from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
@@ -140,12 +141,14 @@ class RagPipeline:
         progress fractions run over `span`."""
         say = progress or (lambda frac, msg: None)
         lo, hi = span
-        say(lo, f"Loading the index of {corpus.name} ({len(corpus):,} passages) ...")
+        spec, encoder = self.stack.spec, self.stack.ctx_encoder
+        ann = settings_for(spec.index_kind, len(corpus), encoder.dim, spec.index_rerank)
+        say(lo, f"Loading the index of {corpus.name} ({len(corpus):,} passages; {ann.kind}: {expected_recall(ann)}) ...")
 
         def bar(done: int, total: int) -> None:
             say(lo + (hi - lo) * done / max(total, 1), f"Embedding passages of {corpus.name}: {done:,}/{total:,}")
 
-        index, info = load_or_build_index(corpus, self.stack.ctx_encoder, self.stack.spec.cache_dir, bar, rebuild)
+        index, info = load_or_build_index(corpus, encoder, spec.cache_dir, bar, rebuild, ann)
         how = "loaded from cache" if info.source == "cache" else "built and cached"
         say(hi, f"Index {how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
         return index, info

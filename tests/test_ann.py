@@ -132,3 +132,77 @@ def test_cli_rejects_bad_scale_arguments(capsys):
     assert main(["bench", "--scale", "--scale-dims", "384,wide"]) == 2
     assert "--scale-dims '384,wide' is not a list of numbers" in capsys.readouterr().err
     assert main(["bench", "--scale", "--scale-n", "10"]) == 2
+
+
+# ---------------------------------------------------------------- the kinds inside PassageIndex and its cache
+
+
+def test_stack_spec_takes_the_index_kind():
+    from rag_demo.config import INDEX_KINDS, StackSpec
+
+    assert INDEX_KINDS == ("auto", *ann.KINDS) and StackSpec().index_kind == "auto"
+    with pytest.raises(ValueError, match=r"index_kind='ivf' is unknown: use one of auto, flat, hnsw, ivfpq"):
+        StackSpec(index_kind="ivf")
+    with pytest.raises(ValueError, match=r"index_rerank=-1 is out of range"):
+        StackSpec(index_rerank=-1)
+    assert ann.settings_for("auto", 11_485, 384) == AnnSettings(kind="flat")
+    assert ann.settings_for("auto", 3_000_000, 384, rerank=7) == AnnSettings(kind="ivfpq", rerank=7)
+    assert ann.settings_for("hnsw", 10, 384, rerank=7) == AnnSettings(kind="hnsw")  # re-rank: ivfpq only
+
+
+class WordsEncoder:
+    """A real, cheap encoder for index logic: hashed bag of words, 64-d, L2-normalised (the
+    index kinds need a few hundred passages; MiniLM embeds them at ~20 passages/s here)."""
+
+    name, dim = "hashed-words-64", 64
+
+    def fingerprint(self) -> str:
+        return "hashed-words-64 v1"
+
+    def _vec(self, text: str) -> np.ndarray:
+        import zlib
+
+        v = np.zeros(self.dim, np.float32)
+        for w in text.lower().split():
+            v[zlib.crc32(w.strip(".,;:!?()\"'").encode()) % self.dim] += 1.0
+        return v / max(np.linalg.norm(v), 1e-9)
+
+    def encode_questions(self, questions):
+        return np.stack([self._vec(q) for q in questions])
+
+    def encode_passages(self, passages, progress=None, **_):
+        out = np.stack([self._vec(f"{p.title}: {p.text}") for p in passages])
+        if progress:
+            progress(len(passages), len(passages))
+        return out
+
+
+@pytest.fixture(scope="module")
+def small_vital():
+    from rag_demo.corpus import load_vital_articles
+
+    return load_vital_articles(limit=260), WordsEncoder()  # ~320 passages: enough to train ivfpq
+
+
+def test_each_kind_is_cached_apart_and_answers_like_flat(small_vital, tmp_path):
+    from rag_demo.index import cache_key, load_or_build_index
+
+    corpus, enc = small_vital
+    assert len(corpus) >= 300
+    # a flat index keeps the key it always had: existing caches stay valid
+    assert cache_key(corpus, enc) == cache_key(corpus, enc, AnnSettings()) != cache_key(corpus, enc, AnnSettings(kind="hnsw"))
+    assert cache_key(corpus, enc, AnnSettings(kind="ivfpq")) == cache_key(corpus, enc, AnnSettings(kind="ivfpq", rerank=10))
+    q = enc.encode_questions(["Who painted the Mona Lisa?", "What is the capital of France?", "Who wrote Hamlet?",
+                              "What is the largest planet?", "When did the Second World War end?"])
+    flat, info = load_or_build_index(corpus, enc, tmp_path)
+    f_scores, f_hits = flat.search(q, 5)
+    for s in (AnnSettings(kind="hnsw"), AnnSettings(kind="ivfpq", rerank=10)):
+        built, b_info = load_or_build_index(corpus, enc, tmp_path, ann=s)
+        again, a_info = load_or_build_index(corpus, enc, tmp_path, ann=s)
+        assert (b_info.source, a_info.source) == ("built", "cache") and b_info.key != info.key
+        assert ann.kind_of(again.index) == s.kind and again.ann == s
+        scores, hits = again.search(q, 5)
+        assert [h[0].id for h in hits] == [h[0].id for h in f_hits]  # the same best passage as exact search
+        if s.rerank:  # re-ranked scores are the exact ones
+            np.testing.assert_allclose(scores[:, 0], f_scores[:, 0], rtol=0, atol=1e-5)
+    assert len(list((tmp_path / "indexes").iterdir())) == 3
