@@ -83,6 +83,17 @@ def kind_of(index: faiss.Index) -> str:
     return "flat"
 
 
+def settings_of(index: faiss.Index) -> AnnSettings:
+    """The settings that search a FAISS index made elsewhere as it was saved (its own nprobe or
+    efSearch kept: a knowledge dataset's index searches as transformers' retriever searches it)."""
+    kind = kind_of(index)
+    if kind == "hnsw":
+        return AnnSettings(kind=kind, hnsw_ef_search=max(1, index.hnsw.efSearch))
+    if kind == "ivfpq":
+        return AnnSettings(kind=kind, nprobe=max(1, index.nprobe))
+    return AnnSettings(kind=kind)
+
+
 def settings_for(kind: str, n: int, dim: int, rerank: int = 10) -> AnnSettings:
     """StackSpec.index_kind ("auto" or a kind) and index_rerank -> the settings for N D-dim
     vectors: auto is `choose_kind`; the re-rank applies to ivfpq only."""
@@ -173,6 +184,10 @@ class Searcher:
             raise ValueError(f"rerank={settings.rerank} needs the float32 vectors to re-score: pass vectors= "
                              "(a memory-mapped .npy is enough), or rerank=0.")
         self.index, self.settings, self.vectors = index, settings, vectors
+        if isinstance(index, faiss.IndexIVF):  # the search-time settings, whoever built the index
+            index.nprobe = min(settings.nprobe, index.nlist)
+        elif isinstance(index, faiss.IndexHNSW):
+            index.hnsw.efSearch = settings.hnsw_ef_search
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = np.ascontiguousarray(q, dtype=np.float32)  # (B, D)

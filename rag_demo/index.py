@@ -24,7 +24,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from rag_demo.ann import AnnSettings, Searcher, kind_of
+from rag_demo.ann import AnnSettings, Searcher, settings_of
 from rag_demo.ann import build as build_ann
 from rag_demo.corpus import Corpus, Passage
 from rag_demo.encoders import Encoder
@@ -50,7 +50,7 @@ class PassageIndex:
                 f"embeddings have shape {embeddings.shape} but corpus {corpus.name!r} has {len(corpus)} passages: "
                 "embed every passage, one row each."
             )
-        ann = ann or AnnSettings(kind="flat" if index is None else kind_of(index))
+        ann = ann or (AnnSettings() if index is None else settings_of(index))
         if index is None:
             index = build_ann(embeddings, ann, progress)
         if (index.ntotal, index.d) != embeddings.shape:

@@ -206,3 +206,21 @@ def test_each_kind_is_cached_apart_and_answers_like_flat(small_vital, tmp_path):
         if s.rerank:  # re-ranked scores are the exact ones
             np.testing.assert_allclose(scores[:, 0], f_scores[:, 0], rtol=0, atol=1e-5)
     assert len(list((tmp_path / "indexes").iterdir())) == 3
+
+
+def test_an_index_made_elsewhere_is_searched_as_it_was_saved(data):
+    import faiss
+
+    from rag_demo.index import PassageIndex
+
+    x, _, _ = data
+    from rag_demo.corpus import Corpus, Passage
+
+    corpus = Corpus("c", [Passage(id=str(i), title="t", text="x") for i in range(len(x))])
+    h = faiss.IndexHNSWFlat(32, 8, faiss.METRIC_INNER_PRODUCT)
+    h.hnsw.efSearch = 24
+    h.add(x)
+    idx = PassageIndex(corpus, x, h)
+    assert idx.ann == AnnSettings(kind="hnsw", hnsw_ef_search=24) and h.hnsw.efSearch == 24
+    ivf = build(x, AnnSettings(kind="ivfpq", pq_m=8, nprobe=3))
+    assert PassageIndex(corpus, x, ivf).ann.nprobe == 3 and ivf.nprobe == 3
