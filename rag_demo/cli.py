@@ -36,13 +36,26 @@ def _spec(args) -> StackSpec:
     return StackSpec(**kw)
 
 
-def _corpus(args):
-    """The documents given with --corpus-file, or None for the built-in corpus."""
-    if not getattr(args, "corpus_file", None):
-        return None
-    from .corpus import load_documents
+CORPORA = ("vital", "factbook")  # --corpus: Wikipedia Vital Articles (default) or the CIA World Factbook
 
-    return load_documents(args.corpus_file)
+
+def _corpus(args):
+    """The documents given with --corpus-file, the corpus named by --corpus, or None for the
+    default built-in corpus (Wikipedia Vital Articles)."""
+    name = getattr(args, "corpus", None) or "vital"
+    if name not in CORPORA:
+        raise ValueError(f"--corpus {name!r} is unknown: use one of {', '.join(CORPORA)}.")
+    if getattr(args, "corpus_file", None):
+        if name != "vital":
+            raise ValueError(f"--corpus {name} and --corpus-file both choose the corpus: pass one of them.")
+        from .corpus import load_documents
+
+        return load_documents(args.corpus_file)
+    if name == "factbook":
+        from .factbook import load_factbook
+
+        return load_factbook()
+    return None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -54,8 +67,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generator-dtype", help=f"offline generator weights: {', '.join(GENERATOR_DTYPES)} (default auto: "
                    "bfloat16 where the CPU has native bfloat16, else float32)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
+    p.add_argument("--corpus", default="vital", help=f"built-in corpus: {' or '.join(CORPORA)} (vital: Wikipedia "
+                   "Vital Articles, the default; factbook: the CIA World Factbook)")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
-                   "instead of Wikipedia Vital Articles; repeatable")
+                   "instead of a built-in corpus; repeatable")
 
 
 def _add_reader_settings(p: argparse.ArgumentParser) -> None:
@@ -103,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
     _add_reader_settings(ask)
     _add_common(ask)
-    index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
+    index = sub.add_parser("index", help="build (or load) the index of a built-in corpus (--corpus)")
     _add_common(index)
     ev = sub.add_parser("eval", help="score retrieval (recall@1/5/20) and answers (EM, F1) on a QA file")
     ev.add_argument("--qa", default="assets/qa_dev.jsonl", help='JSONL, one {"question": ..., "answers": [...]} per line')
