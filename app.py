@@ -3,6 +3,8 @@
 The page is served at once; the models and the index load (and warm up) in the background while
 the page shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
 documents instead of Wikipedia Vital Articles; tests use it to start fast), --port, --host.
+The page's corpus dropdown also offers the CIA World Factbook (its index is built by the first
+session that picks it, then cached on disk and shared).
 
 Serving limits (rag_demo.budget.Budget; each flag also reads an environment variable, and
 defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
