@@ -75,9 +75,9 @@ STACK_BLURB = {
 # Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
 # 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
 HOT_SWAP_EXAMPLES = (
+    "What is the population of France?",
     "What is the population of Nigeria?",
     "What is the area of France?",
-    "What is the capital of Bolivia?",
 )
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus).
 VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
