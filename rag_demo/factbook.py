@@ -21,7 +21,7 @@ chief of state and head of government, legislature, anthem); the economy basics 
 GDP per capita, growth, inflation, unemployment, industries, farm products, exports, currency);
 and the Introduction's background: the one long prose text, which answers "when" and "why"
 questions the fact fields cannot. Of a yearly series only the latest year is kept, and notes
-are left out. That gives about 2,500 passages for 260 entities (`FACTBOOK_PASSAGES_APPROX`).
+are left out. That gives about 2,300 passages for 256 entities (`FACTBOOK_PASSAGES_APPROX`).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ FIELDS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
 SECTIONS = ("Introduction", "Geography", "People and Society", "Government", "Economy")
 LABELS = {"Exchange rates": "Currency", "Major urban areas - population": "Major urban areas",
           "National anthem(s)": "National anthem"}  # clearer sentence labels
-FACTBOOK_PASSAGES_APPROX = 2500
+FACTBOOK_PASSAGES_APPROX = 2300
 
 # entities whose Factbook "conventional short form" is missing, "none" or not the name people use
 NAMES = {
