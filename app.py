@@ -5,6 +5,8 @@ the page shows their progress. Options: --stack offline|paper, --corpus-file FIL
 documents instead of Wikipedia Vital Articles; tests use it to start fast), --knowledge-dataset DIR
 --knowledge-index FILE (a knowledge dataset in transformers' RAG format, its stored vectors used as
 they are: rag_demo/knowledge.py), --port, --host.
+The page's corpus dropdown also offers the CIA World Factbook (its index is built by the first
+session that picks it, then cached on disk and shared).
 
 Serving limits (rag_demo.budget.Budget; each flag also reads an environment variable, and
 defaults to the library's value, sized for a 16 GB, 2-vCPU Space):

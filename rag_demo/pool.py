@@ -45,6 +45,19 @@ def default_unavailable(stack: str) -> str | None:
     return reason
 
 
+def _load_factbook() -> Any:
+    from .factbook import load_factbook
+
+    return load_factbook()
+
+
+def default_corpora() -> dict[str, tuple[str, Callable[[], Any]]]:
+    """The built-in corpora a session can switch to besides its stack's own: key -> (name, loader)."""
+    from .factbook import FACTBOOK_NAME  # torch-free: reads no data until the loader runs
+
+    return {"factbook": (FACTBOOK_NAME, _load_factbook)}
+
+
 def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None,
                   knowledge: Any = None):
     """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default), or
@@ -66,7 +79,10 @@ class PipelinePool:
     A stack counts as loaded (and the page says "Live") only once it has answered a question in
     every mode (`RagPipeline.warm_up`): the first real question is then as fast as any other.
     `get` waits for the load and relays its progress. `lock` serialises the passage encoder for
-    index builds (uploads, edits); answers never hold it (the StepGate orders their model steps).
+    index builds (uploads, edits, the other built-in corpora); answers never hold it (the StepGate
+    orders their model steps). `corpus_index` gives the index of another built-in corpus (the
+    CIA World Factbook) under a stack's models: built or loaded from the disk cache once per
+    stack, then shared by every session (the paper's index hot-swap).
     """
 
     def __init__(
@@ -74,8 +90,11 @@ class PipelinePool:
         factory: Callable[[str, Progress], Any] | None = None,
         preloaded: dict[str, Any] | None = None,
         unavailable: Callable[[str], str | None] = default_unavailable,
+        corpora: dict[str, tuple[str, Callable[[], Any]]] | None = None,
     ):
         self._factory = factory or stack_factory()
+        self._corpora = default_corpora() if corpora is None else dict(corpora)
+        self._indexes: dict[tuple[str, str], Any] = {}
         self._pipes: dict[str, Any] = dict(preloaded or {})
         self._errors: dict[str, str] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -175,3 +194,29 @@ class PipelinePool:
             if thread:
                 thread.join(0.25)
         return self._pipes[stack]
+
+    def corpora(self) -> dict[str, str]:
+        """The other built-in corpora: key (the corpus dropdown's value) -> corpus name."""
+        return {key: name for key, (name, _) in self._corpora.items()}
+
+    def corpus_index(self, stack: str, key: str, progress: Progress | None = None) -> Any:
+        """The index of built-in corpus `key` under `stack`'s passage encoder: loaded from the disk
+        cache or built (relaying progress: the embedding's fraction done) the first time, then the
+        same object for every session. The stack's own index when it already serves that corpus."""
+        if key not in self._corpora:
+            known = ", ".join(self._corpora) or "none"
+            raise ValueError(f"corpus {key!r} is not a built-in corpus here: use one of {known}.")
+        if (stack, key) in self._indexes:
+            return self._indexes[(stack, key)]
+        pipe = self.get(stack, progress)
+        name, load = self._corpora[key]
+        with self.lock:  # one build at a time; a second session asking waits, then shares it
+            if (stack, key) not in self._indexes:
+                if pipe.index.corpus.name == name:
+                    index = pipe.index
+                else:
+                    t0 = time.perf_counter()
+                    index, _ = pipe.build_index(load(), progress)
+                    _log(f"{name} index for the {stack} stack ready in {time.perf_counter() - t0:.1f} s")
+                self._indexes[(stack, key)] = index
+        return self._indexes[(stack, key)]

@@ -44,6 +44,7 @@ from .config import (
     check_question,
 )
 from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, check_passage_text, load_documents, supported_extensions
+from .factbook import FACTBOOK_NAME
 from .pool import PipelinePool, Progress, default_unavailable, stack_factory  # noqa: F401 - re-exported
 from .render import (  # noqa: F401 - re-exported: the renderers are the page's
     PALETTE,
@@ -71,8 +72,15 @@ STACK_BLURB = {
     "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
     "paper": "paper: DPR retriever + BART-large (facebook/rag-*-nq, from the Hub)",
 }
+# Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
+# 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
+HOT_SWAP_EXAMPLES = (
+    "What is the population of France?",
+    "What is the population of Nigeria?",
+    "What is the area of France?",
+)
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus).
-VITAL_EXAMPLES = (
+VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
     "Who painted The Starry Night?",
     "What is the capital of Australia?",
     "Who wrote Hamlet?",
@@ -81,6 +89,15 @@ VITAL_EXAMPLES = (
     "Who painted the Mona Lisa?",
     "Who wrote War and Peace?",
     "Where is the Taj Mahal?",
+)
+# Factbook questions (a test checks their answers are in the country's passages).
+FACTBOOK_EXAMPLES = (
+    *HOT_SWAP_EXAMPLES,
+    "What is the capital of Australia?",
+    "What languages are spoken in Switzerland?",
+    "What is the currency of Japan?",
+    "What is the highest point in Nepal?",
+    "Who is the chief of state of Canada?",
 )
 # /ask's and /ask_stream's settings arguments (RagSettings fields), in their positional order after
 # (question, ...) with `stack` between the first four and the reader settings
@@ -111,10 +128,12 @@ class Session:
     """
 
     stack: str = "offline"
-    corpus: str = "builtin"  # "builtin" (the stack's corpus) or "upload"
+    corpus: str = "builtin"  # "builtin" (the stack's corpus), "upload", or a key of pool.corpora() ("factbook")
     upload: Any = None  # Corpus of this session's uploaded documents
     upload_index: Any = None  # its PassageIndex under `upload_stack`'s passage encoder
     upload_stack: str | None = None
+    named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
+    named_stack: str | None = None  # the stack whose passage encoder made `named_index`
     edited: Any = None  # the active index with this session's edits (None: no edits)
     edits: tuple[str, ...] = ()  # ids of edited passages
     last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
@@ -122,11 +141,14 @@ class Session:
 
 
 def active_index(s: Session, base: Any) -> Any:
-    """The index this session answers from: its edited copy, its upload, or the shared one."""
+    """The index this session answers from: its edited copy, its upload, the other built-in corpus
+    it chose, or the stack's own."""
     if s.edited is not None:
         return s.edited
     if s.corpus == "upload" and s.upload_index is not None:
         return s.upload_index
+    if s.corpus not in ("builtin", "upload") and s.named_index is not None and s.named_stack == base.stack.name:
+        return s.named_index
     return base.index
 
 
@@ -143,12 +165,16 @@ def _embed(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> An
 
 
 def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None) -> tuple[Any, Session]:
-    """(pipeline with the session's index, session): re-embeds an upload made under another stack."""
+    """(pipeline with the session's index, session): re-embeds an upload made under another stack,
+    and gets the shared index of another built-in corpus (built with a progress bar the first time)."""
     relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
     base = pool.get(s.stack, relay)
     if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
         index = _embed(pool, base, s.upload, progress or (lambda *a, **k: None))
         s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
+    if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
+        index = pool.corpus_index(s.stack, s.corpus, relay)
+        s = dataclasses.replace(s, named_index=index, named_stack=s.stack)
     index = active_index(s, base)
     return (base if index is base.index else base.with_index(index)), s
 
@@ -184,6 +210,8 @@ def example_questions(corpus: Any, n: int = 6) -> list[str]:
     for untitled CSV rows / JSONL lines are skipped)."""
     if corpus.name == VITAL_ARTICLES_NAME:
         return list(VITAL_EXAMPLES)
+    if corpus.name == FACTBOOK_NAME:
+        return list(FACTBOOK_EXAMPLES)
     titles = [t for t in dict.fromkeys(p.title for p in corpus.passages) if not re.search(r" (row|line) \d+$", t)]
     templates = ("What is {}?", "What do the documents say about {}?", "Tell me about {}.")
     return [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]
@@ -193,6 +221,7 @@ def corpus_choices(pool: PipelinePool, s: Session) -> list[tuple[str, str]]:
     pipe = pool.loaded(s.stack) or next((pool.loaded(n) for n in pool.loaded_stacks()), None)
     builtin = pipe.index.corpus.name if pipe else VITAL_ARTICLES_NAME
     out = [(f"{builtin} (built in)", "builtin")]
+    out += [(f"{name} (built in)", key) for key, name in pool.corpora().items() if name != builtin]
     if s.upload is not None:
         out.append((f"{s.upload.name} ({plural(len(s.upload), 'passage')})", "upload"))
     return out
@@ -880,14 +909,17 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         )
 
     def choose_corpus(choice, s, progress=gr.Progress()):
-        """Switch this session between the built-in corpus and its uploaded documents."""
+        """Switch this session between the stack's built-in corpus, the other built-in corpora (the
+        CIA World Factbook: its index is built, with a progress bar, by the first session that
+        chooses it, then loaded from the disk cache and shared) and its uploaded documents."""
         s = fresh(s)
         note = ""
         if choice == "upload" and s.upload is None:
             note = "No uploaded documents in this session yet: upload files first."
             choice = "builtin"
-        if choice not in ("builtin", "upload"):
-            raise gr.Error(f"corpus {choice!r} is unknown: choose the built-in corpus or your documents.")
+        if choice not in ("builtin", "upload", *pool.corpora()):
+            known = ", ".join(["builtin", *pool.corpora(), "upload"])
+            raise gr.Error(f"corpus {choice!r} is unknown: choose one of {known}.")
         if s.edits and choice != s.corpus:
             note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
@@ -1073,11 +1105,11 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                         ask_btn = gr.Button("Ask", variant="primary", elem_id="rag-ask")
                         examples = gr.Dataset(
                             components=[question], samples=[], label="Example questions (click one to ask it)",
-                            elem_id="rag-examples", samples_per_page=8,
+                            elem_id="rag-examples", samples_per_page=12,
                         )
                     with gr.Column(scale=2):
                         corpus_dd = gr.Dropdown(
-                            choices=[(f"{VITAL_ARTICLES_NAME} (built in)", "builtin")], value="builtin",
+                            choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
                             label="Corpus (the non-parametric memory)", elem_id="rag-corpus",
                         )
                         stack_dd = gr.Dropdown(

@@ -10,10 +10,12 @@ Needs /usr/bin/chromium (`apt-get install -y chromium`; never `playwright instal
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,19 +50,14 @@ def _require_browser() -> None:
         pytest.skip(msg)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, free_port, stop_process):
-    """`python app.py` on the 3-file fixture corpus, on a free port; yields its URL."""
-    _require_browser()
-    port = free_port()
-    tmp = tmp_path_factory.mktemp("app")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "RAG_DEMO_CACHE": str(tmp / "cache")}
+@contextmanager
+def _serve(port: int, env: dict, log_name: str, stop):
+    """`python app.py` on the 3-file fixture corpus, on `port`, until the block ends; yields its URL."""
     cmd = [sys.executable, "app.py", "--port", str(port)]
     for f in CORPUS_FILES:
         cmd += ["--corpus-file", str(f)]
     SHOTS.mkdir(parents=True, exist_ok=True)
-    log = open(SHOTS.parent / "browser_app.log", "w")  # noqa: SIM115 - closed below
+    log = open(SHOTS.parent / log_name, "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -77,8 +74,19 @@ def server(tmp_path_factory, free_port, stop_process):
                 time.sleep(0.5)
         yield url
     finally:
-        stop_process(proc)
+        stop(proc)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, free_port, stop_process):
+    """`python app.py` on the 3-file fixture corpus, on a free port, with a fresh index cache; yields its URL."""
+    _require_browser()
+    tmp = tmp_path_factory.mktemp("app")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+           "RAG_DEMO_CACHE": str(tmp / "cache")}
+    with _serve(free_port(), env, "browser_app.log", stop_process) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -437,3 +445,64 @@ def test_on_a_phone_the_answer_cards_stack_and_nothing_runs_off_the_page(browser
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
     finally:
         ctx.close()
+
+
+# The Factbook test's app keeps the user's index cache (config.default_cache_dir): its ~2,300
+# passages are embedded once (`python -m rag_demo index --corpus factbook`, or this test's first
+# run: 2-15 minutes on 2 shared cores), then loaded in seconds.
+FACTBOOK_BUILD_TIMEOUT_MS = 1_500_000
+
+
+@pytest.fixture(scope="module")
+def factbook_page(free_port, stop_process):
+    """A page of its own app (the fixture corpus built in, the user's index cache) and browser."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    with _serve(free_port(), env, "browser_app_factbook.log", stop_process) as url, sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        pg = b.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        pg.set_default_timeout(30_000)
+        try:
+            yield pg, url
+        finally:
+            pg.screenshot(path=str(SHOTS / "end-factbook.png"), full_page=True)
+            b.close()
+
+
+def choose_corpus(pg, label: str) -> None:
+    pg.locator("#rag-corpus input").click()
+    pg.get_by_role("option", name=label, exact=True).click()
+
+
+def test_switch_to_the_factbook_and_answer_from_it_then_back(factbook_page):
+    """#13: the corpus dropdown's second built-in corpus. Choosing the CIA World Factbook builds
+    (or loads) its index; the answer and the passages shown then come from the Factbook (titled
+    "<country>: <section>", linked to the CIA's page); choosing the first corpus goes back."""
+    from playwright.sync_api import expect
+
+    page, url = factbook_page
+    wait_ready(page, url)
+    small_settings(page, k=2, max_new=12)
+    choose_corpus(page, "CIA World Factbook (built in)")
+    page.wait_for_selector(".rag-status[data-corpus='CIA World Factbook']", timeout=FACTBOOK_BUILD_TIMEOUT_MS)
+    n = int(re.search(r"\(([\d,]+) passages\)", page.locator(".rag-status").inner_text()).group(1).replace(",", ""))
+    assert 1500 <= n <= 3500, n
+    page.locator("#rag-examples").get_by_text("What is the population of France?", exact=True).wait_for()
+    ask(page, "What is the capital of Australia?")
+    rows = page.locator("#rag-passages table.rag-ptable tbody tr")
+    assert rows.count() == 2
+    titles = [t.strip() for t in rows.locator(".rag-ptitle").all_inner_texts()]
+    assert titles[0] == "Australia: Government", titles  # the Factbook's passage, not the fixture corpus'
+    assert rows.first.locator(".rag-ptitle a").get_attribute("href") == \
+        "https://www.cia.gov/the-world-factbook/countries/australia/"
+    assert "Capital: Canberra" in rows.first.locator(".rag-ptext").inner_text()
+    answers = {m: card_checks(page, m, k=2) for m in ("sequence", "token")}
+    assert any("Canberra" in a for a in answers.values()), answers
+    shot(page, "05-factbook-answer")
+    choose_corpus(page, "Demo documents (built in)")  # back to the corpus the app started with
+    page.wait_for_selector(".rag-status[data-corpus='Demo documents']")
+    expect(page.locator("#rag-examples")).to_contain_text("What is Mars?")
+    ask(page, "What is Mars?")
+    assert page.locator("#rag-passages .rag-ptitle").first.inner_text().strip() == "Mars"

@@ -281,9 +281,27 @@ def test_vital_examples_name_articles_in_the_corpus():
     from rag_demo.corpus import vital_articles_path
 
     titles = {a["title"] for a in json.loads(vital_articles_path().read_text(encoding="utf-8")).values()}
-    for q, title in zip(ui.VITAL_EXAMPLES, ("The Starry Night", "Australia", "Hamlet", "Penicillin",
-                                            "World Wide Web", "Mona Lisa", "War and Peace", "Taj Mahal"), strict=True):
+    for q, title in zip(ui.VITAL_EXAMPLES, ("France", "Nigeria", "France", "The Starry Night", "Australia", "Hamlet",
+                                            "Penicillin", "World Wide Web", "Mona Lisa", "War and Peace", "Taj Mahal"),
+                        strict=True):
         assert title in titles, (q, title)
+
+
+def test_factbook_examples_are_answered_in_their_countrys_passages():
+    """Each Factbook example names a country whose passages hold the answer; the hot-swap ones
+    are asked of both corpora (the answers differ: Wikipedia's figures against the CIA's)."""
+    from rag_demo.factbook import FACTBOOK_NAME, load_factbook
+
+    fb = load_factbook()
+    assert ui.example_questions(fb) == list(ui.FACTBOOK_EXAMPLES)
+    assert set(ui.HOT_SWAP_EXAMPLES) <= set(ui.VITAL_EXAMPLES) & set(ui.FACTBOOK_EXAMPLES)
+    answers = ("Population: 68,512,806", "Population: ", "Area: total 643,801 sq km", "Capital: Canberra.", "Italian (official)",
+               "Currency: yen (JPY).", "highest point Mount Everest", "chief of state King CHARLES III")
+    for q, answer in zip(ui.FACTBOOK_EXAMPLES, answers, strict=True):
+        country = re.search(r"(?:of|in) (\w+)\?$", q).group(1)
+        text = " ".join(p.text for p in fb.passages if p.title.startswith(f"{country}: "))
+        assert answer in text, (q, answer)
+    assert fb.name == FACTBOOK_NAME
 
 
 # ---------------------------------------------------------------- pure: the pipeline pool
@@ -1203,3 +1221,49 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     back = h["choose_stack"]("offline", r[-1], progress=noprogress)
     assert calls == ["paper"] and back[-1].stack == "offline"  # loaded once, kept
     assert set(pool.loaded_stacks()) == {"offline", "paper"}
+
+
+@pytest.mark.slow
+def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switches_back(small_pipe, tmp_path):
+    """The corpus dropdown's second built-in corpus: the first session to choose it builds its
+    index (the progress bar moves), every later one shares it; answers come from its passages;
+    "builtin" goes back; an unknown corpus is a message naming the choices."""
+    import dataclasses
+
+    from rag_demo.config import StackSpec
+    from rag_demo.factbook import FACTBOOK_NAME, load_factbook
+
+    loads, bar = [], []
+
+    def small_factbook():  # Algeria, Angola, Botswana: ~30 passages, embedded in seconds
+        loads.append(1)
+        return load_factbook(limit=15)
+
+    stack = dataclasses.replace(small_pipe.stack, spec=StackSpec(cache_dir=tmp_path))  # no cache: built
+    pipe = type(small_pipe)(stack, small_pipe.index, small_pipe.settings)
+    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable,
+                           corpora={"factbook": (FACTBOOK_NAME, small_factbook)})
+    h = ui.make_handlers(pool)
+    assert ui.corpus_choices(pool, ui.Session()) == [("Test corpus (built in)", "builtin"),
+                                                     (f"{FACTBOOK_NAME} (built in)", "factbook")]
+    out = h["choose_corpus"]("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
+    s = out[-1]
+    assert f'data-corpus="{FACTBOOK_NAME}"' in out[0] and out[1].value == "factbook"
+    assert out[2].raw_samples == [[q] for q in ui.FACTBOOK_EXAMPLES]
+    assert loads == [1] and (1.0, f"Embedding passages of {FACTBOOK_NAME}: 31/31") in bar  # built, with a bar
+    assert s.corpus == "factbook" and s.named_index is pool.corpus_index("offline", "factbook")
+    other = h["choose_corpus"]("factbook", None, progress=noprogress)[-1]
+    assert other.named_index is s.named_index and loads == [1]  # shared, built once
+    r = ask_all(h, "What is the capital of Algeria?", s, progress=noprogress, k=2, max_new_tokens=4,
+                sequence_decoding="fast")
+    docs = r[5]["answers"]["token"]["docs"]
+    assert r[5]["corpus"] == FACTBOOK_NAME and "Algeria: Government" in [d["title"] for d in docs]
+    assert all(d["url"].startswith("https://www.cia.gov/the-world-factbook/countries/") for d in docs)
+    assert "Capital: Algiers" in r[4]  # the passages shown are the Factbook's
+    back = h["choose_corpus"]("builtin", r[-1], progress=noprogress)
+    assert 'data-corpus="Test corpus"' in back[0] and back[-1].corpus == "builtin"
+    again = ask_all(h, "Who painted The Starry Night?", back[-1], progress=noprogress, k=1, max_new_tokens=2,
+                    sequence_decoding="fast")
+    assert again[5]["answers"]["token"]["docs"][0]["title"] in {d[0] for d in DOCS}
+    with pytest.raises(ui.gr.Error, match="corpus 'nope' is unknown: choose one of builtin, factbook, upload"):
+        h["choose_corpus"]("nope", s, progress=noprogress)
