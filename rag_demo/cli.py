@@ -83,7 +83,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index-kind", default=StackSpec.index_kind, help=f"{', '.join(INDEX_KINDS)} (default auto: exact "
                    "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")
     p.add_argument("--index-rerank", type=int, default=StackSpec.index_rerank,
-                   help="ivfpq: re-score the top N x k hits exactly (0: off; default 10)")
+                   help="ivfpq: re-score the top N x k hits exactly (0: off; default 40)")
     p.add_argument("--corpus", default="vital", help=f"built-in corpus: {' or '.join(CORPORA)} (vital: Wikipedia "
                    "Vital Articles, the default; factbook: the CIA World Factbook)")
     p.add_argument("--corpus-file", action="append", help="use these documents (.txt/.md/.csv/.jsonl/.pdf) "

@@ -715,23 +715,27 @@ def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
     )
 
 
-def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None
-                  ) -> dict[str, Callable]:
-    """The event handlers, closed over the pool and the serving limits (tests call them directly)."""
+class Handlers:
+    """The event handlers behind every button and endpoint; the wiring in `build_app` names
+    them (`h.ask_session`, ...). They hold the stack pool and the serving limits; tests call
+    them directly."""
 
-    def fresh(s: Session | None) -> Session:
-        return s if isinstance(s, Session) else Session(stack=default_stack)
+    def __init__(self, pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None) -> None:
+        self.pool, self.default_stack, self.serving = pool, default_stack, serving
 
-    def refuse(question: str, settings: RagSettings, s: Session) -> str | None:
+    def fresh(self, s: Session | None) -> Session:
+        return s if isinstance(s, Session) else Session(stack=self.default_stack)
+
+    def refuse(self, question: str, settings: RagSettings, s: Session) -> str | None:
         """The budget's refusal of this question (None: allowed, or the models are not loaded
         yet: the handler checks again once they are). Never raises: it runs in a validator."""
-        pipe = pool.loaded(fresh(s).stack)
-        if serving is None or pipe is None:
+        pipe = self.pool.loaded(self.fresh(s).stack)
+        if self.serving is None or pipe is None:
             return None
         try:
-            settings, _ = _fit_k(pipe, active_index(fresh(s), pipe), settings)
-            cost = serving.check(pipe, check_question(question), settings)
-            busy = serving.heavy_busy() if cost is not None and cost.heavy else None
+            settings, _ = _fit_k(pipe, active_index(self.fresh(s), pipe), settings)
+            cost = self.serving.check(pipe, check_question(question), settings)
+            busy = self.serving.heavy_busy() if cost is not None and cost.heavy else None
             if busy:
                 return f"This question is expensive ({cost.describe()}): {busy}"
         except ValueError as e:
@@ -740,18 +744,18 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
             return None
         return None
 
-    def v_ask(question, s, **settings):
-        return validate_ask(question, s, refuse, **settings)
+    def validate_ask(self, question, s, **settings):
+        return validate_ask(question, s, self.refuse, **settings)
 
-    def v_edit(pid, new_text, question, s, **fields):
-        return validate_edit(pid, new_text, question, s, refuse, **fields)
+    def validate_edit(self, pid, new_text, question, s, **fields):
+        return validate_edit(pid, new_text, question, s, self.refuse, **fields)
 
-    def estimate(s=None, **settings):
+    def estimate(self, s=None, **settings):
         """The settings accordion's cost line: the estimated time and memory of one question (a
         typical one) with these settings (by RagSettings field name; left out: the default), and
         whether the server would refuse it. Cheap: the library's cost model, no model runs."""
-        s = fresh(s)
-        pipe = pool.loaded(s.stack)
+        s = self.fresh(s)
+        pipe = self.pool.loaded(s.stack)
         if pipe is None or not hasattr(pipe, "estimate"):
             return ('<div class="rag-cost rag-placeholder">The estimated cost of these settings shows here once '
                     "the models are ready.</div>")
@@ -762,52 +766,52 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         except ValueError as e:
             return f'<div class="rag-cost rag-over">{esc(e)}</div>'
         refusal = None
-        if serving is not None and serving.budget is not None:
+        if self.serving is not None and self.serving.budget is not None:
             try:
-                cost = serving.check(pipe, TYPICAL_QUESTION, settings) or cost  # sets cost.heavy
+                cost = self.serving.check(pipe, TYPICAL_QUESTION, settings) or cost  # sets cost.heavy
             except ValueError as e:
                 refusal = str(e)
-        return render_cost(cost, refusal, serving.budget if serving else None)
+        return render_cost(cost, refusal, self.serving.budget if self.serving else None)
 
-    def on_load(s: Session | None):
+    def on_load(self, s: Session | None):
         """Stream the default stack's loading progress into the status line, then say what is
         live and fill the example questions."""
-        s = fresh(s)
-        if pool.loaded(s.stack) is None and not pool.unavailable(s.stack):
-            pool.start(s.stack)
+        s = self.fresh(s)
+        if self.pool.loaded(s.stack) is None and not self.pool.unavailable(s.stack):
+            self.pool.start(s.stack)
             last = None
-            while pool.loading(s.stack):
-                now = render_status(pool, s)
+            while self.pool.loading(s.stack):
+                now = render_status(self.pool, s)
                 if now != last:
                     yield now, gr.skip(), gr.skip(), gr.skip(), s
                     last = now
                 time.sleep(0.3)
         try:
-            pipe, s = session_pipeline(pool, s)
+            pipe, s = session_pipeline(self.pool, s)
         except ValueError as e:
-            yield render_status(pool, s, note=str(e)), gr.skip(), gr.skip(), gr.skip(), s
+            yield render_status(self.pool, s, note=str(e)), gr.skip(), gr.skip(), gr.skip(), s
             return
         yield (
-            render_status(pool, s, pipe),
+            render_status(self.pool, s, pipe),
             _examples(active_index(s, pipe)),
-            gr.Dropdown(choices=corpus_choices(pool, s), value=s.corpus),
-            gr.Dropdown(choices=stack_choices(pool), value=s.stack),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value=s.corpus),
+            gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
             s,
         )
 
-    def ask_session(question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
+    def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
         """Answer in all three modes from this session's corpus (upload and edits included),
         streamed: the cards grow token by token, then the final outputs replace them.
         `settings`: the settings widgets' values by RagSettings field name (gradio's inputs_kwargs)."""
-        s = fresh(s)
+        s = self.fresh(s)
         settings = _settings(**settings)
         with user_errors():
             check_question(question)
-            pipe, s = session_pipeline(pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress)
         yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
 
         def run(on_partial, stopped):
-            return _answer_all(pool, pipe, question, settings, s=s, serving=serving, request=request,
+            return _answer_all(self.pool, pipe, question, settings, s=s, serving=self.serving, request=request,
                                on_partial=on_partial, stopped=stopped)
 
         for kind, value in stream(run):
@@ -815,11 +819,12 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
                 yield _partial_outputs(value)
             else:
                 result, s = value
-                yield (render_status(pool, s, pipe), *_ask_outputs(result, s))
+                yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
     defaults = RagSettings()  # the API's defaults are the library's
 
     def ask(
+        self,
         question: str,
         k: int = defaults.k,
         num_beams: int = defaults.num_beams,
@@ -842,18 +847,19 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         which sentences the generator read). The reader settings come after `stack`, so callers
         from before they existed keep working. A question over the server's budget gets an error
         naming its cost and what to change, and nothing runs."""
-        pipe, settings = _api_request(locals())
-        return _answer_all(pool, pipe, question, settings, serving=serving, request=request)[0]
+        pipe, settings = self._api_request(locals())
+        return _answer_all(self.pool, pipe, question, settings, serving=self.serving, request=request)[0]
 
-    def _api_request(args: dict) -> tuple[Any, RagSettings]:
+    def _api_request(self, args: dict) -> tuple[Any, RagSettings]:
         """/ask's and /ask_stream's arguments -> (the stack's pipeline, the validated settings)."""
         settings = _settings(**{f: args[f] for f in API_SETTINGS})
         if args["stack"] not in STACKS:
             raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
         with user_errors():
-            return pool.get(args["stack"]), settings
+            return self.pool.get(args["stack"]), settings
 
     def ask_stream(
+        self,
         question: str,
         k: int = defaults.k,
         num_beams: int = defaults.num_beams,
@@ -873,10 +879,10 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict, with
         "partial": true; an answer already finished: its Answer.to_dict() with "final": true), then
         /ask's final dict with "done": true. Same arguments and budget as /ask."""
-        pipe, settings = _api_request(locals())
+        pipe, settings = self._api_request(locals())
 
         def run(on_partial, stopped):
-            return _answer_all(pool, pipe, question, settings, serving=serving, request=request,
+            return _answer_all(self.pool, pipe, question, settings, serving=self.serving, request=request,
                                on_partial=on_partial, stopped=stopped)[0]
 
         for kind, value in stream(run):
@@ -886,65 +892,65 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
             else:
                 yield {**value, "done": True}
 
-    def upload(files, s, progress=gr.Progress()):
+    def upload(self, files, s, progress=gr.Progress()):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
-        s = fresh(s)
+        s = self.fresh(s)
         n_files = len(files) if isinstance(files, list) else 1
         progress(0.0, desc="Reading and splitting the files")
         with user_errors():
             corpus = check_upload(files)
-            base = pool.get(s.stack, lambda f, m: progress(f, desc=m))
+            base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
         t0 = time.perf_counter()
-        index = _embed(pool, base, corpus, progress)
+        index = _embed(self.pool, base, corpus, progress)
         s = dataclasses.replace(
             s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
         )
         gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(n_files, 'file')} in "
                 f"{time.perf_counter() - t0:.1f} s: questions are now answered from your documents.")
         return (
-            render_status(pool, s, base),
-            gr.Dropdown(choices=corpus_choices(pool, s), value="upload"),
+            render_status(self.pool, s, base),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value="upload"),
             _examples(index),
             *_empty_outputs(s),
         )
 
-    def choose_corpus(choice, s, progress=gr.Progress()):
+    def choose_corpus(self, choice, s, progress=gr.Progress()):
         """Switch this session between the stack's built-in corpus, the other built-in corpora (the
         CIA World Factbook: its index is built, with a progress bar, by the first session that
         chooses it, then loaded from the disk cache and shared) and its uploaded documents."""
-        s = fresh(s)
+        s = self.fresh(s)
         note = ""
         if choice == "upload" and s.upload is None:
             note = "No uploaded documents in this session yet: upload files first."
             choice = "builtin"
-        if choice not in ("builtin", "upload", *pool.corpora()):
-            known = ", ".join(["builtin", *pool.corpora(), "upload"])
+        if choice not in ("builtin", "upload", *self.pool.corpora()):
+            known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
             raise gr.Error(f"corpus {choice!r} is unknown: choose one of {known}.")
         if s.edits and choice != s.corpus:
             note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
         with user_errors():
-            pipe, s = session_pipeline(pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress)
         return (
-            render_status(pool, s, pipe, note=note),
-            gr.Dropdown(choices=corpus_choices(pool, s), value=choice),
+            render_status(self.pool, s, pipe, note=note),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value=choice),
             _examples(active_index(s, pipe)),
             *_empty_outputs(s),
         )
 
-    def choose_stack(stack, s, progress=gr.Progress()):
+    def choose_stack(self, stack, s, progress=gr.Progress()):
         """Switch this session's stack, loading it once (lazily, with progress). An unavailable
         stack is refused at once with the reason, said once, in the status line (not a pop-up:
         a pop-up per event showed the same warning twice), and the session stays where it was."""
-        s = fresh(s)
+        s = self.fresh(s)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
 
         def stay(note: str = ""):
-            return (render_status(pool, s, note=note), gr.Dropdown(choices=stack_choices(pool), value=s.stack),
+            return (render_status(self.pool, s, note=note), gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
                     gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
 
-        reason = pool.unavailable(stack)
+        reason = self.pool.unavailable(stack)
         if reason:
             return stay(f"The {stack} stack is unavailable here: {reason}. Staying on the {s.stack} stack.")
         if stack == s.stack:
@@ -952,63 +958,55 @@ def make_handlers(pool: PipelinePool, default_stack: str = "offline", serving: S
         note = "Your passage edits were dropped with the stack switch (the new retriever re-embeds passages)." \
             if s.edits else ""
         try:
-            pipe, new = session_pipeline(pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
+            pipe, new = session_pipeline(self.pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
         except ValueError as e:
             return stay(f"{e} Staying on the {s.stack} stack.")
         return (
-            render_status(pool, new, pipe, note=note),
-            gr.Dropdown(choices=stack_choices(pool), value=stack),
+            render_status(self.pool, new, pipe, note=note),
+            gr.Dropdown(choices=stack_choices(self.pool), value=stack),
             _examples(active_index(new, pipe)),
             *_empty_outputs(new),
         )
 
-    def pick_passage(pid, s):
+    def pick_passage(self, pid, s):
         """Put the chosen passage's text and title into the edit boxes."""
-        return next(((text, title) for i, title, text in fresh(s).last_docs if i == pid), ("", ""))
+        return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))
 
-    def edit_passage(pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
+    def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
                      new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this session's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
-        s = fresh(s)
+        s = self.fresh(s)
         with user_errors():
             check_passage_chosen(pid, s)
         settings = _settings(**settings)
         with user_errors():
             check_question(question)
-            pipe, s = session_pipeline(pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress)
             progress(0.0, desc="Re-embedding the edited passage")
-            with pool.lock:
+            with self.pool.lock:
                 edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
-        result, s = _answer_all(pool, pipe, question, settings, progress, s=s, serving=serving, request=request)
+        result, s = _answer_all(self.pool, pipe, question, settings, progress, s=s, serving=self.serving, request=request)
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
-        return (render_status(pool, s, pipe), *_ask_outputs(result, s))
+        return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
-    def without_passage(pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
+    def without_passage(self, pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
         `pid` taken away, and show how the original answer's log-probability changed."""
-        s = fresh(s)
+        s = self.fresh(s)
         with user_errors():
-            pipe, s = session_pipeline(pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress)
             progress(0.1, desc="Answering again without the passage")
-            control = serving.control(None, request) if serving else None
+            control = self.serving.control(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, control)  # the session's index: uploads and edits too
         return render_without(result), s
 
-    def reset_edits(s):
+    def reset_edits(self, s):
         """Drop this session's passage edits (back to the unedited corpus)."""
-        s = dataclasses.replace(fresh(s), edited=None, edits=())
-        return (render_status(pool, s), *_empty_outputs(s))
-
-    return {
-        "on_load": on_load, "ask_session": ask_session, "ask": ask, "ask_stream": ask_stream, "upload": upload,
-        "without_passage": without_passage,
-        "choose_corpus": choose_corpus, "choose_stack": choose_stack, "pick_passage": pick_passage,
-        "edit_passage": edit_passage, "reset_edits": reset_edits, "estimate": estimate,
-        "validate_ask": v_ask, "validate_edit": v_edit, "refuse": refuse,
-    }
+        s = dataclasses.replace(self.fresh(s), edited=None, edits=())
+        return (render_status(self.pool, s), *_empty_outputs(s))
 
 
 # ---------------------------------------------------------------- the page
@@ -1068,23 +1066,24 @@ def render_counter(question: str = "") -> str:
             f'characters{": over the limit, shorten the question" if over else ""}</div>')
 
 
-def build_app(pipelines: Any = None, *, default_stack: str | None = None,
-              unavailable: Callable[[str], str | None] = default_unavailable, budget: Any = None,
+def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: Any = None,
               model_concurrency: int = MODEL_CONCURRENCY) -> gr.Blocks:
-    """The Blocks app over `pipelines`: a RagPipeline, a factory(stack, progress) -> RagPipeline,
-    or a PipelinePool (None: the default factory, Vital Articles). `budget`: the server's limits
-    (a `rag_demo.budget.Budget`; None: the library's defaults). `model_concurrency`: model events
-    that may run at once (their steps still take turns at the shared StepGate). Queue configured;
-    launch with `launch(demo, ...)` (theme and CSS are launch() arguments in gradio 6)."""
+    """The Blocks app over a stack pool (`PipelinePool.of(...)` makes one from a RagPipeline or
+    a factory). `budget`: the server's limits (a `rag_demo.budget.Budget`; None: the library's
+    defaults). `model_concurrency`: model events that may run at once (their steps still take
+    turns at the shared StepGate). Queue configured; launch with `launch(demo, ...)` (theme and
+    CSS are launch() arguments in gradio 6)."""
     from .budget import Budget, StepGate
 
-    pool = PipelinePool.of(pipelines if pipelines is not None else stack_factory(), unavailable)
+    if not isinstance(pool, PipelinePool):
+        raise ValueError(f"build_app takes a PipelinePool, not {type(pool).__name__}: "
+                         "wrap it with PipelinePool.of(...).")
     if default_stack is None:
         default_stack = next(iter(pool.loaded_stacks()), "offline")
     app: dict[str, gr.Blocks] = {}
     serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
                       queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
-    h = make_handlers(pool, default_stack, serving)
+    h = Handlers(pool, default_stack, serving)
     settings0 = RagSettings()
 
     with gr.Blocks(title="RAG demo: retrieve, then generate") as demo:
@@ -1168,7 +1167,7 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
                                                      info="decoding may only continue a span of the passages (each "
                                                      "passage its own, in RAG-Sequence); scores stay the model's",
                                                      elem_id="rag-extractive")
-                            cost_box = gr.HTML(h["estimate"](None), elem_id="rag-cost")
+                            cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")
                 with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
@@ -1218,50 +1217,50 @@ def build_app(pipelines: Any = None, *, default_stack: str | None = None,
         answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, session]
         model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
         demo.load(
-            h["on_load"], inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
+            h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
-        ).then(h["estimate"], inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
+        ).then(h.estimate, inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
                show_progress="hidden", api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
-        gr.on([c.change for c in settings_in.values()], h["estimate"], inputs=[session], inputs_kwargs=settings_in,
+        gr.on([c.change for c in settings_in.values()], h.estimate, inputs=[session], inputs_kwargs=settings_in,
               outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
         gr.on(
-            [ask_btn.click, question.submit], h["ask_session"], inputs=[question, session], inputs_kwargs=settings_in,
-            outputs=[status, *answer_out], api_name="ask_session", validator=h["validate_ask"], **model,
+            [ask_btn.click, question.submit], h.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
+            outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, **model,
         )
         examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
                        queue=False).then(
-            h["ask_session"], inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
-            api_visibility="private", validator=h["validate_ask"], **model,
+            h.ask_session, inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
+            api_visibility="private", validator=h.validate_ask, **model,
         )
         upload_btn.click(
-            h["upload"], inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
+            h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="upload", show_progress_on=status, validator=validate_upload, **model,
         )
         corpus_dd.input(
-            h["choose_corpus"], inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
+            h.choose_corpus, inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="choose_corpus", show_progress_on=status, **model,
         )
         stack_dd.input(  # not in the model group: a first load takes minutes and must not block questions
-            h["choose_stack"], inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
+            h.choose_stack, inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
             api_name="choose_stack", show_progress_on=status, concurrency_limit=None,
         )
-        edit_pick.input(h["pick_passage"], inputs=[edit_pick, session], outputs=[edit_text, edit_title],
+        edit_pick.input(h.pick_passage, inputs=[edit_pick, session], outputs=[edit_text, edit_title],
                         api_visibility="private", queue=False)
         edit_btn.click(
-            h["edit_passage"], inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
-            outputs=[status, *answer_out], api_name="edit_passage", validator=h["validate_edit"], **model,
+            h.edit_passage, inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
+            outputs=[status, *answer_out], api_name="edit_passage", validator=h.validate_edit, **model,
         )
         gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
-        without_btn.click(h["without_passage"], inputs=[without_id, raw, session], outputs=[without, session],
+        without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without, session],
                           api_name="without_passage", **model)
-        reset_btn.click(h["reset_edits"], inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
+        reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
-        gr.api(h["ask"], api_name="ask", **model)
-        gr.api(h["ask_stream"], api_name="ask_stream", **model)
+        gr.api(h.ask, api_name="ask", **model)
+        gr.api(h.ask_stream, api_name="ask_stream", **model)
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
     demo.rag_pool = pool  # for app.py (start loading) and tests

@@ -454,21 +454,19 @@ FACTBOOK_BUILD_TIMEOUT_MS = 1_500_000
 
 
 @pytest.fixture(scope="module")
-def factbook_page(free_port, stop_process):
-    """A page of its own app (the fixture corpus built in, the user's index cache) and browser."""
-    _require_browser()
-    from playwright.sync_api import sync_playwright
-
+def factbook_page(browser, free_port, stop_process):
+    """A page of its own app (the fixture corpus built in, the user's index cache), in the
+    module's browser (a second sync_playwright inside the first one's loop is refused)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    with _serve(free_port(), env, "browser_app_factbook.log", stop_process) as url, sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        pg = b.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    with _serve(free_port(), env, "browser_app_factbook.log", stop_process) as url:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
         pg.set_default_timeout(30_000)
         try:
             yield pg, url
         finally:
             pg.screenshot(path=str(SHOTS / "end-factbook.png"), full_page=True)
-            b.close()
+            ctx.close()
 
 
 def choose_corpus(pg, label: str) -> None:

@@ -372,7 +372,7 @@ def test_page_load_streams_loading_progress_then_says_what_is_live():
         return FakePipe(stack)
 
     pool = ui.PipelinePool(factory, unavailable=fake_unavailable)
-    steps = list(ui.make_handlers(pool)["on_load"](None))
+    steps = list(ui.Handlers(pool).on_load(None))
     statuses = [step[0] for step in steps]
     assert len(statuses) >= 3
     assert all("Loading the <b>offline</b> stack" in st and "rag-bar" in st for st in statuses[:-1])
@@ -412,7 +412,7 @@ class AnsweringPipe(FakePipe):
 def ask_all(h, *args, **kwargs):
     """ask_session streams (#12): the outputs it yields last are the final ones."""
     out = None
-    for out in h["ask_session"](*args, **kwargs):
+    for out in h.ask_session(*args, **kwargs):
         pass
     return out
 
@@ -422,7 +422,7 @@ def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     monkeypatch.setattr(ui.gr, "Warning", lambda msg, *a, **k: warnings.append(msg))
     pipe = AnsweringPipe()
     pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-    h = ui.make_handlers(pool)
+    h = ui.Handlers(pool)
     s = None
     for _ in range(3):
         out = ask_all(h, "What is Mars?", s, progress=noprogress, k=5, max_new_tokens=8)
@@ -439,7 +439,7 @@ def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
         monkeypatch.setattr(ui.gr, kind, lambda msg, *a, **k: popups.append(msg))
     pipe = AnsweringPipe()
     pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-    out = ui.make_handlers(pool)["choose_stack"]("paper", None, progress=noprogress)
+    out = ui.Handlers(pool).choose_stack("paper", None, progress=noprogress)
     assert popups == []
     assert out[0].count("unavailable here: HF_HUB_OFFLINE is set") == 1 and 'data-stack="offline"' in out[0]
 
@@ -610,23 +610,23 @@ def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
     assert all(r["is_valid"] for r in ok) and getattr(refused[0], name) == expected
 
     pipe, pool = reader_pool(EditablePipe())
-    h = ui.make_handlers(pool)
+    h = ui.Handlers(pool)
     out = ask_all(h, "What is Mars?", None, progress=noprogress, **page)
     assert out[5]["settings"][name] == expected  # the raw answers say what they ran with
-    h["edit_passage"]("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
+    h.edit_passage("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
     assert pipe.edited == [("a#0", "Mars is blue.", "Mars")]
-    h["ask"]("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
-    h["ask"]("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
+    h.ask("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
+    h.ask("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
     runs = [pipe.settings_seen[i:i + 3] for i in range(0, len(pipe.settings_seen), 3)]  # three modes a question
     assert [[getattr(st, name) for st in run] for run in runs] == [[expected] * 3] * 3 + [[getattr(DEFAULTS, name)] * 3]
 
     from rag_demo.budget import Budget
 
     cost_pipe, pool = reader_pool(CostPipe())
-    html = ui.make_handlers(pool)["estimate"](None, **page)  # the cost model alone
+    html = ui.Handlers(pool).estimate(None, **page)  # the cost model alone
     assert 'class="rag-cost"' in html and "rag-over" not in html
     assert [getattr(st, name) for st in cost_pipe.estimated] == [expected] and cost_pipe.budgeted == []
-    html = ui.make_handlers(pool, serving=ui.Serving(budget=Budget()))["estimate"](None, **page)  # and the budget
+    html = ui.Handlers(pool, serving=ui.Serving(budget=Budget())).estimate(None, **page)  # and the budget
     assert 'class="rag-cost"' in html and [getattr(st, name) for st in cost_pipe.budgeted] == [expected]
 
 
@@ -646,13 +646,13 @@ def test_bad_reader_settings_get_the_library_message(name, value, message):
     bad = {i: r["message"] for i, r in enumerate(out) if not r["is_valid"]}
     assert list(bad) == [2 + list(ALL).index(name)] and message in bad[2 + list(ALL).index(name)]  # on it only
     pipe, pool = reader_pool(CostPipe())
-    h = ui.make_handlers(pool)
+    h = ui.Handlers(pool)
     with pytest.raises(ui.gr.Error, match=re.escape(message)):
         ask_all(h, "What is Mars?", None, progress=noprogress, **{**ALL, name: value})
     with pytest.raises(ui.gr.Error, match=re.escape(message)):
-        h["ask"]("What is Mars?", **{name: value})
+        h.ask("What is Mars?", **{name: value})
     assert pipe.calls == []  # nothing ran
-    est = h["estimate"](None, **{name: value})
+    est = h.estimate(None, **{name: value})
     assert "rag-over" in est and message in html.unescape(est) and pipe.estimated == []
 
 
@@ -700,7 +700,7 @@ def test_the_settings_accordion_has_the_reader_controls_with_the_library_default
 
     for settings_cls, d in ((RagSettings, DEFAULTS), (Changed, Changed())):
         monkeypatch.setattr(ui, "RagSettings", settings_cls)
-        demo = ui.build_app(reader_pool()[1], unavailable=fake_unavailable)
+        demo = ui.build_app(reader_pool()[1])
         by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
         style, temp, sents, both = (by_id[i] for i in ("rag-style", "rag-temperature", "rag-sentences",
                                                        "rag-question-both"))
@@ -716,8 +716,10 @@ def test_the_settings_accordion_has_the_reader_controls_with_the_library_default
             fns = [f for f in demo.fns.values() if f.name == fn_name]
             assert fns and all(controls <= {c._id for c in f.inputs} for f in fns), fn_name
         params = {p["parameter_name"]: p for p in demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]}
+        # the API's defaults are Handlers.ask's signature, read from RagSettings when ui is imported:
+        # they follow the library's real defaults (first round), not a class patched in afterwards
         for name in READER:
-            assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == getattr(d, name)
+            assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == getattr(DEFAULTS, name)
 
 
 def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working(free_port):
@@ -727,7 +729,7 @@ def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working
     from gradio_client.exceptions import AppError, ValidationError
 
     pipe, pool = reader_pool(EditablePipe())
-    demo = ui.build_app(pool, unavailable=fake_unavailable)
+    demo = ui.build_app(pool)
     port = free_port()
     ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
@@ -810,7 +812,7 @@ def small_pipe():
 
 @pytest.fixture(scope="module")
 def app(small_pipe, free_port):
-    demo = ui.build_app(small_pipe, unavailable=fake_unavailable)
+    demo = ui.build_app(ui.PipelinePool.of(small_pipe, fake_unavailable))
     port = free_port()
     ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield demo, f"http://127.0.0.1:{port}/"
@@ -1206,11 +1208,11 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
                            small_pipe.settings)
 
     pool = ui.PipelinePool(factory, preloaded={"offline": small_pipe}, unavailable=lambda s: None)
-    h = ui.make_handlers(pool)
+    h = ui.Handlers(pool)
     doc = write(tmp_path, "zorblax.txt", "The Zorblax Festival is held every spring in the town of Quillmere.")
-    s = h["upload"]([doc], None, progress=noprogress)[-1]
+    s = h.upload([doc], None, progress=noprogress)[-1]
     assert s.corpus == "upload" and s.upload_stack == "offline" and calls == []
-    out = h["choose_stack"]("paper", s, progress=noprogress)
+    out = h.choose_stack("paper", s, progress=noprogress)
     s2 = out[-1]
     assert calls == ["paper"] and s2.stack == "paper" and s2.upload_stack == "paper"
     assert s2.upload_index is not s.upload_index  # re-embedded with the new stack's passage encoder
@@ -1218,7 +1220,7 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     r = ask_all(h, "Where is the Zorblax Festival held?", s2, progress=noprogress, k=1, max_new_tokens=2,
                          sequence_decoding="fast")
     assert r[5]["stack"] == "paper" and r[5]["answers"]["token"]["docs"][0]["title"] == "zorblax"
-    back = h["choose_stack"]("offline", r[-1], progress=noprogress)
+    back = h.choose_stack("offline", r[-1], progress=noprogress)
     assert calls == ["paper"] and back[-1].stack == "offline"  # loaded once, kept
     assert set(pool.loaded_stacks()) == {"offline", "paper"}
 
@@ -1243,16 +1245,16 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     pipe = type(small_pipe)(stack, small_pipe.index, small_pipe.settings)
     pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable,
                            corpora={"factbook": (FACTBOOK_NAME, small_factbook)})
-    h = ui.make_handlers(pool)
+    h = ui.Handlers(pool)
     assert ui.corpus_choices(pool, ui.Session()) == [("Test corpus (built in)", "builtin"),
                                                      (f"{FACTBOOK_NAME} (built in)", "factbook")]
-    out = h["choose_corpus"]("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
+    out = h.choose_corpus("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
     s = out[-1]
     assert f'data-corpus="{FACTBOOK_NAME}"' in out[0] and out[1].value == "factbook"
     assert out[2].raw_samples == [[q] for q in ui.FACTBOOK_EXAMPLES]
     assert loads == [1] and (1.0, f"Embedding passages of {FACTBOOK_NAME}: 31/31") in bar  # built, with a bar
     assert s.corpus == "factbook" and s.named_index is pool.corpus_index("offline", "factbook")
-    other = h["choose_corpus"]("factbook", None, progress=noprogress)[-1]
+    other = h.choose_corpus("factbook", None, progress=noprogress)[-1]
     assert other.named_index is s.named_index and loads == [1]  # shared, built once
     r = ask_all(h, "What is the capital of Algeria?", s, progress=noprogress, k=2, max_new_tokens=4,
                 sequence_decoding="fast")
@@ -1260,10 +1262,23 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     assert r[5]["corpus"] == FACTBOOK_NAME and "Algeria: Government" in [d["title"] for d in docs]
     assert all(d["url"].startswith("https://www.cia.gov/the-world-factbook/countries/") for d in docs)
     assert "Capital: Algiers" in r[4]  # the passages shown are the Factbook's
-    back = h["choose_corpus"]("builtin", r[-1], progress=noprogress)
+    back = h.choose_corpus("builtin", r[-1], progress=noprogress)
     assert 'data-corpus="Test corpus"' in back[0] and back[-1].corpus == "builtin"
     again = ask_all(h, "Who painted The Starry Night?", back[-1], progress=noprogress, k=1, max_new_tokens=2,
                     sequence_decoding="fast")
     assert again[5]["answers"]["token"]["docs"][0]["title"] in {d[0] for d in DOCS}
     with pytest.raises(ui.gr.Error, match="corpus 'nope' is unknown: choose one of builtin, factbook, upload"):
-        h["choose_corpus"]("nope", s, progress=noprogress)
+        h.choose_corpus("nope", s, progress=noprogress)
+
+
+def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
+    with pytest.raises(ValueError, match="build_app takes a PipelinePool, not AnsweringPipe"):
+        ui.build_app(AnsweringPipe())
+    h = ui.Handlers(reader_pool()[1])
+    for name in ("on_load", "ask_session", "ask", "ask_stream", "upload", "choose_corpus", "choose_stack",
+                 "pick_passage", "edit_passage", "without_passage", "reset_edits", "estimate", "validate_ask",
+                 "validate_edit"):
+        assert callable(getattr(h, name)), name
+    demo = ui.build_app(reader_pool()[1])
+    wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
+    assert ui.Handlers.ask_session in wired and ui.Handlers.ask in wired and ui.Handlers.without_passage in wired
