@@ -40,7 +40,7 @@ class PassageIndex:
     """A corpus and its passage vectors; row i of `embeddings` is `corpus.passages[i]`."""
 
     def __init__(self, corpus: Corpus, embeddings: np.ndarray, index: faiss.Index | None = None,
-                 ann: AnnSettings | None = None, progress: Callable[[int, int], None] | None = None) -> None:
+                 ann: AnnSettings | None = None) -> None:
         """`index`: a FAISS index over `embeddings` (loaded from a cache or a knowledge dataset), or
         None to build one of kind `ann` (default flat: exact). `ann.rerank` re-scores the top
         rerank x k approximate hits exactly against `embeddings` (ann.Searcher)."""
@@ -52,7 +52,7 @@ class PassageIndex:
             )
         ann = ann or (AnnSettings() if index is None else settings_of(index))
         if index is None:
-            index = build_ann(embeddings, ann, progress)
+            index = build_ann(embeddings, ann)
         if (index.ntotal, index.d) != embeddings.shape:
             raise ValueError(
                 f"the FAISS index holds {index.ntotal} x {index.d} vectors, not {embeddings.shape}: rebuild it."
