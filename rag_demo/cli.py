@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -121,6 +121,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extractive", default=str(d.extractive).lower(), choices=("true", "false"),
                    help="true: answers copy a span of the passages (decoding may only continue one); "
                    f"default {str(d.extractive).lower()}")
+    p.add_argument("--echo-retries", type=int, default=d.echo_retries,
+                   help="an answer that only repeats words of the question is decoded again with its first token "
+                   f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")
     p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
                    help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
 

@@ -161,7 +161,7 @@ class Rows:
 
 def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: list[int],
            stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
-           on_step: OnStep | None = None, top_n: int = 0) -> list[Hyp]:
+           on_step: OnStep | None = None, top_n: int = 0, first_banned: list[list[int]] | None = None) -> list[Hyp]:
     """Argmax decoding for `groups` independent beams; lp (G, V) is the first step's log-probs
     (after `rows.mix`). Each hypothesis also carries its rows' log-probs of the chosen tokens,
     so attribution needs no second pass.
@@ -173,7 +173,9 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     restricts the argmax (not the scores) to the tokens it allows (SpanConstraint). `on_step`
     (streaming) is called with a `Step` after every step; it sees copies, it changes nothing.
     top_n > 0 also records, at every step, the top_n next tokens of each row and of the beam's
-    distribution (`Hyp.top`: the token inspector's tables, from the log-probs decoding computed)."""
+    distribution (`Hyp.top`: the token inspector's tables, from the log-probs decoding computed).
+    first_banned[g]: tokens group g may not choose at the first step (RagSettings.echo_retries);
+    like `allowed` it restricts the argmax, never the scores."""
     rule = as_rule(eos)
     made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
@@ -183,11 +185,16 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     tops: list[tuple[torch.Tensor, ...]] = []  # per step, top_n > 0: (G, r, n) ids, lps; (G, n) ids, lps
     one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
+        pick = lp  # (A, V) what the argmax sees; scores stay lp's
+        if t == 0 and first_banned is not None:
+            pick = lp.clone()  # (A, V), active is every group at the first step
+            for g, banned in enumerate(first_banned):
+                pick[g, banned] = NEG
         if allowed is None:
-            tok = lp.argmax(-1)  # (A,)
+            tok = pick.argmax(-1)  # (A,)
         else:
             act = active.tolist()
-            tok = (lp + allowed.mask(act, [made[g] for g in act], lp.shape[-1])).argmax(-1)  # (A,)
+            tok = (pick + allowed.mask(act, [made[g] for g in act], lp.shape[-1])).argmax(-1)  # (A,)
             for g, x in zip(act, tok.tolist()):
                 made[g].append(x)
         c = lp.gather(1, tok.unsqueeze(1))  # (A, 1) the model's own log-prob of the choice
@@ -356,15 +363,19 @@ def _strip(tokens: list[int], eos: list[int], pad: int) -> list[int]:
 def search(
     rows: Rows, lp: torch.Tensor, groups: int, num_beams: int, max_new_tokens: int, eos: list[int], pad: int,
     length_penalty: float, stop: Callable[[], str | None] | None = None, allowed: SpanConstraint | None = None,
-    on_step: OnStep | None = None, top_n: int = 0,
+    on_step: OnStep | None = None, top_n: int = 0, first_banned: list[list[int]] | None = None,
 ) -> list[list[Hyp]]:
     """Greedy when num_beams == 1 (one hypothesis per group), else beam search.
     lp (G*r, V): the prefilled rows' first-step log-probs, mixed here into beam log-probs.
     `stop()`: asked between steps (see greedy / beam_search); `allowed`: extractive decoding;
-    `on_step`: streaming (a `Step` after every step); `top_n`: greedy's inspector tables (Hyp.top)."""
+    `on_step`: streaming (a `Step` after every step); `top_n`: greedy's inspector tables (Hyp.top);
+    `first_banned`: greedy only, per group the tokens its first step may not choose."""
     lp = rows.mix(lp)  # (G, V)
     if num_beams == 1:
-        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed, on_step, top_n)]
+        return [[h] for h in greedy(rows, lp, groups, max_new_tokens, eos, stop, allowed, on_step, top_n,
+                                    first_banned)]
+    if first_banned is not None:
+        raise ValueError("first_banned is for greedy decoding (num_beams=1): beam search filters echoes instead.")
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
     return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed, on_step)

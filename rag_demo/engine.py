@@ -31,6 +31,9 @@ from .marginalize import (
 )
 
 
+Echo = Callable[[list[int]], bool]  # does this answer (token ids) only repeat the question?
+
+
 @dataclass
 class Generation:
     """What one mode produced for one question (token level; the pipeline adds text)."""
@@ -149,7 +152,8 @@ def _decoding_name(s: RagSettings) -> str:
 
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
               control: RunControl | None = None, spans: list[list[int]] | None = None,
-              question_tail: tuple[int, int] | None = None, on_partial: OnPartial | None = None) -> Generation:
+              question_tail: tuple[int, int] | None = None, on_partial: OnPartial | None = None,
+              echo: Echo | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
@@ -157,7 +161,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     token ids when decoding is extractive (RagSettings.extractive): the answer then copies a
     span of any of the K passages. question_tail: where the question sits in the prompts
     (`prefill_and_prior`: p(z|x) with the reader's vote when RagSettings.question_weight > 0).
-    on_partial: streaming, a `Partial` after every decoding step.
+    on_partial: streaming, a `Partial` after every decoding step. echo(tokens): does this answer
+    only repeat the question (RagSettings.echo_retries; `_without_echoes`)?
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -167,7 +172,9 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
-    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 else state0
+    # An echo retried decodes again from the prefill state, so the first greedy search runs on a copy too.
+    retry = s.num_beams == 1 and echo is not None and s.echo_retries > 0
+    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or retry else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
     step = None
@@ -175,8 +182,17 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
         def step(st: Step) -> None:
             doc_lp = None if st.row_lp is None else st.row_lp[0, :, : len(st.tokens[0])]  # (K, t)
             on_partial(Partial("token", st.tokens, doc_lp, prior, st.done))
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)[0])
+    hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
+                  s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)
+
+    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
+        again = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=K, prior=prior)
+        found = search(again, first_lp, 1, 1, s.max_new_tokens, ends, gen.pad_token_id, s.length_penalty,
+                       stop, allowed, step, top_n=INSPECT_TOP, first_banned=banned)
+        rows.stopped = rows.stopped or again.stopped
+        return [found[0][0]]
+
+    best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
     t1 = time.perf_counter()
     if best.top is not None:  # greedy recorded the inspector's tables while decoding
         inspection = Inspection(*best.top)
@@ -197,7 +213,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
                  hf_compat_score: bool = False, control: RunControl | None = None,
                  spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None,
-                 on_partial: OnPartial | None = None) -> Generation:
+                 on_partial: OnPartial | None = None, echo: Echo | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -209,7 +225,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
     the parity checks against the reference turn it on. spans: the K passages' token ids when
     decoding is extractive: each doc's search copies a span of its own passage. question_tail,
-    on_partial: as in `rag_token` (here the Partial holds the K drafts, one per doc).
+    on_partial: as in `rag_token` (here the Partial holds the K drafts, one per doc); echo: as in
+    `rag_token`, each doc's draft retried on its own.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -224,6 +241,17 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
             on_partial(Partial("sequence", st.tokens, None, prior, st.done))
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step)
+
+    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
+        idx = torch.tensor(groups)  # (G',) the docs whose draft echoed the question
+        again = Rows(gen, gen.select(state0, idx), per_beam=1, prior=None)
+        sub = SpanConstraint(spans, [[z] for z in groups], ends) if spans is not None else None
+        found = search(again, first_lp[idx], len(groups), 1, s.max_new_tokens, ends, gen.pad_token_id,
+                       s.length_penalty, stop, sub, first_banned=banned)
+        rows.stopped = rows.stopped or again.stopped
+        return [group[0] for group in found]
+
+    hyps = _without_echoes(hyps, echo, s, redo, rows)
     cands = _dedupe([h for group in hyps for h in group])
     if on_partial is not None and s.sequence_decoding == "thorough" and not rows.stopped:
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,
@@ -260,20 +288,31 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
 
 
 def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunControl | None = None,
-                on_partial: OnPartial | None = None) -> Generation:
-    """The generator alone, no documents (the paper's parametric-only baseline). on_partial: as
-    in `rag_token`."""
+                on_partial: OnPartial | None = None, echo: Echo | None = None) -> Generation:
+    """The generator alone, no documents (the paper's parametric-only baseline). on_partial,
+    echo: as in `rag_token`."""
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
-    first_lp, state = gen.prefill([prompt])  # (1, V)
+    first_lp, state0 = gen.prefill([prompt])  # (1, V)
+    retry = s.num_beams == 1 and echo is not None and s.echo_retries > 0
+    state = gen.select(state0, torch.arange(1)) if retry else state0  # a retry decodes from the prefill again
     rows = Rows(gen, state, per_beam=1, prior=None)
     step = None
     if on_partial is not None:
         def step(st: Step) -> None:
             on_partial(Partial("closed-book", st.tokens, None, None, st.done))
-    best = _best(search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                        s.length_penalty, stop, None, step)[0])
+    hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
+                  s.length_penalty, stop, None, step)
+
+    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
+        again = Rows(gen, gen.select(state0, torch.arange(1)), per_beam=1, prior=None)
+        found = search(again, first_lp, 1, 1, s.max_new_tokens, ends, gen.pad_token_id, s.length_penalty,
+                       stop, None, step, first_banned=banned)
+        rows.stopped = rows.stopped or again.stopped
+        return [found[0][0]]
+
+    best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
@@ -295,6 +334,44 @@ def _stopped(tokens: list[int], early: str | None, ends: list[int], s: RagSettin
     if early:
         return early
     return "max_new_tokens" if len(tokens) >= s.max_new_tokens else "eos"
+
+
+def _without_echoes(hyps: list[list[Hyp]], echo: Echo | None, s: RagSettings,
+                    redo: Callable[[list[int], list[list[int]]], list[Hyp]], rows: Rows) -> list[list[Hyp]]:
+    """RagSettings.echo_retries: answers that only repeat the question, decoded again.
+
+    hyps: each group's hypotheses, best first. Beam search: a group drops its echoes when it has
+    another hypothesis. Greedy: the groups whose answer echoes run again, `redo(groups, banned)`
+    -> one Hyp each, with the first token of every echo they produced so far banned at the first
+    step; at most s.echo_retries rounds, and not after the request was stopped. A group keeps its
+    first answer that is not an echo; a group that echoes every time keeps its original answer
+    (the greedy one: the model's own choice). Scores are untouched: each Hyp's log-probs are the
+    model's, whatever was banned."""
+    if echo is None or not s.echo_retries:
+        return hyps
+    if s.num_beams > 1:
+        return [[h for h in group if not echo(h.tokens)] or group for group in hyps]
+    out = list(hyps)
+    echoing = {g: group[0] for g, group in enumerate(hyps) if group and echo(group[0].tokens)}
+    banned: dict[int, list[int]] = {g: [] for g in echoing}
+    for _ in range(s.echo_retries):
+        echoing = {g: h for g, h in echoing.items() if h.tokens}  # an empty answer has no first token to ban
+        if not echoing or rows.stopped:
+            break
+        for g, h in echoing.items():
+            banned[g].append(h.tokens[0])
+        todo = sorted(echoing)
+        found = redo(todo, [banned[g] for g in todo])
+        if rows.stopped:  # a retry cut short by the deadline: keep the whole answers already made
+            break
+        echoing = {}
+        for g, h in zip(todo, found):
+            h.group = g
+            if echo(h.tokens):
+                echoing[g] = h
+            else:
+                out[g] = [h]
+    return out
 
 
 def _best(hyps: list[Hyp]) -> Hyp:

@@ -547,7 +547,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
                      "max_doc_tokens": settings.max_doc_tokens, "prior_temperature": settings.prior_temperature,
                      "question_weight": settings.question_weight, "worked_examples": settings.worked_examples,
                      "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
-                     "extractive": settings.extractive,
+                     "extractive": settings.extractive, "echo_retries": settings.echo_retries,
                      "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
         "generation": generation,
@@ -593,7 +593,8 @@ def format_report(report: dict) -> str:
         f"question weight {s.get('question_weight', 0.0):g}, {s.get('worked_examples', 0)} worked examples, "
         f"question {s.get('question_position', 'after')}, "
         f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
-        f"{', extractive' if s.get('extractive') else ''})",
+        f"{', extractive' if s.get('extractive') else ''}"
+        f"{', echoes retried ' + str(s['echo_retries']) + 'x' if s.get('echo_retries') else ''})",
         "",
         "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "
         "| s/answer p50 | tokens/answer |",

@@ -24,6 +24,7 @@ from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
+from .echo import echoes_question
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
 from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
@@ -287,7 +288,7 @@ class RagPipeline:
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
-                    on_partial=emit)  # steps 3 and 4
+                    on_partial=emit, echo=_echo_check(gen, q))  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:
@@ -301,7 +302,7 @@ class RagPipeline:
         if emit is not None:
             control.on_partial(self.reading(q, "closed-book", 0))
         g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s,
-                        control, on_partial=emit)
+                        control, on_partial=emit, echo=_echo_check(gen, q))
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
     def _emitter(self, q: str, gen, control: RunControl | None,
@@ -461,3 +462,9 @@ class RagPipeline:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
         return time.perf_counter() - t0
+
+
+def _echo_check(gen, q: str) -> Callable[[list[int]], bool]:
+    """The engine's echo test for this question (RagSettings.echo_retries): the answer's text
+    only repeats words of the question."""
+    return lambda tokens: echoes_question(gen.decode(tokens), q)

@@ -37,6 +37,7 @@ from .config import (
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_QUESTION_CHARS,
+    MAX_ECHO_RETRIES,
     MAX_WORKED_EXAMPLES,
     SEQUENCE_DECODINGS,
     STACKS,
@@ -102,7 +103,8 @@ FACTBOOK_EXAMPLES = (
 # /ask's and /ask_stream's settings arguments (RagSettings fields), in their positional order after
 # (question, ...) with `stack` between the first four and the reader settings
 API_SETTINGS = ("k", "num_beams", "max_new_tokens", "sequence_decoding", "answer_style", "prior_temperature",
-                "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples")
+                "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples",
+                "echo_retries")
 MAX_UPLOAD_FILES = 20
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
 # Model events run two at a time: a cheap question can start while an expensive one runs. They
@@ -838,6 +840,7 @@ class Handlers:
         extractive: bool = defaults.extractive,
         question_weight: float = defaults.question_weight,
         worked_examples: int = defaults.worked_examples,
+        echo_retries: int = defaults.echo_retries,
         request: gr.Request = None,
     ) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
@@ -873,6 +876,7 @@ class Handlers:
         extractive: bool = defaults.extractive,
         question_weight: float = defaults.question_weight,
         worked_examples: int = defaults.worked_examples,
+        echo_retries: int = defaults.echo_retries,
         request: gr.Request = None,
     ) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
         """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done": false}
@@ -1167,6 +1171,12 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                                                      info="decoding may only continue a span of the passages (each "
                                                      "passage its own, in RAG-Sequence); scores stay the model's",
                                                      elem_id="rag-extractive")
+                            echo_n = gr.Slider(0, MAX_ECHO_RETRIES, value=settings0.echo_retries, step=1,
+                                               label="Retry answers that only repeat the question",
+                                               elem_id="rag-echo",
+                                               info="'Who wrote Hamlet?' answered 'Hamlet' is decoded again with "
+                                               "its first word banned, up to n times (0: keep it); scores stay "
+                                               "the model's")
                             cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")
                 with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
@@ -1210,7 +1220,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         settings_in = {"k": k, "num_beams": beams, "max_new_tokens": max_new, "sequence_decoding": decoding,
                        "answer_style": style, "prior_temperature": temperature, "passage_sentences": sentences,
                        "question_position": question_both, "extractive": extractive,
-                       "question_weight": question_weight, "worked_examples": examples_n}
+                       "question_weight": question_weight, "worked_examples": examples_n,
+                       "echo_retries": echo_n}
         # /edit_passage's positional API was (pid, text, question, the first four settings, title):
         # the reader settings come after the title, so positional callers keep working
         edit_in = {**dict(list(settings_in.items())[:4]), "new_title": edit_title, **settings_in}

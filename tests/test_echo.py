@@ -1,0 +1,200 @@
+"""Answers that only repeat the question (RagSettings.echo_retries, rag_demo/echo.py).
+
+The text test on worked examples; validation; then the engine on a tiny random Llama with
+SmolLM2's real tokenizer, where an echo is whatever a stand-in predicate says it is (a random
+model never repeats a question by itself): the retried answer avoids the echo's first token,
+its log-probs are still the model's own (checked against a teacher-forced pass), a group that
+echoes every time keeps its original answer, and 0 retries change nothing. Last, the pipeline
+hands the engine its question's echo test.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rag_demo.config import RagSettings  # noqa: E402
+from rag_demo.decoding import score_candidates  # noqa: E402
+from rag_demo.echo import echoes_question  # noqa: E402
+from rag_demo.engine import closed_book, rag_sequence, rag_token  # noqa: E402
+from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+
+
+@pytest.mark.parametrize("answer, question, echo", [
+    ("Sherlock Holmes.", "Who created Sherlock Holmes?", True),
+    ("the North Star", "What is the north star called?", True),
+    ("Arthur Conan Doyle", "Who created Sherlock Holmes?", False),
+    ("Holmesian", "Who created Sherlock Holmes?", False),  # whole words only
+    ("Holmes Sherlock", "Who created Sherlock Holmes?", False),  # a run, in order
+    ("The.", "Who is the king?", False),  # nothing left once normalised
+    ("1780", "When did Maria Theresa die?", False),
+])
+def test_echoes_question_worked_examples(answer, question, echo):
+    assert echoes_question(answer, question) is echo
+
+
+@pytest.mark.parametrize("bad, message", [
+    (-1, r"echo_retries=-1 is out of range: use 0 \(keep answers that repeat the question\) to 5"),
+    (6, r"echo_retries=6 is out of range"),
+    (2.5, r"echo_retries=2.5 is not a whole number"),
+    (True, r"echo_retries=True is not a number"),
+])
+def test_echo_retries_rejects_bad_values_by_name(bad, message):
+    with pytest.raises(ValueError, match=message):
+        RagSettings(echo_retries=bad)
+    with pytest.raises(ValueError, match=message):
+        RagSettings().merged(echo_retries=bad)
+    assert RagSettings(echo_retries="3").echo_retries == 3
+
+
+PASSAGES = ["Alexander Fleming discovered penicillin in 1928.",
+            "Mount Kilimanjaro is the highest mountain in Africa.",
+            "Hamlet is a tragedy by William Shakespeare."]
+QUESTION = "Who discovered penicillin?"
+
+
+@pytest.fixture(scope="module")
+def gen(smollm_tokenizer_folder):
+    from rag_demo.random_models import tiny_smollm_generator
+
+    return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
+
+
+def _prompts(gen):
+    from rag_demo.corpus import Passage
+
+    return [gen.prompt(QUESTION, Passage(f"d{i}#0", f"doc {i}", p), 64, "short", examples=0)
+            for i, p in enumerate(PASSAGES)]
+
+
+SCORES = torch.tensor([2.0, 1.0, 0.5])  # (K,) retriever logits
+
+
+class Echo:
+    """A stand-in echo test: answers whose first token is in `firsts` echo, and those in `answers`
+    (`always`: all do).
+    Records every answer it was asked about."""
+
+    def __init__(self, firsts=(), always=False, answers=()):
+        self.firsts, self.always, self.answers, self.seen = set(firsts), always, [list(a) for a in answers], []
+
+    def __call__(self, tokens):
+        self.seen.append(list(tokens))
+        return self.says(tokens)
+
+    def says(self, tokens):
+        """The verdict, not recorded."""
+        return self.always or (bool(tokens) and tokens[0] in self.firsts) or list(tokens) in self.answers
+
+
+def _settings(retries):
+    return RagSettings(k=3, max_new_tokens=5, answer_style="short", question_weight=0, worked_examples=0,
+                       echo_retries=retries)
+
+
+def test_rag_token_retries_an_echo_with_its_first_token_banned_and_exact_scores(gen):
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
+    echo = Echo(firsts=[base.tokens[0]])
+    out = rag_token(gen, _prompts(gen), SCORES, _settings(3), echo=echo)
+    assert out.tokens[0] != base.tokens[0] and not echo.says(out.tokens)
+    # the new first token is the mixture's best once the banned one is gone
+    first_lp, state = gen.prefill(_prompts(gen))  # (K, V)
+    prior = doc_log_prior(SCORES)  # (K,)
+    mixed = torch.logsumexp(prior[:, None] + first_lp, 0)  # (V,)
+    mixed[base.tokens[0]] = float("-inf")
+    assert out.tokens[0] == int(mixed.argmax())
+    # what was recorded while decoding is the model's own log-prob of each token under each doc
+    lp, _ = score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)  # (K, 1, T)
+    torch.testing.assert_close(out.doc_lp, lp[:, 0], atol=1e-5, rtol=0)
+    assert out.logprob == pytest.approx(float(rag_token_logprob(lp[:, 0], prior)), abs=1e-5)
+
+
+def test_an_answer_that_echoes_every_time_keeps_the_greedy_one(gen):
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
+    echo = Echo(always=True)
+    out = rag_token(gen, _prompts(gen), SCORES, _settings(2), echo=echo)
+    assert out.tokens == base.tokens and out.logprob == pytest.approx(base.logprob, abs=1e-5)
+    firsts = [t[0] for t in echo.seen]
+    assert len(echo.seen) == 3 and len(set(firsts)) == 3  # the original, then 2 retries, each a new start
+
+
+def test_zero_retries_never_asks(gen):
+    echo = Echo(always=True)
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
+    out = rag_token(gen, _prompts(gen), SCORES, _settings(0), echo=echo)
+    assert echo.seen == [] and out.tokens == base.tokens
+
+
+def test_rag_sequence_retries_each_echoing_doc_on_its_own(gen):
+    base = rag_sequence(gen, _prompts(gen), SCORES, _settings(0))
+    drafts = [c[0] for c in base.candidates]
+    echo = Echo(firsts=[drafts[0][0]])  # the first doc's draft (and any starting like it) echoes
+    out = rag_sequence(gen, _prompts(gen), SCORES, _settings(1), echo=echo)
+    new = [c[0] for c in out.candidates]
+    assert all(t[0] != drafts[0][0] for t in new)  # no candidate starts like the echo any more
+    assert [t for t in new if t in drafts] == [t for t in drafts if t[0] != drafts[0][0]]  # the others stay
+    assert out.tokens[0] != drafts[0][0]
+
+
+def test_closed_book_retries_too(gen):
+    prompt = gen.prompt(QUESTION, None, 64, "short", examples=0)
+    base = closed_book(gen, prompt, _settings(0))
+    out = closed_book(gen, prompt, _settings(1), echo=Echo(firsts=[base.tokens[0]]))
+    assert out.tokens[0] != base.tokens[0]
+
+
+def test_beam_search_prefers_a_hypothesis_that_is_not_an_echo(gen):
+    s0 = _settings(0).merged(num_beams=3)
+    base = rag_token(gen, _prompts(gen), SCORES, s0)
+    echo = Echo(answers=[base.tokens])
+    out = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=echo)
+    finished = list(echo.seen)  # every finished hypothesis was asked about, best first
+    assert len(finished) > 1 and finished[0] == base.tokens
+    others = [t for t in finished if not echo.says(t)]
+    assert others, "one finished hypothesis only: the test would check nothing"
+    assert out.tokens == others[0]
+
+
+def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo, monkeypatch):
+    import rag_demo.pipeline as P
+
+    pipe = tiny_offline_echo
+    for mode in ("token", "sequence", "closed-book"):
+        base = pipe.answer(QUESTION, mode, echo_retries=0)
+        asked = []
+
+        def fake(answer, question, _base=base.text):
+            asked.append(question)
+            return answer == _base
+
+        monkeypatch.setattr(P, "echoes_question", fake)
+        out = pipe.answer(QUESTION, mode, echo_retries=2)
+        monkeypatch.undo()
+        assert asked and set(asked) == {QUESTION}, mode
+        assert out.text != base.text, mode
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from rag_demo.encoders import MiniLMEncoder
+
+    return MiniLMEncoder()
+
+
+@pytest.fixture(scope="module")
+def tiny_offline_echo(minilm, gen, tmp_path_factory):
+    from rag_demo.config import StackSpec
+    from rag_demo.corpus import corpus_from_documents
+    from rag_demo.index import load_or_build_index
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
+
+    spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
+    stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
+                                       for m in ("token", "sequence", "closed-book")}, 0.0)
+    corpus = corpus_from_documents("three", [(f"doc {i}", p, None) for i, p in enumerate(PASSAGES)])
+    index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
+    return RagPipeline(stack, index, RagSettings(k=3, max_new_tokens=5, worked_examples=0), info)
