@@ -105,12 +105,12 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
                    help=f"{' or '.join(ANSWER_STYLES)}: a phrase of a few words, stopped at the end of the line, or a "
                    f"full sentence (default {d.answer_style})")
     p.add_argument("--prior-temperature", type=float, default=d.prior_temperature,
-                   help=f"p(z|x) = softmax(scores / T): above 1 flatter, below 1 sharper (default {d.prior_temperature:g})")
+                   help=f"p(z|x) = softmax((scores + W * log p_G(question | passage)) / T): above 1 flatter, below 1 sharper (default {d.prior_temperature:g})")
     p.add_argument("--worked-examples", type=int, default=d.worked_examples,
                    help="how many worked examples (invented passages, answered in the answer style) come before "
                    f"the question, 0-{MAX_WORKED_EXAMPLES} (default {d.worked_examples})")
     p.add_argument("--question-weight", type=float, default=d.question_weight,
-                   help="p(z|x) = softmax(scores / T + W * log p_G(question | passage)): the generator's vote on which "
+                   help="p(z|x) = softmax((scores + W * log p_G(question | passage)) / T): the generator's vote on which "
                    f"passage to read, 0 = the retriever alone (default {d.question_weight:g})")
     p.add_argument("--question-position", default=d.question_position,
                    help=f"{' or '.join(QUESTION_POSITIONS)}: the question after the passage, or before and after "

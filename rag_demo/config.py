@@ -70,12 +70,14 @@ class RagSettings:
     # worked examples) it answered "Sydney." for the capital of Australia. BART (paper stack)
     # ignores it: it was fine-tuned on NQ spans and its input format is the reference's.
     answer_style: str = "short"
-    # Sharpness of p(z|x) = softmax(scale * q(x).d(z) / T): 1 is the stack's own prior (DPR's
-    # inner products; the offline stack's 20 * cosine). T > 1 spreads the mixture over more
-    # passages, T < 1 leans on the top one. Every RAG formula uses the tempered prior.
+    # Sharpness of p(z|x) = softmax((scale * q(x).d(z) + lambda * log p_G(x|z)) / T): 1 is the
+    # stack's own prior (DPR's inner products; the offline stack's 20 * cosine; plus the reader's
+    # vote below). T > 1 spreads the mixture over more passages, T < 1 leans on the top one. T
+    # divides the vote too: a vote of tens of nats would otherwise leave it nothing to flatten.
+    # Every RAG formula uses the tempered prior.
     prior_temperature: float = 1.0
-    # The reader's vote on p(z|x) (decoder-only generators): p(z|x) = softmax(scale * q(x).d(z) / T
-    # + lambda * log p_G(x|z)), log p_G(x|z) the generator's log-likelihood of the question's
+    # The reader's vote on p(z|x) (decoder-only generators): p(z|x) = softmax((scale * q(x).d(z)
+    # + lambda * log p_G(x|z)) / T), log p_G(x|z) the generator's log-likelihood of the question's
     # tokens after passage z (Sachan et al. 2022, "UPR"), read from the prefill's logits at no
     # extra cost. 0 = the retriever's prior alone (the paper's). 0.5: a gold passage came first
     # in 80% of the external questions given retrieval (64% with 0) and 97.5% of the dev set's

@@ -127,8 +127,10 @@ def prefill_and_prior(gen: Generator, prompts: list[list[int]], doc_scores: torc
     """Prefill the K doc prompts and form the doc log-prior; -> (first_lp (K, V), state,
     log p(z|x) (K,), log p_G(x|z) (K,) or None).
 
-    log p(z|x) = log_softmax_z( doc_scores_z + lambda * log p_G(x|z) ),
-    doc_scores = scale * q(x)·d(z) / T (the retriever's tempered logits), lambda =
+    log p(z|x) = log_softmax_z( (doc_scores_z + lambda * log p_G(x|z)) / T ),
+    doc_scores = scale * q(x)·d(z) (the retriever's logits), T = s.prior_temperature (the retrieval
+    temperature: it tempers the reader's vote too, or a vote of tens of nats would leave the slider
+    nothing to flatten), lambda =
     s.question_weight and log p_G(x|z) = sum_i log p_G(x_i | prompt before x_i, z): the
     generator's own likelihood of the question's tokens after passage z (Sachan et al. 2022,
     "UPR"), read from the prefill's logits at the question's positions (question_tail, from
@@ -138,11 +140,12 @@ def prefill_and_prior(gen: Generator, prompts: list[list[int]], doc_scores: torc
     use_q = bool(s.question_weight) and question_tail is not None
     n_q, n_after = question_tail if use_q else (0, 0)
     first_lp, state = gen.prefill(prompts, score_last=n_q + n_after) if use_q else gen.prefill(prompts)  # (K, V)
+    T = s.prior_temperature
     if not use_q:
-        return first_lp, state, doc_log_prior(doc_scores), None  # (K,)
+        return first_lp, state, doc_log_prior(torch.as_tensor(doc_scores, dtype=torch.float32) / T), None  # (K,)
     question_lp = state.prompt_lp[:, :n_q].sum(-1)  # (K,) log p_G(x|z)
     # the doc log-prior enters here: the retriever's logits plus lambda times the reader's vote
-    prior = doc_log_prior(torch.as_tensor(doc_scores, dtype=torch.float32) + s.question_weight * question_lp)  # (K,)
+    prior = doc_log_prior((torch.as_tensor(doc_scores, dtype=torch.float32) + s.question_weight * question_lp) / T)  # (K,)
     return first_lp, state, prior, question_lp
 
 

@@ -264,9 +264,9 @@ class RagPipeline:
                     fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.passage_sentences)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
             fed, kept, focus_s = fed_for[key]
-            # the retriever's logits scale * q(x)·d(z) / T over the K passages; the doc log-prior
-            # enters in the engine (engine.prefill_and_prior), which may add the reader's vote
-            logits = torch.as_tensor(scores, dtype=torch.float32) * (mm.score_scale / s.prior_temperature)  # (K,)
+            # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior enters
+            # in the engine (engine.prefill_and_prior), which may add the reader's vote, then divides by T
+            logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
             prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
                        for p in fed]
             tail = gen.common_question_tail(prompts, q) if s.question_weight else None

@@ -1144,7 +1144,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                                              "paper stack's BART ignores it)", elem_id="rag-style")
                             temperature = gr.Slider(0.25, 4, value=settings0.prior_temperature, step=0.25,
                                                     label="Retrieval temperature", elem_id="rag-temperature",
-                                                    info="p(z|x) = softmax(score / T): higher spreads the answer "
+                                                    info="p(z|x) = softmax((score + w · vote) / T): higher spreads the answer "
                                                     "over more passages, lower leans on the top one")
                             examples_n = gr.Slider(0, MAX_WORKED_EXAMPLES, value=settings0.worked_examples, step=1,
                                                    label="Worked examples", elem_id="rag-worked-examples",
@@ -1154,8 +1154,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                             question_weight = gr.Slider(0, 2, value=settings0.question_weight, step=0.25,
                                                         label="Generator's vote on the passages",
                                                         elem_id="rag-question-weight",
-                                                        info="p(z|x) = softmax(score / T + w · log p(question | "
-                                                        "passage)): w > 0 lets the generator reweigh the retrieved "
+                                                        info="p(z|x) = softmax((score + w · log p(question | "
+                                                        "passage)) / T: w > 0 lets the generator reweigh the retrieved "
                                                         "passages by how well each explains the question (free: "
                                                         "read from the prompt it already runs; BART ignores it)")
                             sentences = gr.Slider(0, 6, value=settings0.passage_sentences, step=1,

@@ -143,6 +143,33 @@ def test_prior_temperature_is_the_softmax_of_scaled_scores_over_t(tiny_offline):
     assert got[0.5].token_doc_posteriors != got[4.0].token_doc_posteriors
 
 
+def test_prior_temperature_tempers_the_readers_vote_too():
+    """p(z|x) = softmax((c·s + w·log p_G(x|z)) / T) (engine.prefill_and_prior). The prefill is a
+    stand-in returning chosen question log-probs (a tiny random model's barely differ between
+    passages); were T applied to the retriever's logits alone, the vote would stay whole."""
+    from types import SimpleNamespace
+
+    from rag_demo.engine import prefill_and_prior
+
+    question_lp = torch.tensor([[-2.0, -1.0], [-9.0, -6.0], [-4.0, -4.0]])  # (K, n_q) per question token
+
+    class Prefill:
+        def prefill(self, prompts, score_last=0):
+            return torch.zeros(3, 5), SimpleNamespace(prompt_lp=question_lp)  # (K, V), state
+
+    scores = torch.tensor([3.0, 1.0, 2.0])  # (K,) retriever logits
+    for t in (0.5, 1.0, 2.0):
+        s = RagSettings(prior_temperature=t, question_weight=0.5)
+        _, _, prior, q = prefill_and_prior(Prefill(), [[1]] * 3, scores, s, question_tail=(2, 0))
+        want = torch.log_softmax((scores + 0.5 * question_lp.sum(-1)) / t, 0)
+        torch.testing.assert_close(prior, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(q, question_lp.sum(-1))
+    s = RagSettings(prior_temperature=2.0, question_weight=0)  # no vote: the retriever's logits over T
+    _, _, prior, q = prefill_and_prior(Prefill(), [[1]] * 3, scores, s, question_tail=None)
+    torch.testing.assert_close(prior, torch.log_softmax(scores / 2.0, 0), atol=1e-6, rtol=0)
+    assert q is None
+
+
 def test_question_position_both_puts_the_question_before_the_passage(tiny_offline):
     gen = tiny_offline.stack.modes["token"].generator
     after, both = gen.messages(Q, FLEMING, 192, "short", "after"), gen.messages(Q, FLEMING, 192, "short", "both")

@@ -48,6 +48,7 @@ READER = {
     "passage_sentences": next((float(n), n) for n in (2, 3) if n != DEFAULTS.passage_sentences),
     "question_position": (DEFAULTS.question_position != "both", "after" if DEFAULTS.question_position == "both"
                           else "both"),
+    "echo_retries": next((float(n), n) for n in (0, 1) if n != DEFAULTS.echo_retries),
 }
 UNAVAILABLE = "HF_HUB_OFFLINE is set"
 
@@ -697,6 +698,7 @@ def test_the_settings_accordion_has_the_reader_controls_with_the_library_default
         prior_temperature: float = 2.0 if DEFAULTS.prior_temperature != 2.0 else 0.5
         passage_sentences: int = 3 if DEFAULTS.passage_sentences != 3 else 2
         question_position: str = "after" if DEFAULTS.question_position == "both" else "both"
+        echo_retries: int = 1 if DEFAULTS.echo_retries != 1 else 2
 
     for settings_cls, d in ((RagSettings, DEFAULTS), (Changed, Changed())):
         monkeypatch.setattr(ui, "RagSettings", settings_cls)
@@ -706,12 +708,14 @@ def test_the_settings_accordion_has_the_reader_controls_with_the_library_default
                                                        "rag-question-both"))
         assert style.value == d.answer_style and [c[1] for c in style.choices] == list(ANSWER_STYLES)
         assert temp.value == d.prior_temperature and (temp.minimum, temp.maximum, temp.step) == (0.25, 4, 0.25)
-        assert "softmax(score / T)" in temp.info and temp.label == "Retrieval temperature"
+        assert "softmax((score + w · vote) / T)" in temp.info and temp.label == "Retrieval temperature"
         assert sents.value == d.passage_sentences and (sents.minimum, sents.maximum, sents.step) == (0, 6, 1)
         assert both.value == (d.question_position == "both") and both.label == "Question before the passage too"
+        echo = by_id["rag-echo"]
+        assert echo.value == d.echo_retries and (echo.minimum, echo.maximum, echo.step) == (0, 5, 1)
         # every event that builds settings gets all of them, the cost estimate included
         controls = {by_id[i]._id for i in ("rag-k", "rag-beams", "rag-max-new", "rag-decoding", "rag-style",
-                                           "rag-temperature", "rag-sentences", "rag-question-both")}
+                                           "rag-temperature", "rag-sentences", "rag-question-both", "rag-echo")}
         for fn_name in ("ask_session", "edit_passage", "estimate"):
             fns = [f for f in demo.fns.values() if f.name == fn_name]
             assert fns and all(controls <= {c._id for c in f.inputs} for f in fns), fn_name
