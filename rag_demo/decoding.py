@@ -114,6 +114,10 @@ class SpanConstraint:
             out.update(self.ends)
         return sorted(out)
 
+    def subset(self, groups: list[int]) -> "SpanConstraint":
+        """The same constraint for a search over these groups only, renumbered 0..len(groups)-1."""
+        return SpanConstraint(self.spans, [self.groups[g] for g in groups], self.ends)
+
     def mask(self, groups: list[int], tokens: list[list[int]], vocab: int) -> torch.Tensor:
         """(N, V) additive mask: 0 where the beam's next token is allowed, NEG elsewhere."""
         m = torch.full((len(groups), vocab), NEG)  # (N, V)

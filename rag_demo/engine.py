@@ -176,8 +176,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
     # An echo retried decodes again from the prefill state, so the first greedy search runs on a copy too.
-    retry = s.num_beams == 1 and echo is not None and s.echo_retries > 0
-    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or retry else state0
+    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
     rows = Rows(gen, state, per_beam=K, prior=prior)
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
     step = None
@@ -187,14 +186,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
             on_partial(Partial("token", st.tokens, doc_lp, prior, st.done))
     hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)
-
-    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
-        again = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=K, prior=prior)
-        found = search(again, first_lp, 1, 1, s.max_new_tokens, ends, gen.pad_token_id, s.length_penalty,
-                       stop, allowed, step, top_n=INSPECT_TOP, first_banned=banned)
-        rows.stopped = rows.stopped or again.stopped
-        return [found[0][0]]
-
+    redo = _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, step, top_n=INSPECT_TOP)
     best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
     t1 = time.perf_counter()
     if best.top is not None:  # greedy recorded the inspector's tables while decoding
@@ -244,17 +236,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
             on_partial(Partial("sequence", st.tokens, None, prior, st.done))
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step)
-
-    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
-        idx = torch.tensor(groups)  # (G',) the docs whose draft echoed the question
-        again = Rows(gen, gen.select(state0, idx), per_beam=1, prior=None)
-        sub = SpanConstraint(spans, [[z] for z in groups], ends) if spans is not None else None
-        found = search(again, first_lp[idx], len(groups), 1, s.max_new_tokens, ends, gen.pad_token_id,
-                       s.length_penalty, stop, sub, first_banned=banned)
-        rows.stopped = rows.stopped or again.stopped
-        return [group[0] for group in found]
-
-    hyps = _without_echoes(hyps, echo, s, redo, rows)
+    # a retried draft does not stream: its group number would name the wrong doc in the Partial
+    hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None), rows)
     cands = _dedupe([h for group in hyps for h in group])
     if on_partial is not None and s.sequence_decoding == "thorough" and not rows.stopped:
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,
@@ -298,8 +281,7 @@ def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunC
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     first_lp, state0 = gen.prefill([prompt])  # (1, V)
-    retry = s.num_beams == 1 and echo is not None and s.echo_retries > 0
-    state = gen.select(state0, torch.arange(1)) if retry else state0  # a retry decodes from the prefill again
+    state = gen.select(state0, torch.arange(1)) if _retries(s, echo) else state0  # a retry decodes from the prefill again
     rows = Rows(gen, state, per_beam=1, prior=None)
     step = None
     if on_partial is not None:
@@ -307,15 +289,7 @@ def closed_book(gen: Generator, prompt: list[int], s: RagSettings, control: RunC
             on_partial(Partial("closed-book", st.tokens, None, None, st.done))
     hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, None, step)
-
-    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
-        again = Rows(gen, gen.select(state0, torch.arange(1)), per_beam=1, prior=None)
-        found = search(again, first_lp, 1, 1, s.max_new_tokens, ends, gen.pad_token_id, s.length_penalty,
-                       stop, None, step, first_banned=banned)
-        rows.stopped = rows.stopped or again.stopped
-        return [found[0][0]]
-
-    best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
+    best = _best(_without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, None, step), rows)[0])
     out = Generation(best.tokens, best.logprob, _decoding_name(s))
     out.timings = {"generate": time.perf_counter() - t0, "attribute": 0.0}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
@@ -337,6 +311,27 @@ def _stopped(tokens: list[int], early: str | None, ends: list[int], s: RagSettin
     if early:
         return early
     return "max_new_tokens" if len(tokens) >= s.max_new_tokens else "eos"
+
+
+def _retries(s: RagSettings, echo: Echo | None) -> bool:
+    """Will greedy decoding retry echoes (so its first search must leave the prefill state intact)?"""
+    return s.num_beams == 1 and echo is not None and s.echo_retries > 0
+
+
+def _redo(gen: Generator, state0, first_lp: torch.Tensor, rows: Rows, s: RagSettings, ends, stop,
+          allowed: SpanConstraint | None, step, top_n: int = 0) -> Callable[[list[int], list[list[int]]], list[Hyp]]:
+    """`_without_echoes`' redo for a search laid out like `rows`: greedy again over the given groups
+    only, from their rows of the prefill state (state0, first_lp (G*r, V)), with `banned` first
+    tokens; a stop it meets is recorded on `rows`."""
+    def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
+        idx = rows.rows_of(torch.tensor(groups))  # (G'*r,) the groups' prefill rows
+        again = Rows(gen, gen.select(state0, idx), per_beam=rows.per_beam, prior=rows.prior)
+        sub = allowed.subset(groups) if allowed is not None else None
+        found = search(again, first_lp[idx], len(groups), 1, s.max_new_tokens, ends, gen.pad_token_id,
+                       s.length_penalty, stop, sub, step, top_n=top_n, first_banned=banned)
+        rows.stopped = rows.stopped or again.stopped
+        return [group[0] for group in found]
+    return redo
 
 
 def _without_echoes(hyps: list[list[Hyp]], echo: Echo | None, s: RagSettings,

@@ -49,6 +49,14 @@ def stop_process():
     return stop
 
 
+@pytest.fixture(scope="module")
+def minilm():
+    """The real all-MiniLM-L6-v2 encoder (offline stack's retriever), one per test module."""
+    from rag_demo.encoders import MiniLMEncoder
+
+    return MiniLMEncoder()
+
+
 @pytest.fixture(scope="session")
 def smollm_tokenizer_folder():
     """The converted SmolLM2 folder (its tokenizer and chat template), or skip when not cached."""

@@ -178,13 +178,6 @@ def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo
 
 
 @pytest.fixture(scope="module")
-def minilm():
-    from rag_demo.encoders import MiniLMEncoder
-
-    return MiniLMEncoder()
-
-
-@pytest.fixture(scope="module")
 def tiny_offline_echo(minilm, gen, tmp_path_factory):
     from rag_demo.config import StackSpec
     from rag_demo.corpus import corpus_from_documents

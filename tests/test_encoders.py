@@ -20,11 +20,6 @@ VOCAB = "the a of is in who painted seurat paris capital france city river seine
 
 
 @pytest.fixture(scope="module")
-def minilm() -> MiniLMEncoder:
-    return MiniLMEncoder()
-
-
-@pytest.fixture(scope="module")
 def passages() -> list[Passage]:
     return load_vital_articles(limit=40).passages[:30]
 

@@ -88,13 +88,6 @@ def test_split_sentences_worked_examples():
     assert " ".join(split_sentences(text)) == text
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from rag_demo.encoders import MiniLMEncoder
-
-    return MiniLMEncoder()
-
-
 def test_closest_sentences_keeps_the_answer_sentence_in_passage_order(minilm):
     qv = minilm.encode_questions([Q])[0]  # (D,)
     short = Passage(id="k#0", title=DOCS[1][0], text=DOCS[1][1])  # two sentences
