@@ -476,7 +476,8 @@ class DecoderOnlyGenerator(Generator):
         whitespace after it) and every sentence-final period token ("." alone, or followed by
         whitespace only), so an answer is one phrase; except a period right after an initial or
         a title's abbreviation ("U.S. dollar", "J. K. Rowling", "St. Louis": decoding.StopRule),
-        which looks one token back. A period after any other abbreviation ("Inc.") still ends it."""
+        which looks one token back, or after a digit ("68.5 million": a decimal point; a year's
+        final period then leaves the end to the model's end of turn or newline). A period after any other abbreviation ("Inc.") still ends it."""
         if style != "short":
             return self.eos_token_ids
         if not hasattr(self, "_short_rule"):
@@ -486,7 +487,8 @@ class DecoderOnlyGenerator(Generator):
             periods = [i for i, t in zip(ids, texts) if t.strip() == "."]
             line_ends = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
             initials = [i for i, t in zip(ids, texts)
-                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in ABBREVIATIONS]
+                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in ABBREVIATIONS
+                        or (t.strip().isdigit() and t.strip().isascii())]
             from .decoding import StopRule
 
             self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)

@@ -96,6 +96,19 @@ def test_short_style_does_not_stop_at_the_period_of_an_initial(smol_tiny):
         assert stops == [len(ids) - 1], (text, [tok.decode([t]) for t in ids], stops)
 
 
+def test_short_style_does_not_stop_at_a_decimal_point(smol_tiny):
+    """ "68.5 million": a period right after a digit may be a decimal point, so it does not end a
+    short answer (it was cut to "68." before); a year's final period then leaves the end to the
+    model's own end of turn or newline, which every worked example shows after its answer."""
+    tok, rule = smol_tiny.tokenizer, smol_tiny.stop_token_ids("short")
+    for text, ends in ((" 68.5 million.", True), (" 8,848.86 m.", True), (" 1889.", False)):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        stops = [i for i in range(len(ids)) if rule.ends_at(ids, i)]
+        assert stops == ([len(ids) - 1] if ends else []), (text, [tok.decode([t]) for t in ids], stops)
+    year = tok(" 1889.\n", add_special_tokens=False)["input_ids"]
+    assert [i for i in range(len(year)) if rule.ends_at(year, i)] == [len(year) - 1]  # the newline ends it
+
+
 def _force_next(gen, token_id: int) -> torch.nn.Module:
     """Make `token_id` the argmax of every step (a large bias on its output logit); returns the
     original output layer."""
