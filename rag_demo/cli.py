@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_CONTEXT_CONTRAST, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -124,6 +124,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--echo-retries", type=int, default=d.echo_retries,
                    help="an answer that only repeats words of the question is decoded again with its first token "
                    f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")
+    p.add_argument("--context-contrast", type=float, default=d.context_contrast,
+                   help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
+                   f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")
     p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
                    help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
 

@@ -21,10 +21,11 @@ QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
 READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
-                 "passage_sentences", "extractive", "echo_retries", "max_doc_tokens")
+                 "passage_sentences", "extractive", "echo_retries", "context_contrast", "max_doc_tokens")
 MAX_WORKED_EXAMPLES = 4  # len(generators.WORKED_EXAMPLES)
 MAX_QUESTION_WEIGHT = 5.0
 MAX_ECHO_RETRIES = 5
+MAX_CONTEXT_CONTRAST = 4.0
 
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 MAX_K = 20  # K docs are K generator rows per step; more than 20 only slows a CPU demo down
@@ -119,6 +120,15 @@ class RagSettings:
     # float32): given-retrieval contains +4.6 points for both RAG modes on the 108 labelled external
     # questions with an answer retrieved, dev set +2.5; an echo costs a few decoding steps.
     echo_retries: int = 3
+    # Context-aware decoding (Shi et al. 2023, "Trusting Your Evidence"): a small reader often
+    # answers from its weights, not its passage ("who was president during WW2" -> the one it
+    # remembers best). a > 0 chooses each token by (1 + a) log p(y_t | x, z, y_<t) - a log
+    # p(y_t | x, y_<t), the second term the generator without passages (the closed-book prompt),
+    # among the tokens the passages make plausible (decoding.Contrast). It changes which token is
+    # chosen, never a score: log p(y|x) and the attributions stay exact. Greedy only (beam search
+    # ignores it); an extra closed-book row per search group costs one short prefill and a row per
+    # step. 0 = off (the paper's decoding).
+    context_contrast: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -180,6 +190,16 @@ class RagSettings:
                 f"echo_retries={self.echo_retries!r} is out of range: use 0 (keep answers that repeat the question) "
                 f"to {MAX_ECHO_RETRIES}."
             )
+        try:
+            contrast = float(self.context_contrast)
+        except (TypeError, ValueError):
+            raise ValueError(f"context_contrast={self.context_contrast!r} is not a number: give e.g. 0.5.") from None
+        if isinstance(self.context_contrast, bool) or not 0 <= contrast <= MAX_CONTEXT_CONTRAST:
+            raise ValueError(
+                f"context_contrast={self.context_contrast!r} is out of range: use 0 (off: the paper's decoding) "
+                f"to {MAX_CONTEXT_CONTRAST:g} (the passages' pull on each token counts that much more)."
+            )
+        self.context_contrast = contrast
         if not isinstance(self.extractive, bool):
             if str(self.extractive).lower() not in ("true", "false"):
                 raise ValueError(f"extractive={self.extractive!r} is not true or false: pass True or False.")

@@ -14,6 +14,7 @@ our outputs can be checked token for token against `RagTokenForGeneration.genera
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -126,12 +127,65 @@ class SpanConstraint:
         return m
 
 
-class Rows:
-    """How search beams map to generator rows, and how row log-probs become beam log-probs."""
+# Context-aware decoding's plausibility cut (Li et al. 2023's contrastive decoding, used by Shi et
+# al. 2023): a token the passages give less than this fraction of their top token's probability is
+# never chosen, however much more likely they make it than the model alone does.
+CONTRAST_PLAUSIBLE = 0.1
 
-    def __init__(self, gen: Generator, state: GenState, per_beam: int, prior: torch.Tensor | None):
+
+class Contrast:
+    """Context-aware decoding's choice rule (RagSettings.context_contrast; Shi et al. 2023).
+
+    The next token is argmax_y (1 + a) log p(y | x, z.., y_<t) - a log p(y | x, y_<t) over the
+    plausible y (log p(y | x, z.., y_<t) >= its max + log CONTRAST_PLAUSIBLE), where the first term
+    is the beam's own distribution (RAG-Token: the mixture over docs; RAG-Sequence: its doc's) and
+    the second the generator without passages: one closed-book row per beam, advanced with the
+    beam's tokens. Where the beam's own most likely next token ends the answer (`ends`), the
+    contrast steps aside and that distribution chooses: an end token is as likely with passages
+    as without, so contrasting it would make every answer run on past its span. Like
+    SpanConstraint it changes which token is chosen, never a score.
+
+    state, lp (N, V): the N closed-book rows and their next-token log-probs."""
+
+    def __init__(self, gen: Generator, state: GenState, lp: torch.Tensor, alpha: float, ends=()):
+        self.gen, self.state, self.lp, self.alpha = gen, state, lp, alpha
+        self.ends = torch.tensor(sorted(set(ends)), dtype=torch.long)
+
+    @classmethod
+    def start(cls, gen: Generator, state0: GenState, lp0: torch.Tensor, alpha: float, n: int, ends=()) -> "Contrast":
+        """n beams' rows, copies of the closed-book prefill (state0 with one row, lp0 (1, V)); state0 is kept."""
+        return cls(gen, gen.select(state0, torch.zeros(n, dtype=torch.long)), lp0.expand(n, -1), alpha, ends)
+
+    def pick(self, lp: torch.Tensor) -> torch.Tensor:
+        """lp (N, V) the beams' log-probs with passages -> (N, V) what the argmax sees."""
+        a = self.alpha
+        adjusted = (1 + a) * lp - a * self.lp  # (N, V) the passages' pull, amplified
+        plausible = lp >= lp.max(-1, keepdim=True).values + math.log(CONTRAST_PLAUSIBLE)  # (N, V)
+        adjusted = adjusted.masked_fill(~plausible, NEG)  # (N, V)
+        ending = torch.isin(lp.argmax(-1), self.ends)  # (N,) the beam would end its answer here
+        return torch.where(ending.unsqueeze(1), lp, adjusted)  # (N, V)
+
+    def reorder(self, beams: torch.Tensor) -> None:
+        self.state, self.lp = self.gen.select(self.state, beams), self.lp[beams]
+
+    def step(self, tokens: torch.Tensor) -> None:
+        """tokens (N,) one per beam: the closed-book rows read them too."""
+        self.lp = self.gen.advance(self.state, tokens.unsqueeze(1))[:, -1]  # (N, V)
+
+
+class Rows:
+    """How search beams map to generator rows, and how row log-probs become beam log-probs.
+    contrast: the closed-book rows of context-aware decoding (greedy only), or None."""
+
+    def __init__(self, gen: Generator, state: GenState, per_beam: int, prior: torch.Tensor | None,
+                 contrast: Contrast | None = None):
         self.gen, self.state, self.per_beam, self.prior = gen, state, per_beam, prior
+        self.contrast = contrast
         self.stopped: str | None = None  # why a search ended early ("time_limit", "cancelled"), if it did
+
+    def pick(self, lp: torch.Tensor) -> torch.Tensor:
+        """lp (N, V) beam log-probs -> what the search's choice sees (lp itself, unless contrasted)."""
+        return lp if self.contrast is None else self.contrast.pick(lp)  # (N, V)
 
     def mix(self, lp: torch.Tensor) -> torch.Tensor:
         """lp (N*r, V) row log-probs -> (N, V) beam log-probs (the row log-probs are kept in
@@ -150,9 +204,13 @@ class Rows:
 
     def reorder(self, beams: torch.Tensor) -> None:
         self.state = self.gen.select(self.state, self.rows_of(beams))
+        if self.contrast is not None:
+            self.contrast.reorder(beams)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (N,) one per beam -> next beam log-probs (N, V)."""
+        if self.contrast is not None:
+            self.contrast.step(tokens)
         rows_tok = tokens.repeat_interleave(self.per_beam).unsqueeze(1)  # (N*r, 1)
         return self.mix(self.gen.advance(self.state, rows_tok)[:, -1])  # (N, V)
 
@@ -179,7 +237,8 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     top_n > 0 also records, at every step, the top_n next tokens of each row and of the beam's
     distribution (`Hyp.top`: the token inspector's tables, from the log-probs decoding computed).
     first_banned[g]: tokens group g may not choose at the first step (RagSettings.echo_retries);
-    like `allowed` it restricts the argmax, never the scores."""
+    like `allowed` it restricts the argmax, never the scores. `rows.contrast` (Contrast), when
+    set, reweighs what the argmax sees, never the scores either."""
     rule = as_rule(eos)
     made: list[list[int]] = [[] for _ in range(groups)]  # each group's tokens so far
     active = torch.arange(groups)  # (A,) the groups whose rows are in rows.state, in row order
@@ -189,9 +248,9 @@ def greedy(rows: Rows, lp: torch.Tensor, groups: int, max_new_tokens: int, eos: 
     tops: list[tuple[torch.Tensor, ...]] = []  # per step, top_n > 0: (G, r, n) ids, lps; (G, n) ids, lps
     one_row = rows.per_beam == 1 and rows.prior is None  # a beam is its row: row log-prob = beam log-prob
     for t in range(max_new_tokens):
-        pick = lp  # (A, V) what the argmax sees; scores stay lp's
+        pick = rows.pick(lp)  # (A, V) what the argmax sees (context-contrasted, if asked); scores stay lp's
         if t == 0 and first_banned is not None:
-            pick = lp.clone()  # (A, V), active is every group at the first step
+            pick = pick.clone()  # (A, V), active is every group at the first step
             for g, banned in enumerate(first_banned):
                 pick[g, banned] = NEG
         if allowed is None:
@@ -380,6 +439,8 @@ def search(
                                     first_banned)]
     if first_banned is not None:
         raise ValueError("first_banned is for greedy decoding (num_beams=1): beam search filters echoes instead.")
+    if rows.contrast is not None:
+        raise ValueError("context contrast is for greedy decoding (num_beams=1): set context_contrast=0 for beam search.")
     rows.reorder(torch.arange(groups).repeat_interleave(num_beams))  # each group's rows copied B times
     lp = lp.repeat_interleave(num_beams, dim=0)  # (G*B, V)
     return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed, on_step)

@@ -19,7 +19,7 @@ import torch
 
 from .budget import RunControl
 from .config import RagSettings
-from .decoding import Hyp, Rows, SpanConstraint, Step, as_rule, score_candidates, search
+from .decoding import Contrast, Hyp, Rows, SpanConstraint, Step, as_rule, score_candidates, search
 from .generators import Generator
 from .marginalize import (
     doc_log_prior,
@@ -156,7 +156,7 @@ def _decoding_name(s: RagSettings) -> str:
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
               control: RunControl | None = None, spans: list[list[int]] | None = None,
               question_tail: tuple[int, int] | None = None, on_partial: OnPartial | None = None,
-              echo: Echo | None = None) -> Generation:
+              echo: Echo | None = None, contrast_prompt: list[int] | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
@@ -165,19 +165,21 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     span of any of the K passages. question_tail: where the question sits in the prompts
     (`prefill_and_prior`: p(z|x) with the reader's vote when RagSettings.question_weight > 0).
     on_partial: streaming, a `Partial` after every decoding step. echo(tokens): does this answer
-    only repeat the question (RagSettings.echo_retries; `_without_echoes`)?
+    only repeat the question (RagSettings.echo_retries; `_without_echoes`)? contrast_prompt: the
+    question without passages (the closed-book prompt), for RagSettings.context_contrast.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     K = len(prompts)
     first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
+    cb = _contrast_prefill(gen, contrast_prompt, s)
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
     # An echo retried decodes again from the prefill state, so the first greedy search runs on a copy too.
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
-    rows = Rows(gen, state, per_beam=K, prior=prior)
+    rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1))
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
     step = None
     if on_partial is not None:
@@ -186,7 +188,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
             on_partial(Partial("token", st.tokens, doc_lp, prior, st.done))
     hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)
-    redo = _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, step, top_n=INSPECT_TOP)
+    redo = _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, step, top_n=INSPECT_TOP, contrast0=cb)
     best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
     t1 = time.perf_counter()
     if best.top is not None:  # greedy recorded the inspector's tables while decoding
@@ -208,7 +210,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
                  hf_compat_score: bool = False, control: RunControl | None = None,
                  spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None,
-                 on_partial: OnPartial | None = None, echo: Echo | None = None) -> Generation:
+                 on_partial: OnPartial | None = None, echo: Echo | None = None,
+                 contrast_prompt: list[int] | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -221,14 +224,16 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     the parity checks against the reference turn it on. spans: the K passages' token ids when
     decoding is extractive: each doc's search copies a span of its own passage. question_tail,
     on_partial: as in `rag_token` (here the Partial holds the K drafts, one per doc); echo: as in
-    `rag_token`, each doc's draft retried on its own.
+    `rag_token`, each doc's draft retried on its own; contrast_prompt: as in `rag_token`, each doc's
+    search contrasted with its own copy of the closed-book row.
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
     ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
     K = len(prompts)
     first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
-    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None)
+    cb = _contrast_prefill(gen, contrast_prompt, s)
+    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None, contrast=_contrast_rows(gen, cb, s, K))
     allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
     step = None
     if on_partial is not None:
@@ -237,7 +242,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step)
     # a retried draft does not stream: its group number would name the wrong doc in the Partial
-    hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None), rows)
+    hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None, contrast0=cb),
+                           rows)
     cands = _dedupe([h for group in hyps for h in group])
     if on_partial is not None and s.sequence_decoding == "thorough" and not rows.stopped:
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,
@@ -318,14 +324,32 @@ def _retries(s: RagSettings, echo: Echo | None) -> bool:
     return s.num_beams == 1 and echo is not None and s.echo_retries > 0
 
 
+def _contrast_prefill(gen: Generator, prompt: list[int] | None, s: RagSettings):
+    """RagSettings.context_contrast: the closed-book prompt's prefill (state with one row, first
+    log-probs (1, V)), which every contrasted search copies; None when off or not greedy."""
+    if prompt is None or not s.context_contrast or s.num_beams > 1:
+        return None
+    lp0, state0 = gen.prefill([prompt])  # (1, V)
+    return state0, lp0
+
+
+def _contrast_rows(gen: Generator, cb, s: RagSettings, n: int) -> Contrast | None:
+    """A search's n closed-book rows (one per group) from `_contrast_prefill`'s output, or None."""
+    ends = gen.stop_token_ids(s.answer_style)
+    return None if cb is None else Contrast.start(gen, cb[0], cb[1], s.context_contrast, n, ends)
+
+
 def _redo(gen: Generator, state0, first_lp: torch.Tensor, rows: Rows, s: RagSettings, ends, stop,
-          allowed: SpanConstraint | None, step, top_n: int = 0) -> Callable[[list[int], list[list[int]]], list[Hyp]]:
+          allowed: SpanConstraint | None, step, top_n: int = 0, contrast0=None
+          ) -> Callable[[list[int], list[list[int]]], list[Hyp]]:
     """`_without_echoes`' redo for a search laid out like `rows`: greedy again over the given groups
     only, from their rows of the prefill state (state0, first_lp (G*r, V)), with `banned` first
-    tokens; a stop it meets is recorded on `rows`."""
+    tokens (and fresh closed-book rows from contrast0, `_contrast_prefill`); a stop it meets is
+    recorded on `rows`."""
     def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
         idx = rows.rows_of(torch.tensor(groups))  # (G'*r,) the groups' prefill rows
-        again = Rows(gen, gen.select(state0, idx), per_beam=rows.per_beam, prior=rows.prior)
+        again = Rows(gen, gen.select(state0, idx), per_beam=rows.per_beam, prior=rows.prior,
+                     contrast=_contrast_rows(gen, contrast0, s, len(groups)))
         sub = allowed.subset(groups) if allowed is not None else None
         found = search(again, first_lp[idx], len(groups), 1, s.max_new_tokens, ends, gen.pad_token_id,
                        s.length_penalty, stop, sub, step, top_n=top_n, first_banned=banned)

@@ -274,6 +274,9 @@ class RagPipeline:
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
+            contrast_prompt = None  # context-aware decoding's "without passages" (RagSettings.context_contrast)
+            if s.context_contrast and s.num_beams == 1:
+                contrast_prompt = gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
 
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
                 prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
@@ -288,7 +291,7 @@ class RagPipeline:
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
-                    on_partial=emit, echo=_echo_check(gen, q))  # steps 3 and 4
+                    on_partial=emit, echo=_echo_check(gen, q), contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:

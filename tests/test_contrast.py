@@ -1,0 +1,188 @@
+"""Context-aware decoding (RagSettings.context_contrast, decoding.Contrast).
+
+The choice rule on hand-made distributions; validation; then the engine on a tiny random Llama
+with SmolLM2's real tokenizer: every step's choice is the argmax of (1 + a) log p(with passages)
+- a log p(without) over the plausible tokens (recomputed here by teacher forcing the answer
+under the doc prompts and the closed-book prompt), the recorded log-probs stay the model's own,
+0 changes nothing, and the pipeline hands the engine the question's closed-book prompt.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rag_demo.config import RagSettings  # noqa: E402
+from rag_demo.decoding import CONTRAST_PLAUSIBLE, NEG, Contrast, score_candidates  # noqa: E402
+from rag_demo.engine import rag_sequence, rag_token  # noqa: E402
+from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+
+
+def test_the_choice_rule_on_a_worked_example():
+    # token 0: the model's favourite with or without the passage; token 1: the passage makes it
+    # 4x likelier; token 2: 100x likelier, but implausible under the passage (below 0.1 x the top); token 3: plausible
+    with_p = torch.tensor([[0.50, 0.40, 0.04, 0.06]]).log()  # (1, V)
+    without = torch.tensor([[0.80, 0.10, 0.0004, 0.0996]]).log()  # (1, V)
+    c = Contrast(None, None, without, alpha=1.0)
+    pick = c.pick(with_p)  # (1, V)
+    assert int(pick.argmax()) == 1  # 2 log 0.4 - log 0.1 beats 2 log 0.5 - log 0.8
+    assert pick[0, 1].item() == pytest.approx(2 * math.log(0.4) - math.log(0.1), abs=1e-5)
+    assert pick[0, 2].item() == NEG  # 0.04 < 0.1 * 0.5: cut, though the passage made it 100x likelier
+    assert pick[0, 3].item() == pytest.approx(2 * math.log(0.06) - math.log(0.0996), abs=1e-5)  # 0.06 is not
+    assert int(Contrast(None, None, without, alpha=0.1).pick(with_p).argmax()) == 0  # a weak pull keeps 0
+    assert CONTRAST_PLAUSIBLE == 0.1
+    # token 0 ends the answer: the beam's own favourite is an end, so its distribution chooses
+    ending = Contrast(None, None, without, alpha=1.0, ends=[0]).pick(with_p)
+    assert int(ending.argmax()) == 0 and torch.equal(ending, with_p)
+    assert int(Contrast(None, None, without, alpha=1.0, ends=[1]).pick(with_p).argmax()) == 1  # not its favourite
+
+
+@pytest.mark.parametrize("bad, message", [
+    (-0.5, r"context_contrast=-0.5 is out of range: use 0 \(off: the paper's decoding\) to 4"),
+    (4.5, r"context_contrast=4.5 is out of range"),
+    ("lots", r"context_contrast='lots' is not a number"),
+    (True, r"context_contrast=True is out of range"),
+])
+def test_context_contrast_rejects_bad_values_by_name(bad, message):
+    with pytest.raises(ValueError, match=message):
+        RagSettings(context_contrast=bad)
+    with pytest.raises(ValueError, match=message):
+        RagSettings().merged(context_contrast=bad)
+    assert RagSettings(context_contrast="0.5").context_contrast == 0.5
+
+
+def test_the_cli_passes_it_to_the_settings():
+    from rag_demo.cli import build_parser, reader_settings
+
+    args = build_parser().parse_args(["ask", "Who?", "--context-contrast", "1.5"])
+    assert reader_settings(args)["context_contrast"] == 1.5
+
+
+PASSAGES = ["Alexander Fleming discovered penicillin in 1928.",
+            "Mount Kilimanjaro is the highest mountain in Africa.",
+            "Hamlet is a tragedy by William Shakespeare."]
+QUESTION = "Who discovered penicillin?"
+SCORES = torch.tensor([2.0, 1.0, 0.5])  # (K,) retriever logits
+
+
+@pytest.fixture(scope="module")
+def gen(smollm_tokenizer_folder):
+    from rag_demo.random_models import tiny_smollm_generator
+
+    return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
+
+
+def _prompts(gen):
+    from rag_demo.corpus import Passage
+
+    return [gen.prompt(QUESTION, Passage(f"d{i}#0", f"doc {i}", p), 64, "short", examples=0)
+            for i, p in enumerate(PASSAGES)]
+
+
+def _closed(gen):
+    return gen.prompt(QUESTION, None, 64, "short", examples=0)
+
+
+def _settings(a, n=6):
+    return RagSettings(k=3, max_new_tokens=n, answer_style="short", question_weight=0, worked_examples=0,
+                       echo_retries=0, context_contrast=a)
+
+
+def _full_lp(gen, prompts, tokens):
+    """Teacher-forced next-token log-probs (R, T, V) at every answer position, after each prompt."""
+    first, state = gen.prefill(prompts)  # (R, V)
+    if len(tokens) == 1:
+        return first[:, None]
+    rest = gen.advance(state, torch.tensor([tokens[:-1]] * len(prompts)))  # (R, T-1, V)
+    return torch.cat([first[:, None], rest], dim=1)  # (R, T, V)
+
+
+def _contrasted(with_p, without, a, ends):
+    """(T, V) what the argmax should see at each step."""
+    plausible = with_p >= with_p.max(-1, keepdim=True).values + math.log(CONTRAST_PLAUSIBLE)
+    out = ((1 + a) * with_p - a * without).masked_fill(~plausible, NEG)
+    for t in range(len(out)):
+        if int(with_p[t].argmax()) in ends:
+            out[t] = with_p[t]
+    return out
+
+
+def test_rag_token_chooses_by_the_contrast_and_keeps_exact_scores(gen):
+    a = 4.0
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0.0))
+    out = rag_token(gen, _prompts(gen), SCORES, _settings(a), contrast_prompt=_closed(gen))
+    assert out.tokens != base.tokens, "a strong contrast changed nothing: the test would check nothing"
+    prior = doc_log_prior(SCORES)  # (K,)
+    docs = _full_lp(gen, _prompts(gen), out.tokens)  # (K, T, V)
+    mixed = torch.log_softmax(torch.logsumexp(prior[:, None, None] + docs, 0), -1)  # (T, V)
+    without = _full_lp(gen, [_closed(gen)], out.tokens)[0]  # (T, V)
+    assert out.tokens == _contrasted(mixed, without, a, gen.stop_token_ids("short")).argmax(-1).tolist()
+    # the scores are the model's own, whatever chose the tokens
+    first_lp, state = gen.prefill(_prompts(gen))
+    lp, _ = score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)  # (K, 1, T)
+    torch.testing.assert_close(out.doc_lp, lp[:, 0], atol=1e-5, rtol=0)
+    assert out.logprob == pytest.approx(float(rag_token_logprob(lp[:, 0], prior)), abs=1e-5)
+
+
+def test_rag_sequence_contrasts_each_docs_own_search(gen):
+    a = 4.0
+    base = rag_sequence(gen, _prompts(gen), SCORES, _settings(0.0))
+    out = rag_sequence(gen, _prompts(gen), SCORES, _settings(a), contrast_prompt=_closed(gen))
+    assert [c[0] for c in out.candidates] != [c[0] for c in base.candidates]
+    for z, prompt in enumerate(_prompts(gen)):  # each doc's draft, replayed step by step
+        tokens: list[int] = []
+        for _ in range(6):
+            with_p = _full_lp(gen, [prompt], tokens + [0])[0, -1]  # (V,) after the tokens so far
+            without = _full_lp(gen, [_closed(gen)], tokens + [0])[0, -1]  # (V,)
+            tokens.append(int(_contrasted(with_p[None], without[None], a, gen.stop_token_ids("short")).argmax()))
+            if gen.stop_token_ids("short").ends_at(tokens, len(tokens) - 1):
+                break
+        assert tokens in [c[0] for c in out.candidates], z
+
+
+def test_zero_or_beam_search_ignore_the_prompt(gen):
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0.0))
+    off = rag_token(gen, _prompts(gen), SCORES, _settings(0.0), contrast_prompt=_closed(gen))
+    assert off.tokens == base.tokens
+    beams = _settings(2.0).merged(num_beams=2)
+    b0 = rag_token(gen, _prompts(gen), SCORES, beams.merged(context_contrast=0))
+    b1 = rag_token(gen, _prompts(gen), SCORES, beams, contrast_prompt=_closed(gen))
+    assert b1.tokens == b0.tokens
+
+
+def test_the_pipeline_hands_the_engine_the_closed_book_prompt(tiny_offline, monkeypatch):
+    import rag_demo.pipeline as P
+
+    seen = []
+    real = P.rag_token
+
+    def spy(*args, **kw):
+        seen.append(kw.get("contrast_prompt"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(P, "rag_token", spy)
+    tiny_offline.answer(QUESTION, "token", context_contrast=0)
+    tiny_offline.answer(QUESTION, "token", context_contrast=1.0)
+    gen = tiny_offline.stack.modes["token"].generator
+    assert seen == [None, gen.prompt(QUESTION, None, 64, "short", examples=0)]
+
+
+@pytest.fixture(scope="module")
+def tiny_offline(minilm, gen, tmp_path_factory):
+    from rag_demo.config import StackSpec
+    from rag_demo.corpus import corpus_from_documents
+    from rag_demo.index import load_or_build_index
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
+
+    spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
+    stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
+                                       for m in ("token", "sequence", "closed-book")}, 0.0)
+    corpus = corpus_from_documents("three", [(f"doc {i}", p, None) for i, p in enumerate(PASSAGES)])
+    index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
+    return RagPipeline(stack, index, RagSettings(k=3, max_new_tokens=5, worked_examples=0, answer_style="short",
+                                                 max_doc_tokens=64), info)
