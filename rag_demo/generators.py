@@ -625,13 +625,14 @@ class SharedPrefill:
     so a question answered in both modes pays for one prefill, the larger part of its time on a
     CPU. Every caller gets its own copy of the state (`select` copies), so neither sees the
     other's decoding, and the log-probs are a copy too: what each mode computes is exactly what
-    it computes alone. Everything else is the wrapped generator's. Use one per question.
+    it computes alone. Everything else is the wrapped generator's. Use one per question: it keeps
+    every prompt set it was asked for (the K doc prompts, and with RagSettings.context_contrast the
+    closed-book prompt too, which would otherwise push the K prompts out between the two modes).
     """
 
     def __init__(self, gen: Generator) -> None:
         self._gen = gen
-        self._key: tuple | None = None
-        self._out: tuple[torch.Tensor, GenState] | None = None
+        self._outs: dict[tuple, tuple[torch.Tensor, GenState]] = {}
         self.prefills = 0  # how many prefills actually ran (tests read it)
 
     def __getattr__(self, name):
@@ -639,10 +640,10 @@ class SharedPrefill:
 
     def prefill(self, prompts, score_last: int = 0):
         key = (score_last, tuple(tuple(p) for p in prompts))
-        if key != self._key or self._out is None:
-            self._out, self._key = self._gen.prefill(prompts, score_last=score_last), key
+        if key not in self._outs:
+            self._outs[key] = self._gen.prefill(prompts, score_last=score_last)
             self.prefills += 1
-        first_lp, state = self._out  # (R, V), R rows
+        first_lp, state = self._outs[key]  # (R, V), R rows
         copy = self._gen.select(state, torch.arange(state.rows))
         copy.prompt_lp = None if state.prompt_lp is None else state.prompt_lp.clone()  # (R, n)
         return first_lp.clone(), copy

@@ -287,6 +287,9 @@ def test_prefill_scores_the_prompt_tail_as_a_plain_forward_pass(tiny_offline):
     _, a = shared.prefill(prompts, score_last=n_q + n_after)
     _, b = shared.prefill(prompts, score_last=n_q + n_after)
     assert shared.prefills == 1 and torch.equal(a.prompt_lp, state.prompt_lp) and a.prompt_lp is not b.prompt_lp
+    shared.prefill(prompts[:1])  # another prompt set between the two modes (context contrast's)
+    _, c = shared.prefill(prompts, score_last=n_q + n_after)
+    assert shared.prefills == 2 and torch.equal(c.prompt_lp, state.prompt_lp)  # the K prompts were kept
 
 
 def test_question_weight_adds_the_readers_log_likelihood_to_the_prior(tiny_offline):
