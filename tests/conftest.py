@@ -92,3 +92,23 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
         for mm in pipe.stack.modes.values():
             mm.generator.model.final_logits_bias[..., mm.generator.eos_token_ids[0]] = -1e4
     return pipe
+
+
+@pytest.fixture(scope="module")
+def three_passage_pipe(minilm, tmp_path_factory):
+    """A factory: make(gen, passages, settings) -> a RagPipeline over those passages (titled
+    "doc 0", "doc 1", ...), the MiniLM retriever, and `gen` for every mode, cached in a fresh folder."""
+    def make(gen, passages, settings):
+        from rag_demo.config import StackSpec
+        from rag_demo.corpus import corpus_from_documents
+        from rag_demo.index import load_or_build_index
+        from rag_demo.pipeline import RagPipeline
+        from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
+
+        spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
+        stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
+                                           for m in ("token", "sequence", "closed-book")}, 0.0)
+        corpus = corpus_from_documents("three", [(f"doc {i}", p, None) for i, p in enumerate(passages)])
+        index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
+        return RagPipeline(stack, index, settings, info)
+    return make

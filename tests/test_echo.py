@@ -178,16 +178,5 @@ def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo
 
 
 @pytest.fixture(scope="module")
-def tiny_offline_echo(minilm, gen, tmp_path_factory):
-    from rag_demo.config import StackSpec
-    from rag_demo.corpus import corpus_from_documents
-    from rag_demo.index import load_or_build_index
-    from rag_demo.pipeline import RagPipeline
-    from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
-
-    spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
-    stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)
-                                       for m in ("token", "sequence", "closed-book")}, 0.0)
-    corpus = corpus_from_documents("three", [(f"doc {i}", p, None) for i, p in enumerate(PASSAGES)])
-    index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
-    return RagPipeline(stack, index, RagSettings(k=3, max_new_tokens=5, worked_examples=0), info)
+def tiny_offline_echo(three_passage_pipe, gen):
+    return three_passage_pipe(gen, PASSAGES, RagSettings(k=3, max_new_tokens=5, worked_examples=0))
