@@ -157,20 +157,14 @@ class RagSettings:
             )
         if not 16 <= int(self.max_doc_tokens) <= 1024:
             raise ValueError(f"max_doc_tokens={self.max_doc_tokens!r} is out of range: use 16 to 1024.")
-        try:
-            temperature = float(self.prior_temperature)
-        except (TypeError, ValueError):
-            raise ValueError(f"prior_temperature={self.prior_temperature!r} is not a number: give e.g. 1.0.") from None
+        temperature = _real("prior_temperature", self.prior_temperature, "1.0")
         if isinstance(self.prior_temperature, bool) or not 0.05 <= temperature <= 20:
             raise ValueError(
                 f"prior_temperature={self.prior_temperature!r} is out of range: use 0.05 (sharper) to 20 "
                 "(flatter); 1 is the retriever's own p(z|x)."
             )
         self.prior_temperature = temperature
-        try:
-            weight = float(self.question_weight)
-        except (TypeError, ValueError):
-            raise ValueError(f"question_weight={self.question_weight!r} is not a number: give e.g. 0.5.") from None
+        weight = _real("question_weight", self.question_weight, "0.5")
         if isinstance(self.question_weight, bool) or not 0 <= weight <= MAX_QUESTION_WEIGHT:
             raise ValueError(
                 f"question_weight={self.question_weight!r} is out of range: use 0 (the retriever's p(z|x) alone) "
@@ -196,10 +190,7 @@ class RagSettings:
                 f"echo_retries={self.echo_retries!r} is out of range: use 0 (keep answers that repeat the question) "
                 f"to {MAX_ECHO_RETRIES}."
             )
-        try:
-            contrast = float(self.context_contrast)
-        except (TypeError, ValueError):
-            raise ValueError(f"context_contrast={self.context_contrast!r} is not a number: give e.g. 0.5.") from None
+        contrast = _real("context_contrast", self.context_contrast, "0.5")
         if isinstance(self.context_contrast, bool) or not 0 <= contrast <= MAX_CONTEXT_CONTRAST:
             raise ValueError(
                 f"context_contrast={self.context_contrast!r} is out of range: use 0 (off: the paper's decoding) "
@@ -223,6 +214,15 @@ class RagSettings:
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}: known are {[f.name for f in dataclasses.fields(self)]}.")
         return dataclasses.replace(self, **clean)
+
+
+def _real(name: str, value: object, example: str) -> float:
+    """A real-valued setting as a float ("0.5" is 0.5); "abc" or None are refused by name. (True
+    passes as 1.0: each caller refuses booleans in its range message.)"""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number: give e.g. {example}.") from None
 
 
 def _whole(name: str, value: object) -> int:

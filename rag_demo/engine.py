@@ -179,7 +179,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # than a decoding step for BART's cross-attention cache).
     # An echo retried decodes again from the prefill state, so the first greedy search runs on a copy too.
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
-    rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1))
+    rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1, ends))
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
     step = None
     if on_partial is not None:
@@ -233,7 +233,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     K = len(prompts)
     first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
     cb = _contrast_prefill(gen, contrast_prompt, s)
-    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None, contrast=_contrast_rows(gen, cb, s, K))
+    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None, contrast=_contrast_rows(gen, cb, s, K, ends))
     allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
     step = None
     if on_partial is not None:
@@ -333,9 +333,9 @@ def _contrast_prefill(gen: Generator, prompt: list[int] | None, s: RagSettings):
     return state0, lp0
 
 
-def _contrast_rows(gen: Generator, cb, s: RagSettings, n: int) -> Contrast | None:
-    """A search's n closed-book rows (one per group) from `_contrast_prefill`'s output, or None."""
-    ends = gen.stop_token_ids(s.answer_style)
+def _contrast_rows(gen: Generator, cb, s: RagSettings, n: int, ends) -> Contrast | None:
+    """A search's n closed-book rows (one per group) from `_contrast_prefill`'s output, or None;
+    `ends`: the search's end tokens, where the contrast steps aside."""
     return None if cb is None else Contrast.start(gen, cb[0], cb[1], s.context_contrast, n, ends)
 
 
@@ -349,7 +349,7 @@ def _redo(gen: Generator, state0, first_lp: torch.Tensor, rows: Rows, s: RagSett
     def redo(groups: list[int], banned: list[list[int]]) -> list[Hyp]:
         idx = rows.rows_of(torch.tensor(groups))  # (G'*r,) the groups' prefill rows
         again = Rows(gen, gen.select(state0, idx), per_beam=rows.per_beam, prior=rows.prior,
-                     contrast=_contrast_rows(gen, contrast0, s, len(groups)))
+                     contrast=_contrast_rows(gen, contrast0, s, len(groups), ends))
         sub = allowed.subset(groups) if allowed is not None else None
         found = search(again, first_lp[idx], len(groups), 1, s.max_new_tokens, ends, gen.pad_token_id,
                        s.length_penalty, stop, sub, step, top_n=top_n, first_banned=banned)

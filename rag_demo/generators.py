@@ -477,7 +477,8 @@ class DecoderOnlyGenerator(Generator):
         whitespace only), so an answer is one phrase; except a period right after an initial or
         a title's abbreviation ("U.S. dollar", "J. K. Rowling", "St. Louis": decoding.StopRule),
         which looks one token back, or after a digit ("68.5 million": a decimal point; a year's
-        final period then leaves the end to the model's end of turn or newline). A period after any other abbreviation ("Inc.") still ends it."""
+        final period then leaves the end to the model's end of turn or newline). A period after
+        any other abbreviation ("Inc.") still ends it."""
         if style != "short":
             return self.eos_token_ids
         if not hasattr(self, "_short_rule"):

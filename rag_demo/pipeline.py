@@ -274,9 +274,8 @@ class RagPipeline:
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
-            contrast_prompt = None  # context-aware decoding's "without passages" (RagSettings.context_contrast)
-            if s.context_contrast and s.num_beams == 1:
-                contrast_prompt = gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
+            # context-aware decoding's "without passages" (RagSettings.context_contrast; greedy only, the engine decides)
+            contrast_prompt = _closed_book_prompt(gen, q, s) if s.context_contrast else None
 
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
                 prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
@@ -304,7 +303,7 @@ class RagPipeline:
         emit = self._emitter(q, gen, control, lambda part: [])
         if emit is not None:
             control.on_partial(self.reading(q, "closed-book", 0))
-        g = closed_book(gen, gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples), s,
+        g = closed_book(gen, _closed_book_prompt(gen, q, s), s,
                         control, on_partial=emit, echo=_echo_check(gen, q))
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
 
@@ -465,6 +464,11 @@ class RagPipeline:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
         return time.perf_counter() - t0
+
+
+def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:
+    """The question without passages, as the closed-book mode asks it (and context contrast's second term)."""
+    return gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
 
 
 def _echo_check(gen, q: str) -> Callable[[list[int]], bool]:
