@@ -95,6 +95,14 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gen(smollm_tokenizer_folder):
+    """A tiny random Llama with SmolLM2's real tokenizer (2 layers, 1 KV head), one per test module."""
+    from rag_demo.random_models import tiny_smollm_generator
+
+    return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
+
+
+@pytest.fixture(scope="module")
 def three_passage_pipe(minilm, tmp_path_factory):
     """A factory: make(gen, passages, settings) -> a RagPipeline over those passages (titled
     "doc 0", "doc 1", ...), the MiniLM retriever, and `gen` for every mode, cached in a fresh folder."""

@@ -20,6 +20,7 @@ from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.decoding import CONTRAST_PLAUSIBLE, NEG, Contrast, score_candidates  # noqa: E402
 from rag_demo.engine import rag_sequence, rag_token  # noqa: E402
 from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+from test_echo import PASSAGES, QUESTION, SCORES, _prompts  # noqa: E402  (the same three passages and question)
 
 
 def test_the_choice_rule_on_a_worked_example():
@@ -60,27 +61,6 @@ def test_the_cli_passes_it_to_the_settings():
 
     args = build_parser().parse_args(["ask", "Who?", "--context-contrast", "1.5"])
     assert reader_settings(args)["context_contrast"] == 1.5
-
-
-PASSAGES = ["Alexander Fleming discovered penicillin in 1928.",
-            "Mount Kilimanjaro is the highest mountain in Africa.",
-            "Hamlet is a tragedy by William Shakespeare."]
-QUESTION = "Who discovered penicillin?"
-SCORES = torch.tensor([2.0, 1.0, 0.5])  # (K,) retriever logits
-
-
-@pytest.fixture(scope="module")
-def gen(smollm_tokenizer_folder):
-    from rag_demo.random_models import tiny_smollm_generator
-
-    return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
-
-
-def _prompts(gen):
-    from rag_demo.corpus import Passage
-
-    return [gen.prompt(QUESTION, Passage(f"d{i}#0", f"doc {i}", p), 64, "short", examples=0)
-            for i, p in enumerate(PASSAGES)]
 
 
 def _closed(gen):

@@ -56,13 +56,6 @@ PASSAGES = ["Alexander Fleming discovered penicillin in 1928.",
 QUESTION = "Who discovered penicillin?"
 
 
-@pytest.fixture(scope="module")
-def gen(smollm_tokenizer_folder):
-    from rag_demo.random_models import tiny_smollm_generator
-
-    return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
-
-
 def _prompts(gen):
     from rag_demo.corpus import Passage
 
