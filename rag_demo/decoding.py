@@ -93,7 +93,9 @@ class Hyp:
 
 class SpanConstraint:
     """Extractive decoding (RagSettings.extractive): the next token must continue a span copied
-    from the group's passages, or end the answer (an end token, once one token was copied).
+    from the group's passages, or end the answer (an end token, once one token was copied). A
+    copy opens where a word does and ends where one does (Span.starts / Span.stops, when the
+    spans carry them): no half words, no half numbers.
 
     spans: the passages' token ids (Generator.span_ids); groups[g]: which spans group g may copy
     from (RAG-Sequence: its own doc; RAG-Token: all K). It only restricts which tokens the search
@@ -106,12 +108,16 @@ class SpanConstraint:
     def __call__(self, group: int, tokens: list[int]) -> list[int]:
         t = len(tokens)
         out: set[int] = set()
+        may_end = False
         for z in self.groups[group]:
             span = self.spans[z]
-            for j in range(len(span) - t):  # every place the tokens so far occur, and what follows
-                if span[j: j + t] == tokens:
-                    out.add(span[j + t])
-        if t or not out:  # something was copied (or nothing can be): the answer may end here
+            starts, stops = getattr(span, "starts", None), getattr(span, "stops", None)
+            for j in range(len(span) - t + 1):  # every place the tokens so far occur, and what follows
+                if span[j: j + t] == tokens and (starts is None or j in starts):
+                    if j + t < len(span):
+                        out.add(span[j + t])
+                    may_end = may_end or stops is None or j + t in stops
+        if (t and may_end) or not out:  # a copy ends a word here (or nothing can follow): the answer may end
             out.update(self.ends)
         return sorted(out)
 

@@ -220,6 +220,40 @@ def _select_cache(cache: Cache, rows: torch.Tensor) -> Cache:
     return DynamicCache(data)
 
 
+_JOINERS = ".,'-"  # inside a word or number when between two letters or digits: "68.5", "632,702", "U.S."
+
+
+def _joined(text: str, p: int) -> bool:
+    """Is character position p (the boundary between text[p-1] and text[p]) inside a word or a
+    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702" are; "Paris|, France", "68.5| million",
+    "U.S.| dollar" are not."""
+    if p <= 0 or p >= len(text):
+        return False
+    a, b = text[p - 1], text[p]
+    return ((a.isalnum() and b.isalnum())
+            or (a.isalnum() and b in _JOINERS and p + 1 < len(text) and text[p + 1].isalnum())
+            or (a in _JOINERS and p >= 2 and text[p - 2].isalnum() and b.isalnum()))
+
+
+class Span(list):
+    """A passage's token ids that an extractive answer may copy (a list, usable wherever one is),
+    with where a copy may start and end: `starts` holds the positions j whose token opens a word,
+    `stops` the positions j such that a copy ending with token j-1 ends a word (len(self)
+    included). None: anywhere. Without them a copy could stop inside a number and splice two:
+    the model starts its remembered "68", the passage offers "63" (of "632,702"), and "63." ends."""
+
+    def __init__(self, ids, starts: frozenset[int] | None = None, stops: frozenset[int] | None = None):
+        super().__init__(ids)
+        self.starts, self.stops = starts, stops
+
+    @classmethod
+    def from_offsets(cls, ids: list[int], text: str, offsets: list[tuple[int, int]]) -> "Span":
+        """ids with their character offsets in `text` (a fast tokenizer's offset_mapping)."""
+        starts = frozenset(j for j, (a, _) in enumerate(offsets) if not _joined(text, a))
+        stops = frozenset(j + 1 for j, (_, b) in enumerate(offsets) if not _joined(text, b))
+        return cls(ids, starts, stops | {len(ids)})
+
+
 class Generator:
     """Interface shared by both kinds (see module docstring)."""
 
@@ -506,10 +540,16 @@ class DecoderOnlyGenerator(Generator):
             ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
         return list(ids)
 
-    def span_ids(self, doc: Passage, max_doc_tokens: int) -> list[int]:
+    def span_ids(self, doc: Passage, max_doc_tokens: int) -> Span:
         """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
-        in the prompt), tokenized as words after a space, the way an answer after the cue starts."""
-        return self.tokenizer(f" {doc.title}: {self._doc_text(doc, max_doc_tokens)}", add_special_tokens=False)["input_ids"]
+        in the prompt), tokenized as words after a space, the way an answer after the cue starts;
+        with where words start and end (from the tokenizer's character offsets) so a copy takes
+        whole words and whole numbers (a slow tokenizer has no offsets: any token then)."""
+        text = f" {doc.title}: {self._doc_text(doc, max_doc_tokens)}"
+        if not getattr(self.tokenizer, "is_fast", False):
+            return Span(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return Span.from_offsets(enc["input_ids"], text, enc["offset_mapping"])
 
     def _doc_text(self, doc: Passage, max_doc_tokens: int) -> str:
         """The passage text the prompt holds: whole, or cut to its first max_doc_tokens tokens."""

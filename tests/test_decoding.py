@@ -79,7 +79,7 @@ import torch
 from rag_demo import engine
 from rag_demo.config import RagSettings
 from rag_demo.decoding import Hyp, Rows, SpanConstraint, StopRule, _strip, search
-from rag_demo.generators import Generator
+from rag_demo.generators import Generator, Span
 from rag_demo.marginalize import doc_log_prior
 
 A, B, EOS, PAD = 0, 1, 2, 3
@@ -517,6 +517,36 @@ def test_span_constraint_allows_what_continues_a_copied_span():
     assert two(0, []) == [A] and two(1, []) == [A, B] and two(2, [B]) == [A, EOS]
     m = two.mask([0, 1], [[], [B]], 3)  # (2, V)
     assert m[0].tolist() == [0.0, -1e9, -1e9] and m[1].tolist() == [0.0, -1e9, 0.0]
+
+
+def _hand_span(pieces: list[str]):
+    """A Span tokenized by hand: one id per distinct piece (10, 11, ...), offsets laid end to end."""
+    ids, offsets, text = [], [], ""
+    vocab: dict[str, int] = {}
+    for piece in pieces:
+        ids.append(vocab.setdefault(piece, 10 + len(vocab)))
+        offsets.append((len(text), len(text) + len(piece)))
+        text += piece
+    return Span.from_offsets(ids, text, offsets), vocab
+
+
+def test_span_constraint_copies_whole_words_and_whole_numbers():
+    """" of 632,702 and 68.5 million" a digit a token (as SmolLM2 splits numbers): a copy may
+    open only where a word does (not at "3", ",", "7", ".", "5") and end only where one does:
+    after " 6" the copy must go on (no end: "6" is inside 632 and 68.5), after " 63" too, after
+    " 632" the only way on is ",702" (the comma joins digits), after " 68.5" it may end."""
+    span, v = _hand_span([" of", " ", "6", "3", "2", ",", "7", "0", "2", " and", " ", "6", "8", ".", "5", " million"])
+    c = SpanConstraint([span], [[0]], [EOS])
+    ids = lambda *pieces: sorted(v[p] for p in pieces)  # noqa: E731
+    assert c(0, []) == ids(" of", " ", "6", " and", " million")
+    assert c(0, [v[" "], v["6"]]) == ids("3", "8")
+    assert c(0, [v[" "], v["6"], v["3"]]) == ids("2")
+    assert c(0, [v[" "], v["6"], v["3"], v["2"]]) == ids(",")
+    assert c(0, [v[" "], v["6"], v["8"], v["."]]) == ids("5")
+    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"]]) == [EOS] + ids(" million")
+    assert c(0, [v["6"], v["3"], v["2"], v[","], v["7"], v["0"], v["2"]]) == [EOS] + ids(" and")
+    assert c(0, [v[" million"]]) == [EOS]  # the passage's end ends a word
+    assert c(0, [v["3"]]) == [EOS]  # not a place a copy may open: it matches nothing, only an end is left
 
 
 def test_extractive_greedy_picks_only_copyable_tokens_and_scores_them_unchanged():
