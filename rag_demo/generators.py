@@ -15,6 +15,7 @@ Every method returns float32 log-probabilities (log_softmax of the logits).
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Sequence
@@ -221,18 +222,21 @@ def _select_cache(cache: Cache, rows: torch.Tensor) -> Cache:
 
 
 _JOINERS = ".,'-"  # inside a word or number when between two letters or digits: "68.5", "632,702", "U.S."
+# A number's magnitude belongs to it: "242" is not "242 million".
+_MAGNITUDE = re.compile(r"\s+(?:thousand|million|billion|trillion)\b", re.IGNORECASE)
 
 
 def _joined(text: str, p: int) -> bool:
     """Is character position p (the boundary between text[p-1] and text[p]) inside a word or a
-    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702" are; "Paris|, France", "68.5| million",
-    "U.S.| dollar" are not."""
+    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702", "68.5| million" are; "Paris|, France",
+    "68.5 million| people", "U.S.| dollar" are not."""
     if p <= 0 or p >= len(text):
         return False
     a, b = text[p - 1], text[p]
     return ((a.isalnum() and b.isalnum())
             or (a.isalnum() and b in _JOINERS and p + 1 < len(text) and text[p + 1].isalnum())
-            or (a in _JOINERS and p >= 2 and text[p - 2].isalnum() and b.isalnum()))
+            or (a in _JOINERS and p >= 2 and text[p - 2].isalnum() and b.isalnum())
+            or (a.isdigit() and _MAGNITUDE.match(text, p) is not None))
 
 
 class Span(list):

@@ -531,21 +531,24 @@ def _hand_span(pieces: list[str]):
 
 
 def test_span_constraint_copies_whole_words_and_whole_numbers():
-    """" of 632,702 and 68.5 million" a digit a token (as SmolLM2 splits numbers): a copy may
-    open only where a word does (not at "3", ",", "7", ".", "5") and end only where one does:
+    """" of 632,702 and 68.5 million people" a digit a token (as SmolLM2 splits numbers): a copy
+    may open only where a word does (not at "3", ",", "7", ".", "5") and end only where one does:
     after " 6" the copy must go on (no end: "6" is inside 632 and 68.5), after " 63" too, after
-    " 632" the only way on is ",702" (the comma joins digits), after " 68.5" it may end."""
-    span, v = _hand_span([" of", " ", "6", "3", "2", ",", "7", "0", "2", " and", " ", "6", "8", ".", "5", " million"])
+    " 632" the only way on is ",702" (the comma joins digits), after " 68.5" only " million" (a
+    number's magnitude is part of it), after " 68.5 million" it may end."""
+    span, v = _hand_span([" of", " ", "6", "3", "2", ",", "7", "0", "2", " and", " ", "6", "8", ".", "5", " million",
+                          " people"])
     c = SpanConstraint([span], [[0]], [EOS])
     ids = lambda *pieces: sorted(v[p] for p in pieces)  # noqa: E731
-    assert c(0, []) == ids(" of", " ", "6", " and", " million")
+    assert c(0, []) == ids(" of", " ", "6", " and", " people")  # " million" belongs to 68.5
     assert c(0, [v[" "], v["6"]]) == ids("3", "8")
     assert c(0, [v[" "], v["6"], v["3"]]) == ids("2")
     assert c(0, [v[" "], v["6"], v["3"], v["2"]]) == ids(",")
     assert c(0, [v[" "], v["6"], v["8"], v["."]]) == ids("5")
-    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"]]) == [EOS] + ids(" million")
+    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"]]) == ids(" million")
+    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"], v[" million"]]) == [EOS] + ids(" people")
     assert c(0, [v["6"], v["3"], v["2"], v[","], v["7"], v["0"], v["2"]]) == [EOS] + ids(" and")
-    assert c(0, [v[" million"]]) == [EOS]  # the passage's end ends a word
+    assert c(0, [v[" people"]]) == [EOS]  # the passage's end ends a word
     assert c(0, [v["3"]]) == [EOS]  # not a place a copy may open: it matches nothing, only an end is left
 
 

@@ -222,8 +222,8 @@ def _is_span(tokens: list[int], span: list[int]) -> bool:
 
 def test_span_ids_mark_whole_words_and_numbers_with_smollm2s_tokenizer(gen):
     """SmolLM2 writes numbers a digit a token: " 68.5 million" is " ", "6", "8", ".", "5",
-    " million". A copy may end after "5" (and after "million"), never after "6", "8" or "." and may
-    not open at "8"; "Reykjavik" (four tokens) is not a word after "Rey"."""
+    " million". A copy may end after "million", never after "6", "8", "." or "5" (a number's
+    magnitude is part of it) and may not open at "8"; "Reykjavik" (four tokens) is not a word after "Rey"."""
     from rag_demo.decoding import SpanConstraint
 
     tok = gen.tokenizer
@@ -232,14 +232,17 @@ def test_span_ids_mark_whole_words_and_numbers_with_smollm2s_tokenizer(gen):
     at = {p: i for i, p in enumerate(pieces)}  # last position of each piece
     assert [pieces[at["6"]], pieces[at["6"] + 1], pieces[at["6"] + 2], pieces[at["6"] + 3]] == ["6", "8", ".", "5"]
     six = at["6"]
-    assert six in span.starts and six + 1 not in span.starts and at["Ġmillion"] in span.starts
-    assert not {six + 1, six + 2, six + 3} & span.stops and six + 4 in span.stops and len(span) in span.stops
+    assert six in span.starts and six + 1 not in span.starts and at["Ġpeople"] in span.starts
+    assert at["Ġmillion"] not in span.starts  # the magnitude is part of its number
+    assert pieces[six + 4] == "Ġmillion"
+    assert not {six + 1, six + 2, six + 3, six + 4} & span.stops and six + 5 in span.stops and len(span) in span.stops
     assert pieces[at["ĠRey"] + 1] == "k" and not {at["ĠRey"] + 1, at["ĠRey"] + 2} & span.stops
     eos = gen.stop_token_ids("short")
     c = SpanConstraint([span], [[0]], eos)
     for j in (six + 1, six + 2, six + 3):  # copied " 6", " 68", " 68.": only the next digit or "." (a soft end after a digit)
         assert c(0, list(span[six - 1: j])) == [span[j]]
-    assert set(eos) <= set(c(0, list(span[six - 1: six + 4])))  # " 68.5" may end
+    assert c(0, list(span[six - 1: six + 4])) == [span[six + 4]]  # " 68.5": only " million"
+    assert set(eos) <= set(c(0, list(span[six - 1: six + 5])))  # " 68.5 million" may end
 
 
 def test_extractive_answers_copy_a_span_of_the_passages(tiny_offline):
