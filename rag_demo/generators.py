@@ -228,13 +228,14 @@ _MAGNITUDE = re.compile(r"\s+(?:thousand|million|billion|trillion)\b", re.IGNORE
 
 def _joined(text: str, p: int) -> bool:
     """Is character position p (the boundary between text[p-1] and text[p]) inside a word or a
-    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702", "68.5| million" are; "Paris|, France",
-    "68.5 million| people", "U.S.| dollar" are not."""
+    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702", "68.5| million", "O|'Brien" are;
+    "Paris|, France", "68.5 million| people", "U.S.| dollar", "Dante|'s" (a possessive) are not."""
     if p <= 0 or p >= len(text):
         return False
     a, b = text[p - 1], text[p]
+    possessive = b == "'" and text[p + 1: p + 2] in ("s", "S") and not text[p + 2: p + 3].isalnum()
     return ((a.isalnum() and b.isalnum())
-            or (a.isalnum() and b in _JOINERS and p + 1 < len(text) and text[p + 1].isalnum())
+            or (a.isalnum() and b in _JOINERS and p + 1 < len(text) and text[p + 1].isalnum() and not possessive)
             or (a in _JOINERS and p >= 2 and text[p - 2].isalnum() and b.isalnum())
             or (a.isdigit() and _MAGNITUDE.match(text, p) is not None))
 

@@ -79,7 +79,7 @@ import torch
 from rag_demo import engine
 from rag_demo.config import RagSettings
 from rag_demo.decoding import Hyp, Rows, SpanConstraint, StopRule, _strip, search
-from rag_demo.generators import Generator, Span
+from rag_demo.generators import Generator, Span, _joined
 from rag_demo.marginalize import doc_log_prior
 
 A, B, EOS, PAD = 0, 1, 2, 3
@@ -528,6 +528,18 @@ def _hand_span(pieces: list[str]):
         offsets.append((len(text), len(text) + len(piece)))
         text += piece
     return Span.from_offsets(ids, text, offsets), vocab
+
+
+@pytest.mark.parametrize("marked, joined", [
+    ("Can|berra", True), ("6|3", True), ("68|.5", True), ("68.|5", True), ("632|,702", True),
+    ("68.5| million", True), ("O|'Brien", True), ("Dante'|s", True),
+    ("Paris|, France", False), ("68.5 million| people", False), ("U.S.| dollar", False),
+    ("Dante|'s Inferno", False), ("Dante|'s", False), ("Paris.|", False), ("|Paris", False),
+])
+def test_where_a_copy_may_stop(marked, joined):
+    """| marks the boundary: inside a word or a number (a copy may neither open nor end there) or not."""
+    p = marked.index("|")
+    assert _joined(marked.replace("|", ""), p) is joined
 
 
 def test_span_constraint_copies_whole_words_and_whole_numbers():
