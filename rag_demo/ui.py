@@ -75,10 +75,15 @@ STACK_BLURB = {
 }
 # Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
 # 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
+# Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
+# 84,012,284 / 39,187,155). Nigeria on Vital Articles: RAG-Sequence copies "242 million" from
+# Nigeria's lead, RAG-Token "21 million" from Lagos's (the mixture lets a second passage's number
+# in). France was one until 2026-11-23: its lead's area (632,702 km2) and population (69.1
+# million) both open with a 6, and the greedy reader copied the area.
 HOT_SWAP_EXAMPLES = (
-    "What is the population of France?",
+    "What is the population of Germany?",
+    "What is the population of Canada?",
     "What is the population of Nigeria?",
-    "What is the area of France?",
 )
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus);
 # but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name

@@ -487,7 +487,7 @@ def test_switch_to_the_factbook_and_answer_from_it_then_back(factbook_page):
     page.wait_for_selector(".rag-status[data-corpus='CIA World Factbook']", timeout=FACTBOOK_BUILD_TIMEOUT_MS)
     n = int(re.search(r"\(([\d,]+) passages\)", page.locator(".rag-status").inner_text()).group(1).replace(",", ""))
     assert 1500 <= n <= 3500, n
-    page.locator("#rag-examples").get_by_text("What is the population of France?", exact=True).wait_for()
+    page.locator("#rag-examples").get_by_text("What is the population of Germany?", exact=True).wait_for()
     ask(page, "What is the capital of Australia?")
     rows = page.locator("#rag-passages table.rag-ptable tbody tr")
     assert rows.count() == 2
