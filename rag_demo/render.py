@@ -202,8 +202,8 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
     text = a["text"].strip()
     cut = CUT_REASONS.get(a.get("stopped") or "")
     mark = f'<span class="rag-cut" title="cut: {esc(cut)}">…</span>' if cut else ""
-    # cut before its first token (a busy server's time limit): say so, not "(empty answer)"
-    empty = f"(no answer: {cut} before the first token)" if cut else "(empty answer)"
+    # cut before it said anything (a busy server's time limit): say so, not "(empty answer)"
+    empty = f"(no answer: {cut})" if cut else "(empty answer)"
     answer = f'<div class="rag-answer">{esc(text)}{mark}</div>' if text else (
         f'<div class="rag-answer rag-empty">{esc(empty)}</div>'
     )

@@ -239,7 +239,7 @@ def test_empty_answer_and_infinite_score_render():
     card = ui.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None))
     assert "(empty answer)" in card and "-inf" in card
     cut = ui.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None, stopped="time_limit"))
-    assert "(no answer: time limit reached before the first token)" in cut and "(empty answer)" not in cut
+    assert "(no answer: time limit reached)" in cut and "(empty answer)" not in cut
     assert ui.render_answer(None, mode="sequence").count("Ask a question") == 1
 
 
