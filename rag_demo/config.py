@@ -110,7 +110,7 @@ class RagSettings:
     # so log p(y|x) and the attributions stay exact. The paper's NQ answers are such spans;
     # BART (paper stack) ignores it, as it does answer_style. Closed-book has nothing to copy.
     # A copy opens and ends where a word does, a number with its magnitude ("68.5 million"):
-    # generators.Span (since the sixth session: dev EM +1.2 / +1.2, labelled unchanged).
+    # generators.Span (since the fifth session: dev EM +1.2 / +1.2, labelled unchanged).
     # True since 2026-11-23 (fourth session), measured on today's other defaults (AMD EPYC,
     # float32): EM given retrieval RAG-Sequence / RAG-Token +3.7 / +1.8 on the 108 labelled
     # external questions, +12 / +4 on the 25 of the 60-question sample, +5.0 / +5.0 on the dev set;
