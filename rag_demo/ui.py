@@ -78,8 +78,9 @@ STACK_BLURB = {
 # Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
 # 84,012,284 / 39,187,155). Nigeria on Vital Articles: RAG-Sequence copies "242 million" from
 # Nigeria's lead, RAG-Token "21 million", a span only Lagos's passage holds (RAG-Token may copy
-# from any of the K; its colours still lean on Nigeria's passage, whose prior is 0.89). France was one until 2026-11-23: its lead's area (632,702 km2) and population (69.1
-# million) both open with a 6, and the greedy reader copied the area.
+# from any of the K; its colours still lean on Nigeria's passage, whose prior is 0.89). France was
+# one until 2026-11-23: its lead's area (632,702 km2) and population (69.1 million) both open
+# with a 6, and the greedy reader copied the area.
 HOT_SWAP_EXAMPLES = (
     "What is the population of Germany?",
     "What is the population of Canada?",
