@@ -452,6 +452,17 @@ def search(
     return beam_search(rows, lp, groups, num_beams, max_new_tokens, eos, pad, length_penalty, stop, allowed, on_step)
 
 
+def _chunks_by_width(width: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """Row indices sorted by width (R,), cut into chunks of at most n rows; a chunk also ends
+    before a row more than twice as wide as its first, so padding at most doubles a row's work."""
+    chunks: list[list[int]] = []
+    for r in torch.argsort(width, stable=True).tolist():  # shortest first
+        if not chunks or len(chunks[-1]) == n or width[r] > 2 * width[chunks[-1][0]]:
+            chunks.append([])
+        chunks[-1].append(r)
+    return [torch.tensor(c) for c in chunks]
+
+
 def score_candidates(
     gen: Generator, state: GenState, first_lp: torch.Tensor, candidates: list[list[int]], pad: int,
     max_rows: int | None = None, stop: Callable[[], str | None] | None = None,
@@ -465,6 +476,11 @@ def score_candidates(
     (each chunk copies only its rows of the prefill cache), and `advance_gather` never holds
     more than LOGITS_CHUNK logits. `stop()` is asked between chunks; once it names a reason the
     remaining rows score -inf (callers then fall back to what they have).
+
+    Rows run shortest candidate first, in chunks of similar width (`_chunks_by_width`), each only
+    as wide as its longest candidate: one run-on candidate of 32 tokens does not make every short
+    one pay 32 positions (until 2026-11-23 all K*C rows were padded to the longest). Pad positions
+    (mask 0) hold 0 or the log-prob of a pad token: they mean nothing, callers mask them.
     """
     K, C = first_lp.shape[0], len(candidates)
     tgt, mask = pad_rows(candidates, pad, min_width=1)  # (C, T) right-padded, T >= 1
@@ -472,13 +488,16 @@ def score_candidates(
     T = tgt.shape[1]
     rows = torch.arange(K).repeat_interleave(C)  # (K*C,) row k*C + c = candidate c under doc k
     tgt_rows = tgt.repeat(K, 1)  # (K*C, T)
+    width = mask.sum(1).long().clamp(min=1).repeat(K)  # (K*C,) each row's candidate length
     lp = torch.full((K * C, T), float("-inf"))  # (K*C, T)
     lp[:, 0] = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1]).squeeze(1)  # (K*C,)
     if T > 1:
-        n = max_rows or ROWS_CHUNK
-        for a in range(0, K * C, n):
+        for idx in _chunks_by_width(width, max_rows or ROWS_CHUNK):  # (n,) each chunk's rows
             if stop is not None and stop():
                 break
-            st = gen.select(state, rows[a: a + n])  # this chunk's rows of the prefill cache
-            lp[a: a + n, 1:] = gen.advance_gather(st, tgt_rows[a: a + n, :-1], tgt_rows[a: a + n, 1:])  # (n, T-1)
+            w = int(width[idx].max())  # the chunk's longest candidate
+            lp[idx, w:] = 0.0  # pads past every candidate of the chunk: not computed
+            if w > 1:
+                st = gen.select(state, rows[idx])  # this chunk's rows of the prefill cache
+                lp[idx, 1:w] = gen.advance_gather(st, tgt_rows[idx, : w - 1], tgt_rows[idx, 1:w])  # (n, w-1)
     return lp.view(K, C, T), mask  # (K, C, T), (C, T)

@@ -195,7 +195,12 @@ def test_scoring_in_chunks_equals_scoring_at_once(pipe):
     first_lp, state = gen.prefill(prompts)
     whole, mask = score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T)
     one, _ = score_candidates(gen, state, first_lp, cands, gen.pad_token_id, max_rows=1)
-    torch.testing.assert_close(one, whole, rtol=1e-5, atol=1e-5)
+    real = mask.bool().expand(3, -1, -1)  # (K, C, T) pad positions mean nothing
+    torch.testing.assert_close(one[real], whole[real], rtol=1e-5, atol=1e-5)
+    for c, cand in enumerate(cands):  # each candidate teacher-forced alone, unpadded
+        t = torch.tensor([cand] * 3)
+        alone = gen.advance_gather(gen.select(state, torch.arange(3)), t[:, :-1], t[:, 1:])  # (K, T_c - 1)
+        torch.testing.assert_close(whole[:, c, 1: len(cand)], alone, rtol=1e-5, atol=1e-5)
     # advance_gather with one position of logits at a time == gathering from the full log-softmax
     st1, st2 = gen.select(state, torch.arange(3)), gen.select(state, torch.arange(3))
     tok = torch.tensor([[5, 9, 11]] * 3)
@@ -217,6 +222,37 @@ def test_scoring_stops_between_chunks():
     calls = iter([False, True])
     lp, _ = score_candidates(Gen(), None, first_lp, [[1, 2, 3]], pad=0, max_rows=1, stop=lambda: next(calls))
     assert torch.isfinite(lp[0, 0]).all() and torch.isinf(lp[1, 0, 1:]).all()
+
+
+def test_scoring_pays_only_for_each_chunks_longest_candidate():
+    """Candidates of 1 and 5 tokens under 2 docs, 2 rows a chunk: rows run shortest first, so
+    the 1-token candidate's chunk needs no pass and only the other chunk runs, 4 positions
+    wide; every real position gets its own row's value (here minus the target token id)."""
+    widths = []
+
+    class Gen:
+        def select(self, state, rows):
+            return rows
+
+        def advance_gather(self, st, tokens, targets):
+            widths.append(tuple(tokens.shape))
+            return -targets.float()
+
+    first_lp = -torch.arange(2 * 10, dtype=torch.float).view(2, 10) / 10  # (K, V)
+    cands = [[3, 4, 5, 6, 7], [2]]
+    lp, mask = score_candidates(Gen(), None, first_lp, cands, pad=0, max_rows=2)  # (K, C, T)
+    assert widths == [(2, 4)]
+    for k in range(2):
+        assert lp[k, 0].tolist() == [first_lp[k, 3].item(), -4.0, -5.0, -6.0, -7.0]
+        assert lp[k, 1, 0].item() == first_lp[k, 2].item() and mask[1].tolist() == [1, 0, 0, 0, 0]
+    # room for every row in one chunk: still cut where a candidate is more than twice as wide
+    widths.clear()
+    cands = [[1, 2], [3, 4, 5], [6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    lp, _ = score_candidates(Gen(), None, first_lp, cands, pad=0)  # (K, C, T)
+    assert widths == [(6, 2), (2, 8)]  # 2-, 3- and 2-token candidates under both docs, then the 9
+    for k in range(2):
+        for c, cand in enumerate(cands):
+            assert lp[k, c, 1: len(cand)].tolist() == [-float(t) for t in cand[1:]]
 
 
 def test_greedy_drops_finished_rows_and_keeps_their_answers():
