@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import math
 import queue
 import re
@@ -726,6 +727,18 @@ def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
     )
 
 
+def _arguments_of(api: Callable) -> Callable[[Callable], Callable]:
+    """Declare that a method takes `api`'s arguments: gr.api reads an endpoint's parameters, their
+    defaults and types from its signature and type hints, so /ask_stream carries /ask's (one list
+    of 15 arguments, not two to keep in step). The method itself, a generator gradio must see as
+    one, is returned as it is: it binds its *args / **kwargs with `inspect.signature(api)`."""
+    def declare(fn: Callable) -> Callable:
+        fn.__signature__ = inspect.signature(api)
+        fn.__annotations__ = dict(api.__annotations__)
+        return fn
+    return declare
+
+
 class Handlers:
     """The event handlers behind every button and endpoint; the wiring in `build_app` names
     them (`h.ask_session`, ...). They hold the stack pool and the serving limits; tests call
@@ -870,29 +883,16 @@ class Handlers:
         with user_errors():
             return self.pool.get(args["stack"]), settings
 
-    def ask_stream(
-        self,
-        question: str,
-        k: int = defaults.k,
-        num_beams: int = defaults.num_beams,
-        max_new_tokens: int = defaults.max_new_tokens,
-        sequence_decoding: str = defaults.sequence_decoding,
-        stack: str = "offline",
-        answer_style: str = defaults.answer_style,
-        prior_temperature: float = defaults.prior_temperature,
-        passage_sentences: int = defaults.passage_sentences,
-        question_position: str = defaults.question_position,
-        extractive: bool = defaults.extractive,
-        question_weight: float = defaults.question_weight,
-        worked_examples: int = defaults.worked_examples,
-        echo_retries: int = defaults.echo_retries,
-        request: gr.Request = None,
-    ) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
+    @_arguments_of(ask)
+    def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
         """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done": false}
         while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict, with
         "partial": true; an answer already finished: its Answer.to_dict() with "final": true), then
         /ask's final dict with "done": true. Same arguments and budget as /ask."""
-        pipe, settings = self._api_request(locals())
+        call = inspect.signature(Handlers.ask).bind(self, *args, **kwargs)
+        call.apply_defaults()
+        question, request = call.arguments["question"], call.arguments["request"]
+        pipe, settings = self._api_request(call.arguments)
 
         def run(on_partial, stopped):
             return _answer_all(self.pool, pipe, question, settings, serving=self.serving, request=request,

@@ -6,6 +6,7 @@ session, ~20 s; an answer with max_new_tokens <= 8 takes about a second).
 """
 from __future__ import annotations
 
+import inspect
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1288,3 +1289,20 @@ def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     demo = ui.build_app(reader_pool()[1])
     wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
     assert ui.Handlers.ask_session in wired and ui.Handlers.ask in wired and ui.Handlers.without_passage in wired
+
+
+def test_ask_stream_declares_the_arguments_of_ask():
+    """/ask_stream takes /ask's arguments, declared once: gr.api sees the same parameters,
+    defaults and types in both, and a streamed call binds them by position or by name."""
+    from gradio.utils import get_function_params
+
+    h = ui.Handlers(reader_pool()[1])
+    params = get_function_params(h.ask_stream)
+    assert params == get_function_params(h.ask) and [p[0] for p in params][:3] == ["question", "k", "num_beams"]
+    assert inspect.isgeneratorfunction(h.ask_stream)  # gradio streams only a generator function
+    with pytest.raises(ui.gr.Error, match="stack='nope' is unknown"):
+        next(h.ask_stream("Who painted it?", 2, 1, 8, "thorough", "nope"))
+    with pytest.raises(ui.gr.Error, match="stack='nope' is unknown"):
+        next(h.ask_stream("Who painted it?", stack="nope"))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        next(h.ask_stream("Who painted it?", colour="red"))
