@@ -348,7 +348,10 @@ def beam_search(
     and `rows.stopped` holds the reason. `allowed` (SpanConstraint) adds NEG to the tokens it
     does not allow; a beam that had to take one scores ~NEG and is dropped, so every returned
     score is the model's own. `on_step` (streaming) gets each group's best running beam after
-    every step (a `Step` without row log-probs).
+    every step (a `Step` without row log-probs). A group that can no longer improve its finished
+    set is done: its rows leave the state, so thorough RAG-Sequence's K searches stop paying for
+    the docs whose answers ended while one doc's beams run on (its running beams are not read
+    again; their tokens are filler).
     """
     G, B, V = groups, num_beams, lp.shape[-1]
     beam_group = torch.arange(G).repeat_interleave(B).tolist()  # (G*B,) the group of each beam
@@ -362,7 +365,7 @@ def beam_search(
     fin_flag = torch.zeros((G, B), dtype=torch.bool)  # (G, B)
     improvable = torch.ones((G, 1), dtype=torch.bool)  # (G, 1)
     top_b = torch.arange(2 * B) < B  # (2B,) only the top B candidates may finish
-    group_off = (torch.arange(G) * B).unsqueeze(1)  # (G, 1)
+    live = torch.arange(G)  # (A,) the groups whose B rows each are in rows.state, in row order
     for t in range(max_new_tokens):
         if allowed is not None:
             lp = lp + allowed.mask(beam_group, run_seq[:, :, :t].reshape(G * B, t).tolist(), V)  # (G*B, V)
@@ -409,8 +412,14 @@ def beam_search(
             fin_seq = torch.gather(m_seq, 1, best.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
             fin_score, fin_raw, fin_flag = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag))  # (G, B)
             break
-        rows.reorder((run_parent + group_off).reshape(-1))
-        lp = rows.step(run_seq[:, :, t].reshape(-1))  # (G*B, V)
+        slot = torch.full((G,), -1, dtype=torch.long)  # (G,) each live group's block in rows.state
+        slot[live] = torch.arange(len(live))
+        live = improvable[:, 0].nonzero().squeeze(1)  # (A',) the groups still searching
+        rows.reorder((slot[live].unsqueeze(1) * B + run_parent[live]).reshape(-1))  # (A'*B,) their beams' rows
+        lp_live = rows.step(run_seq[live, :, t].reshape(-1))  # (A'*B, V)
+        lp = torch.full((G, B, V), NEG)  # (G, B, V) a done group's beams: filler, never finished
+        lp[live] = lp_live.view(-1, B, V)
+        lp = lp.view(G * B, V)  # (G*B, V)
     return [
         [Hyp(_strip(fin_seq[g, b].tolist(), rule, pad), float(fin_raw[g, b]), g) for b in range(B)
          if bool(fin_flag[g, b]) and float(fin_raw[g, b]) > NEG / 2]  # (a beam forced off the constraint: dropped)

@@ -600,3 +600,23 @@ def test_extractive_groups_copy_from_their_own_doc_and_rag_token_from_any():
     assert lp_close(hyps[0][0].logprob, ln(.1, .6)) and lp_close(hyps[1][0].logprob, ln(.7, .1))
     (mixed,), _ = run(M, docs=(0, 1), max_new_tokens=3, prior=PRIOR_M, spans=[[B], [A]])
     assert toks(mixed)[0][0] == "B" and toks(mixed)[0][-1] == "EOS" and len(mixed[0].tokens) == 2
+
+
+def test_beam_search_stops_reading_a_group_that_is_done():
+    """Two groups (RAG-Sequence's docs), num_beams=2. Doc 0 says EOS at once (.8), and after A
+    or B EOS (.9): after step 2 its finished set [EOS] (-0.22), [A, EOS] (-1.20) cannot be beaten
+    by a running beam (ln(.1 * .05) / 2 = -2.65), so its rows leave the state and no prefix of
+    doc 0 longer than 1 token is read, while doc 1 runs on to its 5th token. Each group's
+    hypotheses are what it finds searched alone."""
+    def table(doc, prefix):
+        if doc == 0:
+            return (.1, .1, .8) if not prefix else (.05, .05, .9)
+        return (.5, .45, .05) if len(prefix) < 4 else (.1, .1, .8)
+
+    (h0, h1), gen = run(table, docs=(0, 1), num_beams=2, max_new_tokens=6)
+    assert max(len(p) for d, p in gen.read if d == 0) == 1
+    assert max(len(p) for d, p in gen.read if d == 1) >= 4
+    (alone0,), _ = run(table, docs=(0,), num_beams=2, max_new_tokens=6)
+    (alone1,), _ = run(table, docs=(1,), num_beams=2, max_new_tokens=6)
+    assert toks(h0) == toks(alone0) == [["EOS"], ["A", "EOS"]] and toks(h1) == toks(alone1)
+    assert all(lp_close(a.logprob, b.logprob) for a, b in zip(h0 + h1, alone0 + alone1))
