@@ -129,7 +129,7 @@ def test_short_style_ends_generation_at_the_newline_and_scores_it(smol_tiny):
     nl = smol_tiny.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
     saved = _force_next(smol_tiny, nl)
     try:
-        s_short, s_sent = RagSettings(answer_style="short", max_new_tokens=6), RagSettings(answer_style="sentence", max_new_tokens=6)
+        s_short, s_sent = RagSettings(answer_style="short", max_new_tokens=6, num_beams=1), RagSettings(answer_style="sentence", max_new_tokens=6, num_beams=1)
         cb_short = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "short"), s_short)
         cb_sent = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "sentence"), s_sent)
         assert cb_short.tokens == [nl] and cb_sent.tokens == [nl] * 6
@@ -171,7 +171,7 @@ def test_a_stop_token_ends_every_mode_and_the_score_stays_exact(tiny_bart, monke
     prompts = [gen.prompt(Q, d, 64) for d in (DOC, Passage(id="p2", title="Other", text="Something else."))]
     scores = torch.tensor([1.0, 0.2])
     prior = doc_log_prior(scores)
-    s = RagSettings(max_new_tokens=8, answer_style="sentence")
+    s = RagSettings(max_new_tokens=8, answer_style="sentence", num_beams=1)
     bias = gen.model.final_logits_bias.clone()
     gen.model.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4  # the random model would stop at once
     try:

@@ -58,14 +58,14 @@ def test_estimate_grows_with_every_knob(pipe):
 
 def test_check_budget_refuses_with_what_was_asked_and_what_to_change(pipe):
     q = "who painted the starry night"
-    ok = pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget())
+    ok = pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget())
     assert not ok.heavy
     tight = Budget(max_seconds=ok.seconds / 2)
     with pytest.raises(ValueError, match=r"K=2, beams=1, max new tokens=4.*over this server's budget: lower K"):
-        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), tight)
+        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), tight)
     with pytest.raises(ValueError, match="GB of memory"):
-        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget(max_request_bytes=1))
-    assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4), Budget(heavy_seconds=ok.seconds / 2)).heavy
+        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(max_request_bytes=1))
+    assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(heavy_seconds=ok.seconds / 2)).heavy
 
 
 def test_budget_and_settings_reject_bad_values():

@@ -489,8 +489,8 @@ def test_rag_sequence_fast_uses_only_producing_docs():
     """
     gen = TableGenerator(F)
     prompts, scores = [[0], [1], [2]], torch.log(torch.tensor([.2, .3, .5]))  # prior = softmax(scores)
-    fast = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, sequence_decoding="fast"))
-    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4))  # thorough: the default
+    fast = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1, sequence_decoding="fast"))
+    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1))  # thorough: the default
     assert [c for c, _ in fast.candidates] == [c for c, _ in thorough.candidates] == [[A, EOS], [B, EOS]]
     assert lp_close(fast.candidates[0][1], ln(.2 * .54)) and lp_close(fast.candidates[1][1], ln(.3 * .4 + .5 * .42))
     assert lp_close(thorough.candidates[0][1], ln(.432)) and lp_close(thorough.candidates[1][1], ln(.36))

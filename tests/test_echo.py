@@ -84,7 +84,7 @@ class Echo:
 
 
 def _settings(retries):
-    return RagSettings(k=3, max_new_tokens=5, answer_style="short", question_weight=0, worked_examples=0,
+    return RagSettings(k=3, max_new_tokens=5, num_beams=1, answer_style="short", question_weight=0, worked_examples=0,
                        echo_retries=retries)
 
 
@@ -172,4 +172,4 @@ def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo
 
 @pytest.fixture(scope="module")
 def tiny_offline_echo(three_passage_pipe, gen):
-    return three_passage_pipe(gen, PASSAGES, RagSettings(k=3, max_new_tokens=5, worked_examples=0))
+    return three_passage_pipe(gen, PASSAGES, RagSettings(k=3, max_new_tokens=5, num_beams=1, worked_examples=0))

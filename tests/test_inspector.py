@@ -57,7 +57,7 @@ def test_greedy_records_what_a_teacher_forced_pass_computes(pipe):
     the finished answer from a fresh prefill (float32, same numbers in another order: 1e-4)."""
     from rag_demo.engine import rag_token
 
-    s = RagSettings(k=3, max_new_tokens=8)
+    s = RagSettings(k=3, max_new_tokens=8, num_beams=1)
     gen = pipe.stack.modes["token"].generator
     r = pipe.retrieve(Q, "token", 3)
     prompts = [gen.prompt(Q, p, s.max_doc_tokens) for p in r.passages]

@@ -22,8 +22,9 @@ def pipe(long_answer_pipe):
 
 
 def _listen(pipe, modes, **overrides):
+    """Answer with a listener; greedy unless `overrides` say otherwise (the traces below are greedy's)."""
     seen: list[dict] = []
-    out = pipe.answer_modes(QUESTION, modes, control=RunControl(on_partial=seen.append), **overrides)
+    out = pipe.answer_modes(QUESTION, modes, control=RunControl(on_partial=seen.append), **{"num_beams": 1, **overrides})
     return out, seen
 
 
@@ -108,7 +109,7 @@ def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pip
     the streamed answer's end, and the report prints a row per mode (not a timing test)."""
     from rag_demo import bench
 
-    settings = RagSettings(k=3, max_new_tokens=8)
+    settings = RagSettings(k=3, max_new_tokens=8, num_beams=1)
     lat = bench.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,
                         say=lambda msg: None)
     for mode, rec in lat.items():
