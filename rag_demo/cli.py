@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
     ev.add_argument("--labels", help='JSONL of {"id", "answerable"}: evaluate only the questions labelled answerable '
                     "(applied before --sample)")
-    ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help="beam size (default 1: greedy)")
+    ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
     ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")

@@ -143,10 +143,12 @@ def set_number(pg, elem_id: str, value: int) -> None:
     fill_kept(pg, pg.locator(f"#{elem_id} input[type=number]"), str(value), enter=True, shown=rng.input_value)
 
 
-def small_settings(pg, k: int = 2, max_new: int = 12) -> None:
+def small_settings(pg, k: int = 2, max_new: int = 12, beams: int | None = None) -> None:
     pg.locator("#rag-settings").get_by_text("Settings").click()
     set_number(pg, "rag-k", k)
     set_number(pg, "rag-max-new", max_new)
+    if beams is not None:
+        set_number(pg, "rag-beams", beams)
     pg.locator("#rag-decoding").get_by_text("fast", exact=True).click()
 
 
@@ -247,9 +249,11 @@ WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through
 def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_away(page, server):
     """#12: the RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
     before its answer is complete, then the final card; the partial text is a prefix of it.
-    Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row."""
+    Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row.
+    Greedy: its tokens are final as they come, so they are coloured while decoding (beam search
+    streams uncoloured: the next test)."""
     wait_ready(page, server)
-    small_settings(page, k=2, max_new=16)
+    small_settings(page, k=2, max_new=16, beams=1)
     page.locator("#rag-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
     page.evaluate(WATCH_TOKEN_CARD_JS)
     ask(page, "Who devised pointillism?")
@@ -294,6 +298,24 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
         float(rows.nth(i).locator(".rag-without-delta").inner_text())  # a signed number
     assert "How faithful" in result.inner_text()
     shot(page, "02d-without")
+
+
+def test_beam_search_streams_its_current_best_hypothesis(page, server):
+    """#12 with the default 2 beams: the RAG-Token card shows the best hypothesis so far, as plain
+    text (it may still change, so it is not coloured), then the final card, coloured."""
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=16)
+    assert page.locator("#rag-beams input[type=number]").input_value() == "2"
+    page.locator("#rag-style").get_by_text("sentence", exact=True).click()
+    page.evaluate(WATCH_TOKEN_CARD_JS)
+    ask(page, "Who devised pointillism?")
+    states = page.evaluate("window.__tokenStates")
+    partial = [s for s in states if s["partial"] and s["n"] > 0]
+    final = [s for s in states if not s["partial"]]
+    assert partial and final and final[-1]["n"] >= 1, states
+    assert states.index(partial[0]) < states.index(final[-1])
+    assert all(s["text"].strip() and s["tokens"] == s["rows"] == 0 for s in partial), partial
+    assert final[-1]["tokens"] == final[-1]["rows"] == final[-1]["n"]
 
 
 def test_bad_question_shows_a_message_then_an_example_question_is_answered(page, server):
