@@ -177,7 +177,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
-    # An echo retried decodes again from the prefill state, so the first greedy search runs on a copy too.
+    # An echo retried decodes again from the prefill state, so the first search runs on a copy too.
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
     rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1, ends))
     allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
@@ -320,8 +320,8 @@ def _stopped(tokens: list[int], early: str | None, ends: list[int], s: RagSettin
 
 
 def _retries(s: RagSettings, echo: Echo | None) -> bool:
-    """Will greedy decoding retry echoes (so its first search must leave the prefill state intact)?"""
-    return s.num_beams == 1 and echo is not None and s.echo_retries > 0
+    """Might decoding retry echoes (so its first search must leave the prefill state intact)?"""
+    return echo is not None and s.echo_retries > 0
 
 
 def _contrast_prefill(gen: Generator, prompt: list[int] | None, s: RagSettings):
@@ -363,25 +363,33 @@ def _without_echoes(hyps: list[list[Hyp]], echo: Echo | None, s: RagSettings,
     """RagSettings.echo_retries: answers that only repeat the question, decoded again.
 
     hyps: each group's hypotheses, best first. Beam search: a group drops its echoes when it has
-    another hypothesis. Greedy: the groups whose answer echoes run again, `redo(groups, banned)`
-    -> one Hyp each, with the first token of every echo they produced so far banned at the first
-    step; at most s.echo_retries rounds, and not after the request was stopped. A group keeps its
-    first answer that is not an echo; a group that echoes every time keeps its original answer
-    (the greedy one: the model's own choice). Scores are untouched: each Hyp's log-probs are the
-    model's, whatever was banned."""
+    another hypothesis; a group whose every hypothesis echoes is retried like greedy's, with the
+    first tokens of all of them banned. Greedy: the groups whose answer echoes run again,
+    `redo(groups, banned)` -> one Hyp each (a greedy search), with the first token of every echo
+    they produced so far banned at the first step; at most s.echo_retries rounds, and not after
+    the request was stopped. A group keeps its first answer that is not an echo; a group that
+    echoes every time keeps its original hypotheses (the model's own choice). Scores are
+    untouched: each Hyp's log-probs are the model's, whatever was banned."""
     if echo is None or not s.echo_retries:
         return hyps
     if s.num_beams > 1:
-        return [[h for h in group if not echo(h.tokens)] or group for group in hyps]
-    out = list(hyps)
-    echoing = {g: group[0] for g, group in enumerate(hyps) if group and echo(group[0].tokens)}
+        out, echoing = [], {}
+        for g, group in enumerate(hyps):
+            fine = [h for h in group if not echo(h.tokens)]
+            out.append(fine or group)
+            if group and not fine:
+                echoing[g] = group
+    else:
+        out = list(hyps)
+        echoing = {g: group[:1] for g, group in enumerate(hyps) if group and echo(group[0].tokens)}
     banned: dict[int, list[int]] = {g: [] for g in echoing}
     for _ in range(s.echo_retries):
-        echoing = {g: h for g, h in echoing.items() if h.tokens}  # an empty answer has no first token to ban
+        # an empty answer has no first token to ban
+        echoing = {g: firsts for g, hs in echoing.items() if (firsts := [h.tokens[0] for h in hs if h.tokens])}
         if not echoing or rows.stopped:
             break
-        for g, h in echoing.items():
-            banned[g].append(h.tokens[0])
+        for g, firsts in echoing.items():
+            banned[g].extend(t for t in dict.fromkeys(firsts) if t not in banned[g])
         todo = sorted(echoing)
         found = redo(todo, [banned[g] for g in todo])
         if rows.stopped:  # a retry cut short by the deadline: keep the whole answers already made
@@ -390,7 +398,7 @@ def _without_echoes(hyps: list[list[Hyp]], echo: Echo | None, s: RagSettings,
         for g, h in zip(todo, found):
             h.group = g
             if echo(h.tokens):
-                echoing[g] = h
+                echoing[g] = [h]
             else:
                 out[g] = [h]
     return out

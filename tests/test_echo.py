@@ -151,6 +151,38 @@ def test_beam_search_prefers_a_hypothesis_that_is_not_an_echo(gen):
     assert out.tokens == others[0]
 
 
+def test_beam_search_whose_every_hypothesis_echoes_is_retried_greedily_without_their_starts(gen):
+    """2 beams: "Where is the Taj Mahal?" -> "Taj Mahal." when both finished hypotheses echo. Then
+    the group is decoded again greedily with every echoing hypothesis's first token banned."""
+    s0 = _settings(0).merged(num_beams=3)
+    seen = Echo()  # echoes nothing: records the finished hypotheses
+    base = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=seen)
+    firsts = {t[0] for t in seen.seen if t}
+    echo = Echo(firsts=firsts)  # every hypothesis of the search echoes
+    out = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=echo)
+    assert base.tokens[0] in firsts and out.tokens[0] not in firsts
+    first_lp, state = gen.prefill(_prompts(gen))  # (K, V)
+    prior = doc_log_prior(SCORES)  # (K,)
+    mixed = torch.logsumexp(prior[:, None] + first_lp, 0)  # (V,)
+    mixed[list(firsts)] = float("-inf")
+    assert out.tokens[0] == int(mixed.argmax())  # the mixture's best start once theirs are banned
+    lp, _ = score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)  # (K, 1, T)
+    assert out.logprob == pytest.approx(float(rag_token_logprob(lp[:, 0], prior)), abs=1e-5)
+    # and when the retry echoes too, the beam's own best stays
+    again = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=2), echo=Echo(always=True))
+    assert again.tokens == base.tokens
+
+
+def test_closed_book_beam_search_retries_when_every_hypothesis_echoes(gen):
+    prompt = gen.prompt(QUESTION, None, 64, "short", examples=0)
+    s0 = _settings(0).merged(num_beams=2)
+    seen = Echo()
+    closed_book(gen, prompt, s0.merged(echo_retries=1), echo=seen)
+    firsts = {t[0] for t in seen.seen if t}
+    out = closed_book(gen, prompt, s0.merged(echo_retries=1), echo=Echo(firsts=firsts))
+    assert out.tokens and out.tokens[0] not in firsts
+
+
 def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo, monkeypatch):
     import rag_demo.pipeline as P
 
