@@ -6,8 +6,8 @@
 
 Drives Debian's chromium (/usr/bin/chromium) with Playwright, asks the question, and writes
 assets/screenshot.png (palette-quantised to stay under ~300 KB); with --views also
-assets/screenshot_streaming.png (the cards while RAG-Token decodes, sentence answers so the
-stream lasts long enough to catch), assets/screenshot_inspector.png (a RAG-Token token clicked)
+assets/screenshot_streaming.png (the cards while RAG-Token decodes: its best hypothesis so far,
+uncoloured while beam search may still change it), assets/screenshot_inspector.png (a RAG-Token token clicked)
 and assets/screenshot_phone.png (390 px wide).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _save(raw: Path, out: Path) -> None:
 
 PARTIAL_JS = """() => {
     const tok = document.querySelector('#rag-answer-token .rag-card-partial');
-    return !!tok && Number(tok.dataset.partial) >= 3;
+    return !!tok && Number(tok.dataset.partial) >= 2;
 }"""
 
 
@@ -106,9 +106,6 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
-        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
-        page.locator("#rag-style").get_by_text("sentence", exact=True).click()
-        page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
         page.locator("#rag-question textarea, #rag-question input").first.fill(question)
         page.click("#rag-ask")
         page.wait_for_function(PARTIAL_JS, timeout=600_000, polling=50)

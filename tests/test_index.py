@@ -238,6 +238,79 @@ def test_unwritable_cache_still_returns_an_index(corpus: Corpus, encoder: MiniLM
     assert "could not write the index cache" in caplog.text
 
 
+class Interrupted(Exception):
+    """Stands for a build killed midway (a Space restarting, Ctrl-C)."""
+
+
+def _interrupt_after(encoder, monkeypatch, n_calls: int, seen: list[str]) -> None:
+    """The encoder embeds `n_calls` batches (recording their passage ids), then is interrupted."""
+    real = type(encoder)._passages_batch
+
+    def batch(passages):
+        if len(seen) >= n_calls:
+            raise Interrupted
+        seen.extend(p.id for p in passages)
+        return real(encoder, passages)
+    monkeypatch.setattr(encoder, "_passages_batch", batch)
+
+
+def _record(encoder, monkeypatch, seen: list[str]) -> None:
+    real = type(encoder)._passages_batch
+    monkeypatch.setattr(encoder, "_passages_batch", lambda ps: (seen.extend(p.id for p in ps), real(encoder, ps))[1])
+
+
+@pytest.fixture
+def interrupted(corpus, encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cached build of the 3 passages, one chunk a passage, interrupted after 2: its checkpoint folder."""
+    import rag_demo.index as index_module
+
+    monkeypatch.setattr(index_module, "RESUME_CHUNK", 1)
+    seen: list[str] = []
+    _interrupt_after(encoder, monkeypatch, 2, seen)
+    with pytest.raises(Interrupted):
+        load_or_build_index(corpus, encoder, tmp_path)
+    assert seen == [p.id for p in corpus.passages[:2]]
+    partial = tmp_path / "indexes" / f"{cache_key(corpus, encoder)}.partial"
+    assert sorted(f.name for f in partial.iterdir()) == ["chunk-000000000.npy", "chunk-000000001.npy"]
+    assert not (tmp_path / "indexes" / cache_key(corpus, encoder)).exists()  # nothing published
+    return partial
+
+
+def test_an_interrupted_build_resumes_where_it_stopped(corpus, encoder, base, tmp_path, monkeypatch, interrupted):
+    seen: list[str] = []
+    _record(encoder, monkeypatch, seen)
+    calls: list[tuple[int, int]] = []
+    index, info = load_or_build_index(corpus, encoder, tmp_path, progress=lambda d, t: calls.append((d, t)))
+    assert seen == [corpus.passages[2].id]  # only the passage whose chunk was not saved
+    assert calls == [(2, 3), (3, 3)] and info.source == "built"
+    # saved chunks are the same model's vectors: 0 measured; 1e-6 as in the rebuild test above
+    np.testing.assert_allclose(index.embeddings, base.embeddings, rtol=0, atol=1e-6)
+    assert top_titles(index, encoder, PAINTER_Q)[0] == "Georges Seurat"
+    assert not interrupted.exists() and len(folder_files(tmp_path)) == 5  # published, checkpoints gone
+    assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "cache"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda f: f.write_bytes(f.read_bytes()[:60]),  # truncated mid-header
+    lambda f: np.save(f, np.zeros((2, 384), np.float32)),  # the wrong number of rows
+    lambda f: np.save(f, np.full((1, 384), np.nan, np.float32)),  # not numbers
+], ids=["truncated", "wrong-shape", "nan"])
+def test_a_damaged_checkpoint_is_embedded_again(corpus, encoder, base, tmp_path, monkeypatch, interrupted, damage):
+    damage(interrupted / "chunk-000000000.npy")
+    seen: list[str] = []
+    _record(encoder, monkeypatch, seen)
+    index, _ = load_or_build_index(corpus, encoder, tmp_path)
+    assert seen == [corpus.passages[0].id, corpus.passages[2].id]
+    np.testing.assert_allclose(index.embeddings, base.embeddings, rtol=0, atol=1e-6)
+
+
+def test_rebuild_trusts_no_checkpoint(corpus, encoder, tmp_path, monkeypatch, interrupted):
+    seen: list[str] = []
+    _record(encoder, monkeypatch, seen)
+    load_or_build_index(corpus, encoder, tmp_path, rebuild=True)
+    assert seen == [p.id for p in corpus.passages] and not interrupted.exists()
+
+
 def test_empty_corpus_is_rejected(encoder: MiniLMEncoder, tmp_path: Path):
     with pytest.raises(ValueError, match="the corpus is empty"):
         load_or_build_index(Corpus("none", []), encoder, tmp_path)
