@@ -249,7 +249,8 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
         writable = False
     with tqdm(total=n, initial=done, desc=f"embedding ({encoder.name})", unit="passage", file=sys.stderr,
               disable=not n) as bar:
-        def tick(d: int, _t: int) -> None:
+        def tick(d: int, _t: int, base: int) -> None:
+            """encode_passages' progress within a chunk (d of it), counted from `base` done before it."""
             bar.n = base + d
             bar.refresh()
             if progress is not None:
@@ -258,9 +259,9 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
         if progress is not None and done:
             progress(done, n)
         for start in todo:
-            base = done
             rows = corpus.passages[start : start + chunk]
-            vectors = encoder.encode_passages(rows, progress=tick, show_bar=False)  # (c, D)
+            vectors = encoder.encode_passages(rows, progress=lambda d, t, base=done: tick(d, t, base),
+                                              show_bar=False)  # (c, D)
             out[start : start + len(rows)] = vectors
             done += len(rows)
             if writable:
