@@ -124,6 +124,10 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--echo-retries", type=int, default=d.echo_retries,
                    help="an answer that only repeats words of the question is decoded again with its first token "
                    f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")
+    p.add_argument("--echo-subjects", default=str(d.echo_subjects).lower(), choices=("true", "false"),
+                   help="true: an answer that opens by naming what the question is about (a retrieved passage's "
+                   "title the question names) is retried like an echo; "
+                   f"default {str(d.echo_subjects).lower()}")
     p.add_argument("--context-contrast", type=float, default=d.context_contrast,
                    help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
                    f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")

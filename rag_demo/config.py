@@ -21,7 +21,8 @@ QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
 READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
-                 "passage_sentences", "extractive", "echo_retries", "context_contrast", "max_doc_tokens")
+                 "passage_sentences", "extractive", "echo_retries", "echo_subjects", "context_contrast",
+                 "max_doc_tokens")
 MAX_WORKED_EXAMPLES = 4  # len(generators.WORKED_EXAMPLES)
 MAX_QUESTION_WEIGHT = 5.0
 MAX_ECHO_RETRIES = 5
@@ -134,6 +135,15 @@ class RagSettings:
     # float32): given-retrieval contains +4.6 points for both RAG modes on the 108 labelled external
     # questions with an answer retrieved, dev set +2.5; an echo costs a few decoding steps.
     echo_retries: int = 3
+    # A wider echo: an answer that opens by naming what the question is about, the subject of a
+    # retrieved passage the question names ("What did Alfred Nobel invent?" -> "Alfred Nobel.",
+    # "What dictator did Fidel Castro depose?" -> "Fidel Alejandro Castro.";
+    # echo.names_question_subject), is retried like an echo (`echo_retries` rounds). Off: only
+    # answers made of the question's own words count. Measured 2026-11-24 (AMD EPYC, float32, 2
+    # beams): on the 108 labelled external questions with an answer retrieved RAG-Sequence EM /
+    # contains 44.4 / 50.0 -> 45.4 / 50.9 (8 answers changed, 1 gained, none lost), RAG-Token
+    # unchanged (8 changed, wrong before and after); the dev set unchanged in both modes.
+    echo_subjects: bool = True
     # Context-aware decoding (Shi et al. 2023, "Trusting Your Evidence"): a small reader often
     # answers from its weights, not its passage ("who was president during WW2" -> the one it
     # remembers best). a > 0 chooses each token by (1 + a) log p(y_t | x, z, y_<t) - a log
@@ -205,10 +215,12 @@ class RagSettings:
                 f"to {MAX_CONTEXT_CONTRAST:g} (the passages' pull on each token counts that much more)."
             )
         self.context_contrast = contrast
-        if not isinstance(self.extractive, bool):
-            if str(self.extractive).lower() not in ("true", "false"):
-                raise ValueError(f"extractive={self.extractive!r} is not true or false: pass True or False.")
-            self.extractive = str(self.extractive).lower() == "true"
+        for name in ("extractive", "echo_subjects"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                if str(value).lower() not in ("true", "false"):
+                    raise ValueError(f"{name}={value!r} is not true or false: pass True or False.")
+                setattr(self, name, str(value).lower() == "true")
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(
                 f"answer_style={self.answer_style!r} is unknown: use one of {', '.join(ANSWER_STYLES)} "

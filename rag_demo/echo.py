@@ -10,6 +10,10 @@ were echoes and 1 of them was right; on the 80 dev questions 2 were, none right.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from difflib import SequenceMatcher
+
 from .evaluate import normalize_answer
 
 
@@ -19,3 +23,50 @@ def echoes_question(answer: str, question: str) -> bool:
     created Sherlock Holmes?", "Arthur Conan Doyle" and "Holmesian" do not."""
     a = normalize_answer(answer)
     return bool(a) and f" {a} " in f" {normalize_answer(question)} "
+
+
+# Words a title may hold that a question need not repeat ("Parliament of South Africa").
+_GLUE = frozenset({"of", "and", "in", "on", "at", "for", "to", "de", "la", "le", "von", "van"})
+
+
+def _same_word(title_word: str, question_word: str) -> bool:
+    """A question's word names a title's word: the same, the title's word with a suffix
+    ("Madonna's" -> "madonnas"), or one slip of spelling in a word of 4+ letters ("Noble" for
+    "Nobel": the same first letter and length, at least 80% alike)."""
+    if question_word == title_word:
+        return True
+    if len(title_word) >= 3 and question_word.startswith(title_word) and len(question_word) - len(title_word) <= 2:
+        return True
+    return (len(title_word) >= 4 and len(question_word) == len(title_word) and question_word[0] == title_word[0]
+            and SequenceMatcher(None, title_word, question_word).ratio() >= 0.8)
+
+
+def _lead_name(text: str) -> str:
+    """What a Wikipedia lead opens with, the subject's full name: the text before its first " is ",
+    " was ", " are ", " were ", "(" or "," ("Alfred Bernhard Nobel was a Swedish chemist ..." ->
+    "Alfred Bernhard Nobel")."""
+    return re.split(r"\s(?:is|was|are|were)\s|\(|,", text, maxsplit=1)[0]
+
+
+def names_question_subject(answer: str, question: str, passages: Iterable[tuple[str, str]]) -> bool:
+    """True when the answer only names the thing the question is about: for some retrieved
+    passage (title, text) whose title the question names (each of the title's words, its
+    parenthesised part and glue words aside, matches a question word, `_same_word`), the answer
+    shares a word with the title and every answer word is one of the question's or of the
+    passage's lead name (`_lead_name`). Over a passage "Fidel Alejandro Castro Ruz was a Cuban
+    revolutionary ...", "Fidel Alejandro Castro." names the subject of "What dictator did Fidel
+    Castro force out?"; "Mexico City" does not for "What is the capital of Mexico?" ("city" is
+    neither the question's nor Mexico's name), nor "William Shakespeare" for "Who wrote Hamlet?"
+    (the question does not name him)."""
+    a = normalize_answer(answer).split()
+    if not a:
+        return False
+    q = normalize_answer(question).split()
+    for title, text in passages:
+        words = [w for w in normalize_answer(re.sub(r"\s*\([^)]*\)", "", title)).split() if w not in _GLUE]
+        if not words or not set(words) & set(a):
+            continue
+        if all(any(_same_word(w, x) for x in q) for w in words) and \
+                set(a) <= set(q) | set(normalize_answer(_lead_name(text)).split()) | set(words):
+            return True
+    return False

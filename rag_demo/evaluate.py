@@ -548,6 +548,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
                      "question_weight": settings.question_weight, "worked_examples": settings.worked_examples,
                      "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
                      "extractive": settings.extractive, "echo_retries": settings.echo_retries,
+                     "echo_subjects": settings.echo_subjects,
                      "context_contrast": settings.context_contrast,
                      "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
@@ -596,6 +597,7 @@ def format_report(report: dict) -> str:
         f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
         f"{', extractive' if s.get('extractive') else ''}"
         f"{', echoes retried ' + str(s['echo_retries']) + 'x' if s.get('echo_retries') else ''}"
+        f"{' (and answers naming the question subject)' if s.get('echo_retries') and s.get('echo_subjects') else ''}"
         f"{', context contrast ' + format(s['context_contrast'], 'g') if s.get('context_contrast') else ''})",
         "",
         "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
-from .echo import echoes_question
+from .echo import echoes_question, names_question_subject
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
 from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
@@ -290,7 +290,8 @@ class RagPipeline:
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
-                    on_partial=emit, echo=_echo_check(gen, q), contrast_prompt=contrast_prompt)  # steps 3 and 4
+                    on_partial=emit, echo=_echo_check(gen, q, [(p.title, p.text) for p in passages] if s.echo_subjects else ()),
+                    contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:
@@ -471,7 +472,11 @@ def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:
     return gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
 
 
-def _echo_check(gen, q: str) -> Callable[[list[int]], bool]:
+def _echo_check(gen, q: str, passages: Sequence[tuple[str, str]] = ()) -> Callable[[list[int]], bool]:
     """The engine's echo test for this question (RagSettings.echo_retries): the answer's text
-    only repeats words of the question."""
-    return lambda tokens: echoes_question(gen.decode(tokens), q)
+    only repeats words of the question, or (passages (title, text) given: RagSettings.echo_subjects)
+    only names a retrieved passage's subject that the question names."""
+    def echo(tokens: list[int]) -> bool:
+        text = gen.decode(tokens)
+        return echoes_question(text, q) or names_question_subject(text, q, passages)
+    return echo

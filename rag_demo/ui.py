@@ -1183,7 +1183,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                             echo_n = gr.Slider(0, MAX_ECHO_RETRIES, value=settings0.echo_retries, step=1,
                                                label="Retry answers that only repeat the question",
                                                elem_id="rag-echo",
-                                               info="'Who wrote Hamlet?' answered 'Hamlet' is decoded again with "
+                                               info="'Who wrote Hamlet?' answered 'Hamlet', or 'What did Alfred "
+                                               "Nobel invent?' answered 'Alfred Nobel', is decoded again with "
                                                "its first word banned, up to n times (0: keep it); scores stay "
                                                "the model's")
                             cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")

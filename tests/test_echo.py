@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.decoding import score_candidates  # noqa: E402
-from rag_demo.echo import echoes_question  # noqa: E402
+from rag_demo.echo import echoes_question, names_question_subject  # noqa: E402
 from rag_demo.engine import closed_book, rag_sequence, rag_token  # noqa: E402
 from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
 
@@ -34,6 +34,37 @@ from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
 ])
 def test_echoes_question_worked_examples(answer, question, echo):
     assert echoes_question(answer, question) is echo
+
+
+CASTRO = ("Fidel Castro", "Fidel Alejandro Castro Ruz was a Cuban revolutionary and politician.")
+NOBEL = ("Alfred Nobel", "Alfred Bernhard Nobel was a Swedish chemist, inventor and businessman.")
+MEXICO = ("Mexico", "Mexico, officially the United Mexican States, is a country in North America.")
+BARD = ("William Shakespeare (playwright)", "William Shakespeare was an English playwright and poet.")
+
+
+@pytest.mark.parametrize("answer, question, passages, named", [
+    ("Fidel Alejandro Castro.", "Which ruler did Fidel Castro depose?", [MEXICO, CASTRO], True),  # the lead's full name
+    ("Castro", "Which ruler did Fidel Castro depose?", [CASTRO], True),
+    ("Fulgencio Batista", "Which ruler did Fidel Castro depose?", [CASTRO], False),
+    ("Alfred Nobel.", "What did Alfred Noble invent?", [NOBEL], True),  # a slip of spelling in the question
+    ("Alfred Nobel.", "What was Alfred Nobel's invention?", [NOBEL], True),  # the name with a suffix
+    ("Nobel was a Swedish chemist.", "What did Alfred Nobel invent?", [NOBEL], False),  # says more than the name
+    ("Mexico City", "What is the capital of Mexico?", [MEXICO], False),  # "city" is not Mexico's name
+    ("William Shakespeare", "Who wrote Hamlet?", [BARD], False),  # the question does not name him
+    ("William Shakespeare", "When was William Shakespeare born?", [BARD], True),  # "(playwright)" aside
+    ("Alfred Nobel.", "What did Alfred Nobel invent?", [], False),  # no passages: the setting is off
+    ("The.", "What did Alfred Nobel invent?", [NOBEL], False),
+])
+def test_names_question_subject_worked_examples(answer, question, passages, named):
+    assert names_question_subject(answer, question, passages) is named
+
+
+def test_echo_subjects_is_a_validated_setting():
+    assert RagSettings().echo_subjects in (True, False)
+    assert RagSettings(echo_subjects="true").echo_subjects is True
+    assert RagSettings().merged(echo_subjects="False").echo_subjects is False
+    with pytest.raises(ValueError, match=r"echo_subjects='maybe' is not true or false: pass True or False"):
+        RagSettings(echo_subjects="maybe")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -205,3 +236,23 @@ def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo
 @pytest.fixture(scope="module")
 def tiny_offline_echo(three_passage_pipe, gen):
     return three_passage_pipe(gen, PASSAGES, RagSettings(k=3, max_new_tokens=5, num_beams=1, worked_examples=0))
+
+
+def test_the_pipeline_hands_the_subject_test_its_retrieved_passages_when_asked(tiny_offline_echo, monkeypatch):
+    import rag_demo.pipeline as P
+
+    pipe = tiny_offline_echo
+    for mode in ("token", "sequence"):
+        base = pipe.answer(QUESTION, mode, echo_retries=0)
+        for on in (False, True):
+            handed = []
+
+            def fake(answer, question, passages, _base=base.text):
+                handed.append(sorted(text for _, text in passages))
+                return bool(passages) and answer == _base
+
+            monkeypatch.setattr(P, "names_question_subject", fake)
+            out = pipe.answer(QUESTION, mode, echo_retries=2, echo_subjects=on)
+            monkeypatch.undo()
+            assert handed and all(h == (sorted(PASSAGES) if on else []) for h in handed), (mode, on)
+            assert (out.text != base.text) is on, (mode, on)
