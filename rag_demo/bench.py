@@ -216,10 +216,17 @@ def _p(xs: list[float]) -> str:
     return f"{_ms(percentile(xs, 50))} / {_ms(percentile(xs, 95))}"
 
 
+def latency_heading(r: dict) -> str:
+    """The latency table's heading: questions, stack and the decoding the numbers ran with."""
+    n = r["settings"].get("num_beams", 1)
+    return (f"### Latency per stage, ms p50 / p95 over {r['n']} questions (stack {r['stack']}, "
+            f"K={r['settings']['k']}, {'greedy' if n == 1 else f'{n} beams'}, "
+            f"max {r['settings']['max_new_tokens']} new tokens)")
+
+
 def format_results(r: dict) -> str:
     titles = {"closed-book": "Closed-book", "sequence": "RAG-Sequence (thorough)", "token": "RAG-Token"}
-    lines = [f"### Latency per stage, ms p50 / p95 over {r['n']} questions "
-             f"(stack {r['stack']}, K={r['settings']['k']}, greedy, max {r['settings']['max_new_tokens']} new tokens)",
+    lines = [latency_heading(r),
              "", "| mode | encode | retrieve | generate | attribute | end to end | tokens/answer |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for mode, rec in r["latency"].items():
@@ -315,6 +322,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     modes = parse_modes(args.modes)
     settings = RagSettings(**{f: getattr(args, f) for f in READER_FIELDS if getattr(args, f, None) is not None})
     r: dict = {"n": len(questions), "settings": {"k": settings.k, "max_new_tokens": settings.max_new_tokens,
+                                                 "num_beams": settings.num_beams,
                                                  **{f: getattr(settings, f) for f in READER_FIELDS}},
                "load_avg": {"start": load_avg()}, "machine": machine_info()}
     pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))

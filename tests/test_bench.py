@@ -61,3 +61,12 @@ def test_percentile():
     assert bench.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert bench.percentile([5.0], 95) == 5.0
     assert bench.percentile([0.0, 10.0], 95) == 9.5
+
+
+def test_the_latency_table_names_the_beam_count_it_ran_with():
+    def heading(beams):
+        return bench.latency_heading({"n": 2, "stack": "offline",
+                                      "settings": {"k": 5, "max_new_tokens": 32, "num_beams": beams}})
+
+    assert "K=5, 2 beams, max 32 new tokens" in heading(2)
+    assert "K=5, greedy, max 32 new tokens" in heading(1)
