@@ -121,6 +121,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extractive", default=str(d.extractive).lower(), choices=("true", "false"),
                    help="true: answers copy a span of the passages (decoding may only continue one); "
                    f"default {str(d.extractive).lower()}")
+    p.add_argument("--copy-min-prior", type=float, default=d.copy_min_prior,
+                   help="RAG-Token's extractive copies come only from passages with p(z|x) at least this (the most "
+                   f"likely always), 0-1; 0 = any of the K (default {d.copy_min_prior:g})")
     p.add_argument("--echo-retries", type=int, default=d.echo_retries,
                    help="an answer that only repeats words of the question is decoded again with its first token "
                    f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")

@@ -21,8 +21,8 @@ QUESTION_POSITIONS = ("after", "both")
 MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
 READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
-                 "passage_sentences", "extractive", "echo_retries", "echo_subjects", "context_contrast",
-                 "max_doc_tokens")
+                 "passage_sentences", "extractive", "copy_min_prior", "echo_retries", "echo_subjects",
+                 "context_contrast", "max_doc_tokens")
 MAX_WORKED_EXAMPLES = 4  # len(generators.WORKED_EXAMPLES)
 MAX_QUESTION_WEIGHT = 5.0
 MAX_ECHO_RETRIES = 5
@@ -124,6 +124,17 @@ class RagSettings:
     # passage says, the reader cannot say ("What is the capital of Australia?" -> Melbourne: the top
     # three passages do not name Canberra, which free decoding took from the model's weights).
     extractive: bool = True
+    # RAG-Token's extractive copies come from the passages the mixture reads: those with p(z|x)
+    # at least this (the most likely passage always). A passage with p(z|x) ~ 0 adds nothing to
+    # p(y_i|x) = sum_z p(z|x) p(y_i|x,z,y_<i), yet with 0 its words were allowed: reading a
+    # passage on Andy Warhol at p(z|x) = 1.00, the model answered his style "Art Nouveau", words
+    # found only in a passage at 0.00. Like `extractive` it restricts choices, never scores.
+    # RAG-Sequence's docs copy their own passage; closed-book copies nothing. 0: any of the K.
+    # 0.05 measured 2026-11-24 (AMD EPYC, float32, 2 beams, RAG-Token): labelled external
+    # questions given retrieval EM / contains 40.7 / 54.6 -> 42.6 / 55.6 (15 answers changed, 4
+    # gained, 2 lost); dev set 86.2 / 88.8 -> 85.0 / 91.2 (3 changed: two run-on copies now
+    # contain the answer, one short right answer became a long one).
+    copy_min_prior: float = 0.05
     # Answers that only repeat the question ("Who wrote Hamlet?" -> "Hamlet"): a small reader
     # often answers with the subject of its passage. An answer whose words are a run of the
     # question's words (echo.echoes_question) is decoded again with its first token banned at the
@@ -208,6 +219,13 @@ class RagSettings:
                 f"echo_retries={self.echo_retries!r} is out of range: use 0 (keep answers that repeat the question) "
                 f"to {MAX_ECHO_RETRIES}."
             )
+        floor = _real("copy_min_prior", self.copy_min_prior, "0.05")
+        if isinstance(self.copy_min_prior, bool) or not 0 <= floor <= 1:
+            raise ValueError(
+                f"copy_min_prior={self.copy_min_prior!r} is out of range: use 0 (copy from any of the K passages) "
+                "to 1 (only from the most likely one)."
+            )
+        self.copy_min_prior = floor
         contrast = _real("context_contrast", self.context_contrast, "0.5")
         if isinstance(self.context_contrast, bool) or not 0 <= contrast <= MAX_CONTEXT_CONTRAST:
             raise ValueError(

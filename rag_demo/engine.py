@@ -180,7 +180,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # An echo retried decodes again from the prefill state, so the first search runs on a copy too.
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
     rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1, ends))
-    allowed = SpanConstraint(spans, [list(range(K))], ends) if spans is not None else None
+    allowed = SpanConstraint(spans, [copy_sources(prior, s.copy_min_prior)], ends) if spans is not None else None  # prior: log p(z|x)
     step = None
     if on_partial is not None:
         def step(st: Step) -> None:
@@ -205,6 +205,14 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
+
+
+def copy_sources(log_prior: torch.Tensor, floor: float) -> list[int]:
+    """The passages a RAG-Token answer may copy from (RagSettings.copy_min_prior): those with
+    p(z|x) >= floor, and the most likely one whatever its p(z|x). log_prior (K,) log p(z|x)."""
+    p = log_prior.exp()  # (K,)
+    top = int(torch.argmax(p))
+    return [z for z in range(p.shape[0]) if z == top or float(p[z]) >= floor]
 
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,

@@ -548,7 +548,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
                      "question_weight": settings.question_weight, "worked_examples": settings.worked_examples,
                      "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
                      "extractive": settings.extractive, "echo_retries": settings.echo_retries,
-                     "echo_subjects": settings.echo_subjects,
+                     "echo_subjects": settings.echo_subjects, "copy_min_prior": settings.copy_min_prior,
                      "context_contrast": settings.context_contrast,
                      "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
@@ -587,6 +587,8 @@ def format_report(report: dict) -> str:
     for name, r in report["retrieval"].items():
         lines.append(f"| {name} | {_pct(r['recall@1'])} | {_pct(r['recall@5'])} | {_pct(r['recall@20'])} "
                      f"| {r['ms_per_question_p50']:.0f} |")
+    copy_floor = (f" (RAG-Token copying from passages with p(z|x) >= {s['copy_min_prior']:g})"
+                  if s.get("extractive") and s.get("copy_min_prior") else "")
     lines += [
         "",
         f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
@@ -596,6 +598,7 @@ def format_report(report: dict) -> str:
         f"question {s.get('question_position', 'after')}, "
         f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
         f"{', extractive' if s.get('extractive') else ''}"
+        f"{copy_floor}"
         f"{', echoes retried ' + str(s['echo_retries']) + 'x' if s.get('echo_retries') else ''}"
         f"{' (and answers naming the question subject)' if s.get('echo_retries') and s.get('echo_subjects') else ''}"
         f"{', context contrast ' + format(s['context_contrast'], 'g') if s.get('context_contrast') else ''})",

@@ -49,6 +49,10 @@ DOCS = [
         ("question_weight", 6, r"question_weight=6 is out of range"),
         ("question_weight", "much", r"question_weight='much' is not a number"),
         ("question_weight", True, r"question_weight=True is out of range"),
+        ("copy_min_prior", -0.1, r"copy_min_prior=-0.1 is out of range: use 0 \(copy from any of the K passages\) to 1"),
+        ("copy_min_prior", 1.5, r"copy_min_prior=1.5 is out of range"),
+        ("copy_min_prior", "lots", r"copy_min_prior='lots' is not a number"),
+        ("copy_min_prior", True, r"copy_min_prior=True is out of range"),
     ],
 )
 def test_new_settings_reject_bad_values_by_name(field, bad, message):
@@ -263,6 +267,38 @@ def test_extractive_answers_copy_a_span_of_the_passages(tiny_offline):
     with pytest.raises(ValueError, match="extractive='maybe' is not true or false"):
         RagSettings(extractive="maybe")
     assert RagSettings(extractive="true").extractive is True and RagSettings(extractive="False").extractive is False
+
+
+def test_copy_sources_are_the_passages_holding_the_floor_of_p_z_x_and_the_top_one():
+    from rag_demo.engine import copy_sources
+
+    log_prior = torch.tensor([0.25, 0.70, 0.04, 0.01]).log()  # (K,)
+    assert copy_sources(log_prior, 0.05) == [0, 1]
+    assert copy_sources(log_prior, 0.0) == [0, 1, 2, 3]
+    assert copy_sources(log_prior, 1.0) == [1]  # the most likely passage, whatever the floor
+    assert RagSettings(copy_min_prior="0.05").copy_min_prior == 0.05
+
+
+def test_rag_token_copies_only_from_the_passages_over_the_floor(tiny_offline, monkeypatch):
+    """The pipeline's RAG-Token search is handed one copy group: the K passages with floor 0, the
+    most likely passage alone with floor 1; its answer is then a span of that passage."""
+    import rag_demo.engine as E
+
+    gen = tiny_offline.stack.modes["token"].generator
+    ends = set(gen.stop_token_ids("short"))
+    groups = []
+    real = E.SpanConstraint
+    monkeypatch.setattr(E, "SpanConstraint", lambda spans, g, e: groups.append(g) or real(spans, g, e))
+    for floor in (0.0, 1.0):
+        groups.clear()
+        a = tiny_offline.answer(Q, "token", extractive=True, answer_style="short", max_new_tokens=6,
+                                copy_min_prior=floor, num_beams=1, echo_retries=0)
+        top = max(range(len(a.docs)), key=lambda z: a.docs[z].prior)
+        assert groups and all(g == ([list(range(len(a.docs)))] if floor == 0 else [[top]]) for g in groups), groups
+        if floor == 1.0:
+            body = [t for t in a.token_ids if t not in ends]
+            d = a.docs[top]
+            assert body and _is_span(body, gen.span_ids(Passage(d.id, d.title, d.text), 192)), a.text
 
 
 # ---------------------------------------------------------------- the reader's vote on p(z|x)
