@@ -186,20 +186,12 @@ class RagSettings:
             )
         if not 16 <= int(self.max_doc_tokens) <= 1024:
             raise ValueError(f"max_doc_tokens={self.max_doc_tokens!r} is out of range: use 16 to 1024.")
-        temperature = _real("prior_temperature", self.prior_temperature, "1.0")
-        if isinstance(self.prior_temperature, bool) or not 0.05 <= temperature <= 20:
-            raise ValueError(
-                f"prior_temperature={self.prior_temperature!r} is out of range: use 0.05 (sharper) to 20 "
-                "(flatter); 1 is the retriever's own p(z|x)."
-            )
-        self.prior_temperature = temperature
-        weight = _real("question_weight", self.question_weight, "0.5")
-        if isinstance(self.question_weight, bool) or not 0 <= weight <= MAX_QUESTION_WEIGHT:
-            raise ValueError(
-                f"question_weight={self.question_weight!r} is out of range: use 0 (the retriever's p(z|x) alone) "
-                f"to {MAX_QUESTION_WEIGHT:g} (the generator's log p(question | passage) counts that many times)."
-            )
-        self.question_weight = weight
+        self.prior_temperature = _real_in("prior_temperature", self.prior_temperature, "1.0", 0.05, 20,
+                                          "use 0.05 (sharper) to 20 (flatter); 1 is the retriever's own p(z|x).")
+        self.question_weight = _real_in(
+            "question_weight", self.question_weight, "0.5", 0, MAX_QUESTION_WEIGHT,
+            f"use 0 (the retriever's p(z|x) alone) to {MAX_QUESTION_WEIGHT:g} (the generator's log p(question | "
+            "passage) counts that many times).")
         if self.question_position not in QUESTION_POSITIONS:
             raise ValueError(
                 f"question_position={self.question_position!r} is unknown: use one of {', '.join(QUESTION_POSITIONS)} "
@@ -219,20 +211,12 @@ class RagSettings:
                 f"echo_retries={self.echo_retries!r} is out of range: use 0 (keep answers that repeat the question) "
                 f"to {MAX_ECHO_RETRIES}."
             )
-        floor = _real("copy_min_prior", self.copy_min_prior, "0.05")
-        if isinstance(self.copy_min_prior, bool) or not 0 <= floor <= 1:
-            raise ValueError(
-                f"copy_min_prior={self.copy_min_prior!r} is out of range: use 0 (copy from any of the K passages) "
-                "to 1 (only from the most likely one)."
-            )
-        self.copy_min_prior = floor
-        contrast = _real("context_contrast", self.context_contrast, "0.5")
-        if isinstance(self.context_contrast, bool) or not 0 <= contrast <= MAX_CONTEXT_CONTRAST:
-            raise ValueError(
-                f"context_contrast={self.context_contrast!r} is out of range: use 0 (off: the paper's decoding) "
-                f"to {MAX_CONTEXT_CONTRAST:g} (the passages' pull on each token counts that much more)."
-            )
-        self.context_contrast = contrast
+        self.copy_min_prior = _real_in("copy_min_prior", self.copy_min_prior, "0.05", 0, 1,
+                                       "use 0 (copy from any of the K passages) to 1 (only from the most likely one).")
+        self.context_contrast = _real_in(
+            "context_contrast", self.context_contrast, "0.5", 0, MAX_CONTEXT_CONTRAST,
+            f"use 0 (off: the paper's decoding) to {MAX_CONTEXT_CONTRAST:g} (the passages' pull on each token "
+            "counts that much more).")
         for name in ("extractive", "echo_subjects"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -256,11 +240,20 @@ class RagSettings:
 
 def _real(name: str, value: object, example: str) -> float:
     """A real-valued setting as a float ("0.5" is 0.5); "abc" or None are refused by name. (True
-    passes as 1.0: each caller refuses booleans in its range message.)"""
+    passes as 1.0: `_real_in` refuses booleans in its range message.)"""
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{name}={value!r} is not a number: give e.g. {example}.") from None
+
+
+def _real_in(name: str, value: object, example: str, lo: float, hi: float, hint: str) -> float:
+    """A real-valued setting in [lo, hi] as a float; a non-number, a boolean or a value out of range
+    is refused by name, the range error ending with `hint` (what the two ends mean)."""
+    x = _real(name, value, example)
+    if isinstance(value, bool) or not lo <= x <= hi:
+        raise ValueError(f"{name}={value!r} is out of range: {hint}")
+    return x
 
 
 def _whole(name: str, value: object) -> int:

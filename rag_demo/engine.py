@@ -180,7 +180,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # An echo retried decodes again from the prefill state, so the first search runs on a copy too.
     state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
     rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1, ends))
-    allowed = SpanConstraint(spans, [copy_sources(prior, s.copy_min_prior)], ends) if spans is not None else None  # prior: log p(z|x)
+    # extractive: one copy group, the passages holding at least copy_min_prior of p(z|x)
+    allowed = SpanConstraint(spans, [copy_sources(prior, s.copy_min_prior)], ends) if spans is not None else None
     step = None
     if on_partial is not None:
         def step(st: Step) -> None:

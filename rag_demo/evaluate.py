@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import MODES, RagSettings
+from .config import MODES, READER_FIELDS, RagSettings
 
 log = logging.getLogger(__name__)
 
@@ -543,13 +543,8 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
         "stack": pipe.stack.describe(),
         "corpus": {"name": pipe.index.corpus.name, "passages": len(pipe.index)},
         "settings": {"k": settings.k, "num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens,
-                     "sequence_decoding": settings.sequence_decoding, "answer_style": settings.answer_style,
-                     "max_doc_tokens": settings.max_doc_tokens, "prior_temperature": settings.prior_temperature,
-                     "question_weight": settings.question_weight, "worked_examples": settings.worked_examples,
-                     "question_position": settings.question_position, "passage_sentences": settings.passage_sentences,
-                     "extractive": settings.extractive, "echo_retries": settings.echo_retries,
-                     "echo_subjects": settings.echo_subjects, "copy_min_prior": settings.copy_min_prior,
-                     "context_contrast": settings.context_contrast,
+                     "sequence_decoding": settings.sequence_decoding,
+                     **{f: getattr(settings, f) for f in READER_FIELDS},
                      "modes": modes, "retrievers": list(retrievers)},
         "retrieval": retrieval,
         "generation": generation,
