@@ -131,6 +131,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
                    help="true: an answer that opens by naming what the question is about (a retrieved passage's "
                    "title the question names) is retried like an echo; "
                    f"default {str(d.echo_subjects).lower()}")
+    p.add_argument("--recase-question", default=str(d.recase_question).lower(), choices=("true", "false"),
+                   help="true: a question typed in lower case reaches the generator cased as the retrieved passages "
+                   f"write its words; default {str(d.recase_question).lower()}")
     p.add_argument("--context-contrast", type=float, default=d.context_contrast,
                    help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
                    f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")

@@ -2,7 +2,8 @@
 
     1 encode    the question with the mode's question encoder
     2 retrieve  the top K passages from the FAISS index, with scores and p(z|x)
-      2b focus  (optional) the sentences of each passage the generator reads (focus.py)
+      2b focus  (optional) the sentences of each passage the generator reads (focus.py), and
+                the question as it reads it: cased as the passages write its words (truecase.py)
     3 generate  RAG-Sequence | RAG-Token | closed-book (engine.py)
     4 attribute per-token posterior over the K passages (engine.py)
 
@@ -25,6 +26,7 @@ from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_quest
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from .echo import echoes_question, names_question_subject
+from .truecase import recase
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
 from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
@@ -78,6 +80,8 @@ class Answer:
     # away (p(z|x) renormalised over the rest; marginalize.logprob_without_each, no model pass);
     # None where nothing would be left (K = 1). The faithfulness check of the attributions (#12).
     passage_drop: list[float | None] = field(default_factory=list)
+    # the question as the generator read it (RagSettings.recase_question); "" when as typed
+    read_question: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -267,15 +271,17 @@ class RagPipeline:
             # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior enters
             # in the engine (engine.prefill_and_prior), which may add the reader's vote, then divides by T
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
-            prompts = [gen.prompt(q, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
+            # the question as the generator reads it: cased as the passages write its words (truecase.py)
+            qg = recase(q, [(p.title, p.text) for p in passages]) if s.recase_question else q
+            prompts = [gen.prompt(qg, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
                        for p in fed]
-            tail = gen.common_question_tail(prompts, q) if s.question_weight else None
+            tail = gen.common_question_tail(prompts, qg) if s.question_weight else None
             spans = None
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
             # context-aware decoding's "without passages" (RagSettings.context_contrast; greedy only, the engine decides)
-            contrast_prompt = _closed_book_prompt(gen, q, s) if s.context_contrast else None
+            contrast_prompt = _closed_book_prompt(gen, qg, s) if s.context_contrast else None
 
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
                 prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
@@ -291,12 +297,12 @@ class RagPipeline:
                 control.on_partial(self.reading(q, mode, len(passages)))
             subjects = [(p.title, p.text) for p in passages] if s.echo_subjects else []  # echo.names_question_subject
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
-                    on_partial=emit, echo=_echo_check(gen, q, subjects), contrast_prompt=contrast_prompt)  # steps 3 and 4
+                    on_partial=emit, echo=_echo_check(gen, qg, subjects), contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:
                 t["focus"] = focus_s
-            out[mode] = self._answer(q, mode, gen, g, docs, t)
+            out[mode] = self._answer(q, mode, gen, g, docs, t, qg)
         return out
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
@@ -304,9 +310,10 @@ class RagPipeline:
         emit = self._emitter(q, gen, control, lambda part: [])
         if emit is not None:
             control.on_partial(self.reading(q, "closed-book", 0))
-        g = closed_book(gen, _closed_book_prompt(gen, q, s), s,
-                        control, on_partial=emit, echo=_echo_check(gen, q))
-        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0})
+        qg = recase(q) if s.recase_question else q  # no passages: only the first letter and "?"
+        g = closed_book(gen, _closed_book_prompt(gen, qg, s), s,
+                        control, on_partial=emit, echo=_echo_check(gen, qg))
+        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, qg)
 
     def _emitter(self, q: str, gen, control: RunControl | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
@@ -349,7 +356,7 @@ class RagPipeline:
             "stack": self.stack.name, "corpus": self.index.corpus.name,
         }
 
-    def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict) -> Answer:
+    def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict, read_q: str = "") -> Answer:
         shown = [i for i, t in enumerate(g.tokens) if not gen.is_special(t)]
         pieces = gen.token_pieces(g.tokens)
         post = g.posteriors[shown] if g.posteriors is not None else None  # (T', K)
@@ -372,6 +379,7 @@ class RagPipeline:
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
+            read_question="" if read_q == q else read_q,
         )
 
     @staticmethod
@@ -413,6 +421,7 @@ class RagPipeline:
         whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once."""
         q = check_question(question)
         s = (settings or self.settings).merged(**overrides)
+        q = recase(q) if s.recase_question else q  # "?" added: what the generator reads, passages aside
         k = min(s.k, len(self.index))
         seconds, peak, per_mode = 0.0, 0, {}
         longest = Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))

@@ -207,7 +207,10 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
     answer = f'<div class="rag-answer">{esc(text)}{mark}</div>' if text else (
         f'<div class="rag-answer rag-empty">{esc(empty)}</div>'
     )
-    asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}</div>'
+    # RagSettings.recase_question: the generator read the question cased as the passages write it
+    read = (f' <span class="rag-read" title="what the generator read: the question cased as the retrieved '
+            f'passages write its words">(read as: {esc(a["read_question"])})</span>' if a.get("read_question") else "")
+    asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}{read}</div>'
              if a.get("question") else "")
     lp_s = _fmt_lp(a["sequence_logprob"])
     k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""

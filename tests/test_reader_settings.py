@@ -451,3 +451,23 @@ def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
     assert G.shared_prefix(prompts) >= len(opening) - 1
     a, b = tiny_offline.answer(Q, "token", worked_examples=0), tiny_offline.answer(Q, "token", worked_examples=2)
     assert a.sequence_logprob != b.sequence_logprob  # another model input
+
+
+def test_recase_question_hands_the_generator_the_passages_casing(tiny_offline, monkeypatch):
+    seen = []
+    gen = tiny_offline.stack.modes["token"].generator
+    real = type(gen).prompt
+    monkeypatch.setattr(type(gen), "prompt", lambda self, q, doc, *a, **kw: seen.append((q, doc)) or real(self, q, doc, *a, **kw))
+    typed = "who discovered penicillin in ayrshire"
+    out = tiny_offline.answer_modes(typed, ["token", "closed-book"], recase_question=True)
+    a = out["token"]
+    assert {q for q, doc in seen if doc is not None} == {"Who discovered penicillin in Ayrshire?"}
+    assert {q for q, doc in seen if doc is None} == {"Who discovered penicillin in ayrshire?"}  # no passages
+    assert a.question == typed and a.read_question == "Who discovered penicillin in Ayrshire?"
+    assert out["closed-book"].read_question == "Who discovered penicillin in ayrshire?"
+    seen.clear()
+    b = tiny_offline.answer(typed, "token", recase_question=False)
+    assert {q for q, _ in seen} == {typed} and b.read_question == ""
+    assert [d.id for d in a.docs] == [d.id for d in b.docs]  # retrieval and p(z|x) unchanged
+    assert [d.prior for d in a.docs] == pytest.approx([d.prior for d in b.docs], abs=1e-6)
+    assert a.sequence_logprob != b.sequence_logprob  # another prompt, another model input

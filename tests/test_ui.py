@@ -175,6 +175,9 @@ def test_answer_card_names_its_question_and_marks_a_cut_answer():
     late = ui.render_answer(answer_dict(stopped="time_limit"))
     assert "cut: time limit reached" in late and "…" in late
     assert "rag-cut" not in ui.render_answer(answer_dict())  # answers from before Answer.stopped
+    read = ui.render_answer(answer_dict(question="who painted <b>", read_question="Who painted <b>?"))
+    assert "Q: who painted &lt;b&gt; <span" in read and "(read as: Who painted &lt;b&gt;?)" in read
+    assert "read as" not in ui.render_answer(answer_dict(question="Who painted it?", read_question=""))
 
 
 def test_tokens_are_coloured_by_their_top_passage():
