@@ -226,7 +226,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     Candidates come from a search under each doc. "thorough": every candidate is rescored
     under every doc and marginalised. "fast" (paper 2.5): p(y|x,z) is taken as 0 for docs
     whose search did not produce y, so no extra passes; the winner is then scored under all
-    docs once, for attribution only.
+    docs once, for its log p(y|x) (the candidates list keeps the fast scores that ranked them)
+    and the attribution.
 
     hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
     ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
@@ -269,6 +270,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
         doc_lp = lp[:, win, : len(cands[win].tokens)]  # (K, T)
+        logprob = float(scores[win])  # log p(y|x): the candidate's score over all K docs
     else:  # fast decoding, or thorough stopped by its deadline: no rescoring passes
         if s.sequence_decoding == "thorough":
             name = f"fast (thorough stopped: {rows.stopped}), {_decoding_name(s)}"
@@ -277,9 +279,12 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         t1 = time.perf_counter()
         lp, _ = score_candidates(gen, state0, first_lp, [cands[win].tokens], gen.pad_token_id)  # (K, 1, T)
         doc_lp = lp[:, 0]  # (K, T)
+        # the fast score chose the winner, but leaves out the docs that did not produce it: the
+        # answer's log p(y|x) is the sum over all K (the posteriors below divide by it)
+        logprob = float(rag_sequence_logprob(doc_lp, prior))  # ()
     post = sequence_posteriors(doc_lp, prior)  # (T, K)
     out = Generation(
-        cands[win].tokens, float(scores[win]), name, doc_lp, post, post[-1],
+        cands[win].tokens, logprob, name, doc_lp, post, post[-1],
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=prior, question_lp=question_lp,
         inspection=inspect_answer(gen, state0, first_lp, cands[win].tokens, None),
     )

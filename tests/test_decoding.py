@@ -483,18 +483,21 @@ def test_rag_sequence_fast_uses_only_producing_docs():
     thorough: the sum over every doc:
         [A, EOS]: .108 + .3 * .405 + .5 * .405 = .108 + .1215 + .2025 = .432
         [B, EOS]: .2 * .15 + .33 = .36                                 -> thorough answers [A, EOS]
-    Leaving out docs 1 and 2's .324 of [A, EOS] flips the answer. Attribution is over all docs in
+    Leaving out docs 1 and 2's .324 of [A, EOS] flips the answer. fast's answer is then scored
+    under every doc: log p(y|x) = ln .36, as thorough scores it. Attribution is over all docs in
     both: p(z | x, y) for fast's [B, EOS] is [.03, .12, .21] / .36 = [1/12, 1/3, 7/12], for
     thorough's [A, EOS] [.108, .1215, .2025] / .432 = [.25, .28125, .46875].
     """
     gen = TableGenerator(F)
     prompts, scores = [[0], [1], [2]], torch.log(torch.tensor([.2, .3, .5]))  # prior = softmax(scores)
     fast = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1, sequence_decoding="fast"))
-    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1))  # thorough: the default
+    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1,
+                                                                     sequence_decoding="thorough"))
     assert [c for c, _ in fast.candidates] == [c for c, _ in thorough.candidates] == [[A, EOS], [B, EOS]]
     assert lp_close(fast.candidates[0][1], ln(.2 * .54)) and lp_close(fast.candidates[1][1], ln(.3 * .4 + .5 * .42))
     assert lp_close(thorough.candidates[0][1], ln(.432)) and lp_close(thorough.candidates[1][1], ln(.36))
-    assert fast.tokens == [B, EOS] and lp_close(fast.logprob, ln(.33))
+    # fast ranks by .33 but the answer's log p(y|x) sums every doc: .36, the posteriors' denominator
+    assert fast.tokens == [B, EOS] and lp_close(fast.logprob, ln(.36))
     assert thorough.tokens == [A, EOS] and lp_close(thorough.logprob, ln(.432))
     # posteriors: float32 softmax of the values above, within 1e-7 of exact (1e-6 as for scores)
     torch.testing.assert_close(fast.doc_posterior, torch.tensor([1 / 12, 1 / 3, 7 / 12]), rtol=0, atol=1e-6)
