@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_CONTEXT_CONTRAST, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_CONTEXT_CONTRAST, MAX_LENGTH_PENALTY, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -137,6 +137,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-contrast", type=float, default=d.context_contrast,
                    help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
                    f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty,
+                   help="beam search ranks finished answers by summed log-prob / length^L, 0-"
+                   f"{MAX_LENGTH_PENALTY:g}; 0 = the summed log-prob (default {d.length_penalty:g})")
     p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
                    help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
 
@@ -155,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--k", type=int, default=RagSettings.k, help=f"passages to retrieve, 1-{MAX_K} (default 5)")
     ask.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
     ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
-    ask.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
+    ask.add_argument("--decoding", default=RagSettings.sequence_decoding,
+                     help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
     _add_reader_settings(ask)
     _add_common(ask)
@@ -177,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(applied before --sample)")
     ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
-    ev.add_argument("--decoding", default="thorough", help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)}")
+    ev.add_argument("--decoding", default=RagSettings.sequence_decoding,
+                     help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
     _add_reader_settings(ev)
     _add_common(ev)
@@ -189,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
+    be.add_argument("--decoding", default=RagSettings.sequence_decoding,
+                    help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")

@@ -597,6 +597,7 @@ def format_report(report: dict) -> str:
         f"{', echoes retried ' + str(s['echo_retries']) + 'x' if s.get('echo_retries') else ''}"
         f"{' (and answers naming the question subject)' if s.get('echo_retries') and s.get('echo_subjects') else ''}"
         f"{', questions recased from the passages' if s.get('recase_question') else ''}"
+        f"{', length penalty ' + format(s['length_penalty'], 'g') if s.get('length_penalty', 1.0) != 1.0 else ''}"
         f"{', context contrast ' + format(s['context_contrast'], 'g') if s.get('context_contrast') else ''})",
         "",
         "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "

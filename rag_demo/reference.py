@@ -19,18 +19,18 @@ from .generators import pad_rows
 
 
 def reference_generate(model, ids: torch.Tensor, mask: torch.Tensor, doc_scores: torch.Tensor,
-                       num_beams: int, max_new_tokens: int) -> torch.Tensor:
+                       num_beams: int, max_new_tokens: int, length_penalty: float = 1.0) -> torch.Tensor:
     """`RagTokenForGeneration.generate` / `RagSequenceForGeneration.generate` on prepared contexts.
 
     ids, mask (n_docs, S) right-padded context ids, doc_scores (1, n_docs) -> (1, 1 + T) output
     ids, the decoder start token first. Length is given as `max_length` = start + new tokens:
     the reference's RAG-Token beam search sizes its buffers from max_length and ignores
-    `max_new_tokens`.
+    `max_new_tokens`. length_penalty: beam search's (transformers' default 1.0).
     """
     with torch.inference_mode():
         return model.generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=doc_scores,
                               n_docs=doc_scores.shape[-1], num_beams=num_beams, do_sample=False,
-                              max_length=1 + max_new_tokens)
+                              max_length=1 + max_new_tokens, length_penalty=length_penalty)
 
 
 def reference_tokens(row: torch.Tensor, pad: int, eos: int) -> list[int]:
@@ -99,7 +99,9 @@ def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_ne
         if full_length:
             with torch.no_grad():
                 model.rag.generator.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4
-        s = RagSettings(k=n_docs, num_beams=1, max_new_tokens=max_new_tokens)
+        # the reference's decodings: greedy, thorough RAG-Sequence, HF's length penalty (whatever our defaults)
+        s = RagSettings(k=n_docs, num_beams=1, max_new_tokens=max_new_tokens, sequence_decoding="thorough",
+                        length_penalty=1.0)
         # RAG-Sequence candidates are ranked with the reference's score convention
         run = rag_token if mode == "token" else (lambda g, p, d, st: rag_sequence(g, p, d, st, hf_compat_score=True))
         rows = []

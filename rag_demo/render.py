@@ -208,7 +208,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'<div class="rag-answer rag-empty">{esc(empty)}</div>'
     )
     # RagSettings.recase_question: the generator read the question cased as the passages write it
-    read = (f' <span class="rag-read" title="what the generator read: the question cased as the retrieved '
+    read = (f' <span class="rag-read-as" title="what the generator read: the question cased as the retrieved '
             f'passages write its words">(read as: {esc(a["read_question"])})</span>' if a.get("read_question") else "")
     asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}{read}</div>'
              if a.get("question") else "")
@@ -237,8 +237,10 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f"<li><code>{_fmt_lp(c['logprob'])}</code> {esc(c['text'].strip() or '(empty)')}</li>"
                 for c in a["candidates"]
             )
+            how = ("Candidates ranked, each counted under the passages that wrote it"
+                   if a["decoding"].startswith("fast") else "Candidates rescored")
             parts.append(
-                f"<details><summary>Candidates rescored ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
+                f"<details><summary>{how} ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
                 f'<ol class="rag-note">{cands}</ol></details>'
             )
     return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'

@@ -119,7 +119,7 @@ def no_eos(pipe):
 def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
     """A deadline already passed: each mode stops after its first step and marks the answer
     "time_limit"; thorough RAG-Sequence skips its rescoring and names what it did instead."""
-    s = RagSettings(k=3, num_beams=beams, max_new_tokens=50)
+    s = RagSettings(k=3, num_beams=beams, max_new_tokens=50, sequence_decoding="thorough")
     with no_eos(pipe):
         out = pipe.answer_modes("who painted the starry night", MODES, s, RunControl(deadline=time.monotonic() - 1))
         free = pipe.answer_modes("who painted the starry night", ["token"], s)["token"]

@@ -52,21 +52,22 @@ def _inputs(qenc, gen, index, question: str, doc_tokens: tuple[int, ...] = (64,)
     return prompts, ids, mask, torch.from_numpy(scores.copy())
 
 
-def _want(ref, gen, ids, mask, scores, beams: int, max_new_tokens: int) -> list[int]:
+def _want(ref, gen, ids, mask, scores, beams: int, max_new_tokens: int, length_penalty: float = 1.0) -> list[int]:
     """The reference's answer in our token convention."""
-    out = reference_generate(ref, ids, mask, scores, beams, max_new_tokens)
+    out = reference_generate(ref, ids, mask, scores, beams, max_new_tokens, length_penalty)
     return reference_tokens(out[0], gen.pad_token_id, gen.eos_token_ids[0])
 
 
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])  # ours (the paper's: none), transformers' default
 @pytest.mark.parametrize("eos_bias", [0.0, 5.0])
 @pytest.mark.parametrize("beams", [1, 2, 4])
 @pytest.mark.parametrize("question", QUESTIONS)
-def test_rag_token_generate_matches_reference(tiny_ckpts, index, question, beams, eos_bias):
+def test_rag_token_generate_matches_reference(tiny_ckpts, index, question, beams, eos_bias, length_penalty):
     ref, qenc, gen = _load(tiny_ckpts, "token", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=12)
+    s = RagSettings(k=K, num_beams=beams, max_new_tokens=12, length_penalty=length_penalty)
     ours = engine.rag_token(gen, prompts, scores[0], s)
-    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 12)
+    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 12, length_penalty)
     assert len(ours.tokens) >= 1
 
 
@@ -81,8 +82,9 @@ def test_padded_contexts_match_reference(tiny_ckpts, index, beams):
     q = QUESTIONS[0]
     prompts, ids, mask, scores = _inputs(qenc, gen, index, q, UNEQUAL)
     assert len(set(map(len, prompts))) == K and not bool(mask.all())
-    assert engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, num_beams=beams, max_new_tokens=12)).tokens \
-        == _want(ref, gen, ids, mask, scores, beams, 12)
+    s = RagSettings(k=K, num_beams=beams, max_new_tokens=12)
+    assert engine.rag_token(gen, prompts, scores[0], s).tokens == _want(ref, gen, ids, mask, scores, beams, 12,
+                                                                         s.length_penalty)
     answer = gen.tokenizer("vincent van gogh painted it")["input_ids"]
     with torch.no_grad():
         loss = ref(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
@@ -186,15 +188,16 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
     assert (ours < -hf_style - 1e-4).all()  # scoring BOS can only lower log p(y|x): by 6.8 measured
 
 
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])  # ours (the paper's: none), transformers' default
 @pytest.mark.parametrize("eos_bias", [0.0, 5.0])
 @pytest.mark.parametrize("beams", [1, 3])
 @pytest.mark.parametrize("question", QUESTIONS)
-def test_rag_sequence_thorough_matches_reference_generate(tiny_ckpts, index, question, beams, eos_bias):
+def test_rag_sequence_thorough_matches_reference_generate(tiny_ckpts, index, question, beams, eos_bias, length_penalty):
     ref, qenc, gen = _load(tiny_ckpts, "sequence", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=10)
+    s = RagSettings(k=K, num_beams=beams, max_new_tokens=10, sequence_decoding="thorough", length_penalty=length_penalty)
     ours = engine.rag_sequence(gen, prompts, scores[0], s, hf_compat_score=True)  # ranked by the reference's score
-    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 10)
+    assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 10, length_penalty)
     assert max(ours.candidates, key=lambda c: c[1])[0] == ours.tokens  # the answer is the best-scored candidate
 
 
@@ -215,7 +218,8 @@ def test_rag_sequence_scores_marginalise_teacher_forced_log_probs(tiny_ckpts, in
     prompts, _, _, scores = _inputs(qenc, gen, index, QUESTIONS[0])
     s = RagSettings(k=K, num_beams=2, max_new_tokens=10, sequence_decoding="fast")
     fast = engine.rag_sequence(gen, prompts, scores[0], s)
-    thorough = engine.rag_sequence(gen, prompts, scores[0], RagSettings(k=K, num_beams=2, max_new_tokens=10))
+    thorough = engine.rag_sequence(gen, prompts, scores[0], RagSettings(k=K, num_beams=2, max_new_tokens=10,
+                                                                        sequence_decoding="thorough"))
     assert fast.decoding.startswith("fast") and thorough.decoding.startswith("thorough")
     # which docs produced which candidate: one beam search per doc, as the engine runs them
     prior = doc_log_prior(scores[0])  # (K,)

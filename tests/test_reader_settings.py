@@ -53,6 +53,9 @@ DOCS = [
         ("copy_min_prior", 1.5, r"copy_min_prior=1.5 is out of range"),
         ("copy_min_prior", "lots", r"copy_min_prior='lots' is not a number"),
         ("copy_min_prior", True, r"copy_min_prior=True is out of range"),
+        ("length_penalty", -0.5, r"length_penalty=-0.5 is out of range: use 0 \(a hypothesis's summed log-prob"),
+        ("length_penalty", 3, r"length_penalty=3 is out of range"),
+        ("length_penalty", "long", r"length_penalty='long' is not a number"),
     ],
 )
 def test_new_settings_reject_bad_values_by_name(field, bad, message):
@@ -471,3 +474,17 @@ def test_recase_question_hands_the_generator_the_passages_casing(tiny_offline, m
     assert [d.id for d in a.docs] == [d.id for d in b.docs]  # retrieval and p(z|x) unchanged
     assert [d.prior for d in a.docs] == pytest.approx([d.prior for d in b.docs], abs=1e-6)
     assert a.sequence_logprob != b.sequence_logprob  # another prompt, another model input
+
+
+def test_length_penalty_reaches_every_beam_search(tiny_offline, monkeypatch):
+    """RagSettings.length_penalty is the one beam search ranks finished answers by, in both RAG
+    modes and closed-book (decoding's own tests check what it does with it)."""
+    from rag_demo import engine
+
+    seen = []
+    real = engine.search
+    monkeypatch.setattr(engine, "search", lambda *a, **kw: seen.append(a[7]) or real(*a, **kw))
+    for lp in (0.0, 2.0):
+        seen.clear()
+        tiny_offline.answer_modes(Q, ["token", "sequence", "closed-book"], num_beams=2, length_penalty=lp)
+        assert len(seen) >= 3 and set(seen) == {lp}

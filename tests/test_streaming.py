@@ -59,18 +59,23 @@ def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):
     assert parts[-1]["text"] == final.text
 
 
-def test_rag_sequence_streams_one_draft_per_passage_then_rescoring(pipe):
-    out, seen = _listen(pipe, ["sequence"])
+@pytest.mark.parametrize("decoding", ["thorough", "fast"])
+def test_rag_sequence_streams_one_draft_per_passage_then_rescoring(pipe, decoding):
+    """Thorough: the drafts, then a "rescoring" partial while every candidate is scored under every
+    passage. Fast has no such pass: its drafts end, then the answer."""
+    out, seen = _listen(pipe, ["sequence"], sequence_decoding=decoding)
     parts = [p for p in seen if p["mode"] == "sequence"]
     assert parts[0]["phase"] == "reading" and parts[0]["drafts"] == []
     parts = parts[1:]
     assert all(len(p["drafts"]) == 3 for p in parts)
     assert [d["rank"] for d in parts[0]["drafts"]] == [1, 2, 3]
-    assert parts[-1]["phase"] == "rescoring" and all(d["done"] for d in parts[-1]["drafts"])
-    assert all(p["phase"] == "decoding" for p in parts[:-1])
+    if decoding == "thorough":
+        assert parts[-1]["phase"] == "rescoring" and all(d["done"] for d in parts[-1]["drafts"])
+        parts = parts[:-1]
+    assert all(p["phase"] == "decoding" for p in parts) and all(d["done"] for d in parts[-1]["drafts"])
     # the drafts are the candidates the rescoring ranks
     cands = {c["text"] for c in out["sequence"].candidates}
-    assert {d["text"] for d in parts[-1]["drafts"]} == cands
+    assert {d["text"] for d in [p for p in seen if p["mode"] == "sequence"][-1]["drafts"]} == cands
     assert out["sequence"].text in cands
 
 

@@ -178,6 +178,11 @@ def test_answer_card_names_its_question_and_marks_a_cut_answer():
     read = ui.render_answer(answer_dict(question="who painted <b>", read_question="Who painted <b>?"))
     assert "Q: who painted &lt;b&gt; <span" in read and "(read as: Who painted &lt;b&gt;?)" in read
     assert "read as" not in ui.render_answer(answer_dict(question="Who painted it?", read_question=""))
+    cands = [{"text": "Vincent van Gogh.", "logprob": -1.25}, {"text": "Gauguin.", "logprob": -3.0}]
+    fast = ui.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="fast, 2 beams"))
+    assert "Candidates ranked, each counted under the passages that wrote it (2, fast, 2 beams)" in fast
+    thorough = ui.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="thorough, 2 beams"))
+    assert "Candidates rescored (2, thorough, 2 beams)" in thorough and "Candidates ranked" not in thorough
 
 
 def test_tokens_are_coloured_by_their_top_passage():
