@@ -159,6 +159,8 @@ class RagSettings:
     # log p(y|x) and the attributions stay exact. 0 turns it off. 3 measured (2026-11-23, AMD EPYC,
     # float32): given-retrieval contains +4.6 points for both RAG modes on the 108 labelled external
     # questions with an answer retrieved, dev set +2.5; an echo costs a few decoding steps.
+    # Since 2026-11-24 an answer that names nothing ("He.", "A.": echo.says_nothing) is retried
+    # the same way.
     echo_retries: int = 3
     # A wider echo: an answer that opens by naming what the question is about, the subject of a
     # retrieved passage the question names ("What did Alfred Nobel invent?" -> "Alfred Nobel.",

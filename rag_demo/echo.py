@@ -1,6 +1,7 @@
-"""Answers that only repeat the question (RagSettings.echo_retries).
+"""Answers that only repeat the question, or say nothing (RagSettings.echo_retries).
 
-Owns one test: is an answer nothing but a run of the question's own words? SmolLM2-135M,
+Owns the tests: is an answer nothing but a run of the question's own words, the name of what the
+question is about (`names_question_subject`), or no name at all ("He.", `says_nothing`)? SmolLM2-135M,
 handed a passage about Sherlock Holmes and asked who wrote Sherlock Holmes, often answers
 "Sherlock Holmes": the subject of its passage, which the question already named. Such an answer
 cannot be right (whatever is asked for, it is not the thing the question already says), so the
@@ -23,6 +24,20 @@ def echoes_question(answer: str, question: str) -> bool:
     created Sherlock Holmes?", "Arthur Conan Doyle" and "Holmesian" do not."""
     a = normalize_answer(answer)
     return bool(a) and f" {a} " in f" {normalize_answer(question)} "
+
+
+# Words that name nothing on their own: an answer made only of them ("He.", "A.", "It.") answers
+# no question, whatever it asks (normalize_answer has already dropped "a", "an", "the").
+_EMPTY_WORDS = frozenset({"he", "she", "it", "they", "him", "her", "his", "its", "their", "them", "this", "that",
+                          "these", "those", "there", "here", "i", "we", "you", "what", "which", "one",
+                          "and", "or", "of", "in", "on", "to"})
+
+
+def says_nothing(answer: str) -> bool:
+    """True when the answer, SQuAD-normalised, is empty or only pronouns, articles and
+    connectives ("He.", "A.", "The.", "": an answer that names nothing; "He was" is not one, "was"
+    being a word of its own). The engine retries it like an echo (RagSettings.echo_retries)."""
+    return all(w in _EMPTY_WORDS for w in normalize_answer(answer).split())
 
 
 # Words a title may hold that a question need not repeat ("Parliament of South Africa").

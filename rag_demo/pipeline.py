@@ -25,7 +25,7 @@ from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
-from .echo import echoes_question, names_question_subject
+from .echo import echoes_question, names_question_subject, says_nothing
 from .truecase import recase
 from .focus import focus_passages
 from .generators import DECODER_ONLY, SharedPrefill
@@ -483,9 +483,10 @@ def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:
 
 def _echo_check(gen, q: str, passages: Sequence[tuple[str, str]] = ()) -> Callable[[list[int]], bool]:
     """The engine's echo test for this question (RagSettings.echo_retries): the answer's text
-    only repeats words of the question, or (passages (title, text) given: RagSettings.echo_subjects)
+    only repeats words of the question, names nothing (echo.says_nothing), or (passages (title,
+    text) given: RagSettings.echo_subjects)
     only names a retrieved passage's subject that the question names."""
     def echo(tokens: list[int]) -> bool:
         text = gen.decode(tokens)
-        return echoes_question(text, q) or names_question_subject(text, q, passages)
+        return echoes_question(text, q) or says_nothing(text) or names_question_subject(text, q, passages)
     return echo

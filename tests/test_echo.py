@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.decoding import score_candidates  # noqa: E402
-from rag_demo.echo import echoes_question, names_question_subject  # noqa: E402
+from rag_demo.echo import echoes_question, names_question_subject, says_nothing  # noqa: E402
 from rag_demo.engine import closed_book, rag_sequence, rag_token  # noqa: E402
 from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
 
@@ -231,6 +231,27 @@ def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo
         monkeypatch.undo()
         assert asked and set(asked) == {QUESTION}, mode
         assert out.text != base.text, mode
+
+
+@pytest.mark.parametrize("answer, nothing", [
+    ("He.", True), ("A.", True), ("The.", True), ("", True), ("It, and they", True), ("his", True),
+    ("He was born in 1881.", False), ("Hagar.", False), ("It.", True), ("1780", False), ("I", True),
+    ("The Who.", False),  # a band: normalised to "who", which is not counted as naming nothing
+])
+def test_says_nothing_worked_examples(answer, nothing):
+    assert says_nothing(answer) is nothing
+
+
+def test_the_pipeline_retries_an_answer_that_says_nothing(tiny_offline_echo, monkeypatch):
+    import rag_demo.pipeline as P
+
+    pipe = tiny_offline_echo
+    for mode in ("token", "sequence", "closed-book"):
+        base = pipe.answer(QUESTION, mode, echo_retries=0)
+        monkeypatch.setattr(P, "says_nothing", lambda answer, _base=base.text: answer == _base)
+        out = pipe.answer(QUESTION, mode, echo_retries=2)
+        monkeypatch.undo()
+        assert out.text != base.text, mode  # retried: the echo test asked says_nothing too
 
 
 @pytest.fixture(scope="module")
