@@ -89,7 +89,8 @@ HOT_SWAP_EXAMPLES = (
 )
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus);
 # but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name
-# Canberra, so the extractive reader answers Melbourne, and the Factbook corpus answers Canberra:
+# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23, Perth with the
+# 2026-11-24 defaults), and the Factbook corpus answers Canberra:
 # what the index holds decides the answer.
 VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
     "Who painted The Starry Night?",
