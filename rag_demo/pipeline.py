@@ -458,7 +458,9 @@ class RagPipeline:
                      f"RAG-Sequence {s.sequence_decoding}, modes {', '.join(modes)}")
             raise ValueError(
                 f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
-                "lower K, the beam size or max new tokens, or use fast RAG-Sequence decoding."
+                + ("lower K, the beam size or max new tokens, or use fast RAG-Sequence decoding."
+                   if "sequence" in modes and s.sequence_decoding == "thorough" else
+                   "lower K, the beam size or max new tokens.")
             )
         return cost
 

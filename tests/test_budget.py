@@ -65,6 +65,12 @@ def test_check_budget_refuses_with_what_was_asked_and_what_to_change(pipe):
         pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), tight)
     with pytest.raises(ValueError, match="GB of memory"):
         pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(max_request_bytes=1))
+    # fast RAG-Sequence is suggested only where it would change something
+    for decoding, suggested in (("fast", False), ("thorough", True)):
+        with pytest.raises(ValueError) as err:
+            pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1, sequence_decoding=decoding),
+                              Budget(max_request_bytes=1))
+        assert ("use fast RAG-Sequence decoding" in str(err.value)) is suggested, decoding
     assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(heavy_seconds=ok.seconds / 2)).heavy
 
 
