@@ -144,6 +144,11 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
                    help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
 
 
+def _add_decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decoding", default=RagSettings.sequence_decoding,
+                   help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
+
+
 def reader_settings(args) -> dict:
     """The reader settings of parsed arguments, as RagSettings keyword arguments."""
     return {name: getattr(args, name) for name in READER_FIELDS}
@@ -158,8 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--k", type=int, default=RagSettings.k, help=f"passages to retrieve, 1-{MAX_K} (default 5)")
     ask.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
     ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
-    ask.add_argument("--decoding", default=RagSettings.sequence_decoding,
-                     help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
+    _add_decoding(ask)
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
     _add_reader_settings(ask)
     _add_common(ask)
@@ -181,8 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(applied before --sample)")
     ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
     ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
-    ev.add_argument("--decoding", default=RagSettings.sequence_decoding,
-                     help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
+    _add_decoding(ev)
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
     _add_reader_settings(ev)
     _add_common(ev)
@@ -194,8 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
-    be.add_argument("--decoding", default=RagSettings.sequence_decoding,
-                    help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
+    _add_decoding(be)
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")

@@ -252,6 +252,10 @@ class RagPipeline:
         s = (settings or self.settings).merged(**overrides)
         shared: dict[int, SharedPrefill] = {}
         fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
+        pairs = [(p.title, p.text) for p in passages]
+        # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
+        qg = recase(q, pairs) if s.recase_question else q
+        subjects = pairs if s.echo_subjects else []  # echo.names_question_subject
         out = {}
         for mode in modes:
             mm = self.stack.modes[mode]
@@ -271,8 +275,6 @@ class RagPipeline:
             # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior enters
             # in the engine (engine.prefill_and_prior), which may add the reader's vote, then divides by T
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
-            # the question as the generator reads it: cased as the passages write its words (truecase.py)
-            qg = recase(q, [(p.title, p.text) for p in passages]) if s.recase_question else q
             prompts = [gen.prompt(qg, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
                        for p in fed]
             tail = gen.common_question_tail(prompts, qg) if s.question_weight else None
@@ -295,7 +297,6 @@ class RagPipeline:
             emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
-            subjects = [(p.title, p.text) for p in passages] if s.echo_subjects else []  # echo.names_question_subject
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
                     on_partial=emit, echo=_echo_check(gen, qg, subjects), contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)

@@ -29,18 +29,22 @@ _QUESTION_WORDS = frozenset({"who", "what", "when", "where", "which", "why", "ho
 MAX_PHRASE = 4
 
 
-def _runs(text: str) -> list[list[tuple[str, bool]]]:
+def _adjacent(text: str) -> list[list[re.Match]]:
     """The text's words as runs of adjacent words (joined by spaces, hyphens, periods or
-    apostrophes only), each word with whether it starts a sentence."""
-    runs: list[list[tuple[str, bool]]] = []
-    end = None
+    apostrophes only), in order."""
+    runs: list[list[re.Match]] = []
     for m in _WORD.finditer(text):
-        initial = not text[: m.start()].strip() or bool(_SENTENCE_START.search(text[max(0, m.start() - 8) : m.start()]))
-        if end is None or not _JOIN.fullmatch(text[end : m.start()]):
+        if not runs or not _JOIN.fullmatch(text[runs[-1][-1].end() : m.start()]):
             runs.append([])
-        runs[-1].append((m.group(), initial))
-        end = m.end()
+        runs[-1].append(m)
     return runs
+
+
+def _runs(text: str) -> list[list[tuple[str, bool]]]:
+    """`_adjacent`'s runs, each word with whether it starts a sentence."""
+    return [[(m.group(), not text[: m.start()].strip()
+              or bool(_SENTENCE_START.search(text[max(0, m.start() - 8) : m.start()]))) for m in run]
+            for run in _adjacent(text)]
 
 
 def phrase_forms(passages: Iterable[tuple[str, str]]) -> dict[tuple[str, ...], Counter]:
@@ -67,12 +71,10 @@ def recase(question: str, passages: Iterable[tuple[str, str]] = ()) -> str:
     question = " ".join(question.split())
     if question[1:] == question[1:].lower():  # typed with capitals: the person's casing stands
         forms = phrase_forms(passages)
-        matches = list(_WORD.finditer(question))
-        runs: list[list[int]] = []  # indices into matches, adjacent as in _runs
-        for j, m in enumerate(matches):
-            if not runs or not _JOIN.fullmatch(question[matches[j - 1].end() : m.start()]):
-                runs.append([])
-            runs[-1].append(j)
+        matches, runs = [], []  # the question's words; runs of indices into them, adjacent as in passages
+        for run in _adjacent(question):
+            runs.append(list(range(len(matches), len(matches) + len(run))))
+            matches += run
         new = [m.group() for m in matches]
         done = [False] * len(matches)
         for n in range(MAX_PHRASE, 0, -1):
