@@ -54,7 +54,7 @@ def _corpus(args):
     if name == "factbook":
         from .factbook import load_factbook
 
-        return load_factbook()
+        return load_factbook(cache_dir=_spec(args).cache_dir)
     return None
 
 

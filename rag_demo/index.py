@@ -6,7 +6,8 @@ per-session "edit a passage" copy, and the on-disk cache:
 `cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
 sha256(corpus fingerprint + encoder fingerprint [+ index kind])[:16]. A cache is written atomically (temp
 sibling folder, fsync, rename: `publish.py`) and verified on load (key, sizes, format, file hashes);
-anything missing, corrupt or stale is logged and rebuilt, never trusted. A cached build is
+anything missing, corrupt or stale is logged and rebuilt, never trusted; embeddings.npy is then
+memory-mapped, not read into memory. A cached build is
 resumable: it embeds `RESUME_CHUNK` passages at a time and keeps each finished chunk in
 `cache_dir/indexes/<key>.partial/`, so a build that was interrupted (a killed process, a
 restarted Space) embeds only what it had not saved; the folder goes once the index is published.
@@ -147,6 +148,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _file_sha256(path: Path) -> str:
+    """sha256 hex of a file, read in blocks (never whole in memory)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _serialize(index: PassageIndex) -> dict[str, bytes]:
     npy = io.BytesIO()
     np.save(npy, index.embeddings, allow_pickle=False)
@@ -172,14 +179,15 @@ def _load(folder: Path, key: str, corpus: Corpus, encoder: Encoder, ann: AnnSett
     wrong = {k: meta.get(k) for k, v in expected.items() if meta.get(k) != v}
     if wrong:
         raise _StaleCache(f"meta.json has {wrong}, expected {expected}")
-    blobs = {name: (folder / name).read_bytes() for name in _FILES}
-    bad = [name for name, data in blobs.items() if _sha256(data) != meta["sha256"][name]]
+    bad = [name for name in _FILES if _file_sha256(folder / name) != meta["sha256"][name]]
     if bad:
         raise _StaleCache(f"{', '.join(bad)} do not match the sha256 in meta.json (truncated or corrupt)")
-    index = faiss.deserialize_index(np.frombuffer(blobs["index.faiss"], dtype=np.uint8))
+    index = faiss.deserialize_index(np.frombuffer((folder / "index.faiss").read_bytes(), dtype=np.uint8))
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise _StaleCache("index.faiss does not use inner product")
-    embeddings = np.load(io.BytesIO(blobs["embeddings.npy"]), allow_pickle=False)
+    # memory-mapped: the vectors (a re-rank's exact scores, an edited passage's copy) are paged in
+    # when read, and shared by every process serving this cache; the FAISS index holds its own
+    embeddings = np.load(folder / "embeddings.npy", mmap_mode="r", allow_pickle=False)
     return PassageIndex(corpus, embeddings, index, ann=ann)
 
 

@@ -37,7 +37,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from .corpus import Corpus, Passage
+from .corpus import Corpus
 from .encoders import Encoder
 from .index import IndexInfo, PassageIndex
 from .publish import publish_folder
@@ -123,8 +123,7 @@ def export_knowledge(index: PassageIndex, out_dir: str | Path, say: Say | None =
     n, d = index.embeddings.shape
     _say(say, f"Exporting {n:,} passages ({d}-d) of {index.corpus.name} to {out} ...")
     ds = Dataset.from_dict(
-        {"title": [p.title for p in index.corpus.passages], "text": [p.text for p in index.corpus.passages],
-         "embeddings": index.embeddings},
+        {"title": index.corpus.dataset["title"], "text": index.corpus.dataset["text"], "embeddings": index.embeddings},
         features=_features(),
     )
 
@@ -179,9 +178,11 @@ def _read_dataset(path: Path):
     return ds
 
 
-def _rows(ds, path: Path, say: Say | None, batch_size: int) -> tuple[list[Passage], np.ndarray]:
-    """Passages and (N, D) float32 embeddings, read in batches with a progress bar."""
-    passages: list[Passage] = []
+def _rows(ds, path: Path, say: Say | None, batch_size: int) -> tuple[list[str], list[str], np.ndarray]:
+    """Passage ids and titles, and (N, D) float32 embeddings, read in batches with a progress bar;
+    the text stays in the dataset's Arrow table (checked here, row by row)."""
+    ids: list[str] = []
+    titles: list[str] = []
     blocks: list[np.ndarray] = []
     seen: dict[str, int] = {}
     n, start = len(ds), 0
@@ -206,12 +207,23 @@ def _rows(ds, path: Path, say: Say | None, batch_size: int) -> tuple[list[Passag
                 title = "" if title is None else str(title)  # transformers' script stores a missing title as ""
                 j = seen.get(title, 0)
                 seen[title] = j + 1
-                passages.append(Passage(f"{title}#{j}", title, text))
+                ids.append(f"{title}#{j}")
+                titles.append(title)
             start += len(e)
             bar.update(len(e))
             if n >= batch_size:
                 _say(say, f"Reading {path.name}: {start:,}/{n:,} passages")
-    return passages, np.concatenate(blocks)
+    return ids, titles, np.concatenate(blocks)
+
+
+def _corpus(name: str, ds, ids: list[str], titles: list[str]) -> Corpus:
+    """Our corpus over the knowledge dataset's own Arrow table: its text column as it is (memory-mapped),
+    ids and titles (a missing title as "") and no urls alongside."""
+    from datasets import Value
+
+    table = ds.select_columns(["text"]).cast_column("text", Value("string"))
+    table = table.add_column("id", ids).add_column("title", titles).add_column("url", [None] * len(ids))
+    return Corpus(name, table)
 
 
 def _check_index_file(path: Path, dataset_path: Path) -> None:
@@ -253,12 +265,12 @@ def load_knowledge(dataset_path: str | Path, index_path: str | Path, say: Say | 
     _check_index_file(index_path, dataset_path)  # before reading a dataset that may be large
     _say(say, f"Loading the knowledge dataset {dataset_path} ...")
     ds = _read_dataset(dataset_path)
-    passages, embeddings = _rows(ds, dataset_path, say, batch_size)
+    ids, titles, embeddings = _rows(ds, dataset_path, say, batch_size)
     index = _read_index(index_path, *embeddings.shape, dataset_path)
     name = f"{dataset_path.parent.name}/{dataset_path.name}" if dataset_path.parent.name else dataset_path.name
-    knowledge = Knowledge(PassageIndex(Corpus(name, passages), embeddings, index), dataset_path, index_path,
+    knowledge = Knowledge(PassageIndex(_corpus(name, ds, ids, titles), embeddings, index), dataset_path, index_path,
                           time.perf_counter() - t0)
-    _say(say, f"Knowledge dataset loaded in {knowledge.seconds:.1f} s: {len(passages):,} passages, "
+    _say(say, f"Knowledge dataset loaded in {knowledge.seconds:.1f} s: {len(ids):,} passages, "
               f"{embeddings.shape[1]}-d, FAISS {type(index).__name__}")
     return knowledge
 

@@ -135,7 +135,9 @@ class RagPipeline:
             knowledge.check_encoder(stack.ctx_encoder, spec.name)
             say(1.0, f"Using the knowledge dataset {knowledge.dataset_path} ({len(knowledge.index):,} passages)")
             return cls(stack, knowledge.index, settings, knowledge.info())
-        corpus = corpus if corpus is not None else load_vital_articles()
+        if corpus is None:
+            say(0.5, "Loading the Wikipedia Vital Articles passages ...")
+            corpus = load_vital_articles(cache_dir=spec.cache_dir)
         pipe = cls(stack, None, settings)  # type: ignore[arg-type]
         pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))
         return pipe

@@ -46,9 +46,10 @@ def default_unavailable(stack: str) -> str | None:
 
 
 def _load_factbook() -> Any:
+    from .config import default_cache_dir
     from .factbook import load_factbook
 
-    return load_factbook()
+    return load_factbook(cache_dir=default_cache_dir())
 
 
 def default_corpora() -> dict[str, tuple[str, Callable[[], Any]]]:

@@ -337,3 +337,66 @@ def test_upload_missing_file_and_no_files(tmp_path: Path):
         load_documents([tmp_path / "gone.txt"])
     with pytest.raises(ValueError, match="no files given"):
         load_documents([])
+
+
+# ---------------------------------------------------------------- Arrow tables and the corpus cache
+
+
+def test_a_corpus_is_an_arrow_table_read_as_passages():
+    from datasets import Dataset
+
+    c = corpus_from_documents("c", [("A", "Alpha text.", "http://a"), ("B", "Beta text.", None)])
+    assert isinstance(c.dataset, Dataset) and c.dataset.column_names == ["id", "title", "text", "url"]
+    assert c.passages[1] == Passage("B#0", "B", "Beta text.", None) == c.passages[-1]
+    assert c.passages[0:1] == [Passage("A#0", "A", "Alpha text.", "http://a")] and c.passages[5:9] == []
+    assert list(c.passages) == [c.passages[0], c.passages[1]] and c.passages[::-1][0].id == "B#0"
+    import numpy as np
+
+    assert c.passages[np.int64(1)].id == "B#0"  # FAISS hands back numpy ints
+    with pytest.raises(IndexError):
+        c.passages[2]
+    # a Dataset with the columns is a corpus as it is; one without them is refused by name
+    same = Corpus("c", c.dataset)
+    assert same.fingerprint() == c.fingerprint() and same.position("B#0") == 1
+    with pytest.raises(ValueError, match="has no url column"):
+        Corpus("c", Dataset.from_dict({"id": ["x"], "title": ["t"], "text": ["y"]}))
+    with pytest.raises(ValueError, match="'x#0' appears twice"):
+        Corpus("dup", Dataset.from_dict({"id": ["x#0", "x#0"], "title": ["t"] * 2, "text": ["y"] * 2, "url": [None] * 2}))
+
+
+def test_vital_articles_are_split_once_then_memory_mapped_from_the_cache(tmp_path, vital, monkeypatch):
+    import rag_demo.corpus as C
+
+    built = []
+    real = C.corpus_from_documents
+    monkeypatch.setattr(C, "corpus_from_documents", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    first = load_vital_articles(cache_dir=tmp_path)
+    [folder] = (tmp_path / "corpora").iterdir()
+    assert built == [1] and (folder / "meta.json").is_file() and list((folder / "passages").glob("*.arrow"))
+    again = load_vital_articles(cache_dir=tmp_path)
+    assert built == [1], "the second load split the file again instead of reading the cache"
+    assert again.dataset.cache_files and again.dataset.cache_files[0]["filename"].startswith(str(folder))  # mapped
+    assert len(again) == len(vital) and again.fingerprint() == vital.fingerprint() == first.fingerprint()
+    assert again.passages[100] == vital.passages[100] and again.passages[-1] == vital.passages[-1]
+    # a different limit is a different corpus, cached beside it
+    assert len(load_vital_articles(limit=3, cache_dir=tmp_path).passages) < 10 and built == [1, 1]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda f: next((f / "passages").glob("*.arrow")).write_bytes(b"\0" * 100),  # truncated / garbage
+    lambda f: (f / "meta.json").write_text("{not json"),
+    lambda f: (f / "meta.json").unlink(),
+    lambda f: [p.unlink() for p in (f / "passages").glob("*.arrow")],
+], ids=["garbage-arrow", "bad-json", "no-meta", "no-data"])
+def test_a_damaged_corpus_cache_is_rebuilt_not_trusted(tmp_path, damage, caplog):
+    small = load_vital_articles(limit=5, cache_dir=tmp_path)
+    # read before the damage: `small` maps the file this test then overwrites in place, which our
+    # code never does (caches are replaced by renaming a new folder over them: publish.py)
+    fingerprint, passages = small.fingerprint(), list(small.passages)
+    del small
+    [folder] = (tmp_path / "corpora").iterdir()
+    damage(folder)
+    again = load_vital_articles(limit=5, cache_dir=tmp_path)
+    assert again.fingerprint() == fingerprint and list(again.passages) == passages
+    assert "unusable" in caplog.text or not (folder / "meta.json").exists()
+    assert load_vital_articles(limit=5, cache_dir=tmp_path).dataset.cache_files  # published again, mapped
