@@ -22,7 +22,7 @@ MAX_PASSAGE_SENTENCES = 20
 # The RagSettings fields that shape how the generator reads (#11): the CLI's and bench's flags
 READER_FIELDS = ("answer_style", "worked_examples", "prior_temperature", "question_weight", "question_position",
                  "passage_sentences", "extractive", "copy_min_prior", "echo_retries", "echo_subjects", "recase_question",
-                 "length_penalty", "context_contrast", "max_doc_tokens")
+                 "token_drafts", "length_penalty", "context_contrast", "max_doc_tokens")
 MAX_WORKED_EXAMPLES = 4  # len(generators.WORKED_EXAMPLES)
 MAX_QUESTION_WEIGHT = 5.0
 MAX_ECHO_RETRIES = 5
@@ -181,6 +181,19 @@ class RagSettings:
     # RAG-Sequence 50.9 -> 55.6 (paired +4.6, 95% 0.0..+9.3; 6 gained, 1 lost), RAG-Token 55.6 ->
     # 54.6 (-0.9, -6.5..+4.6; 4 gained, 5 lost, two of them longer forms of the right name).
     recase_question: bool = True
+    # RAG-Token's search over the mixture sum_z p(z|x) p(y_i|x,z,y_<i) only approximates its
+    # argmax, and with extractive copies it can only say what the likely passages hold. True:
+    # each doc also drafts its own answers (RAG-Sequence's candidates, copying its own passage),
+    # and every candidate, the mixture's beams and the drafts, is ranked by its exact RAG-Token
+    # log p(y|x) = sum_i log sum_z p(z|x) p(y_i|x,z,y_<i). Same model, a wider search; costs the
+    # With context_contrast > 0 it is off: the contrast is then the rule that chooses the tokens.
+    # K drafts (shared with RAG-Sequence when both modes answer, as in the app) and teacher-forced
+    # passes of the candidates, doc by doc, until no other candidate can win (rank_by_rag_token).
+    # True since 2026-11-24 (fourth session; AMD EPYC, float32, 2 beams): RAG-Token on the 108
+    # labelled external questions with an answer retrieved EM / F1 / contains 47.2 / 55.8 / 53.7 ->
+    # 51.9 / 60.1 / 57.4 (27 answers changed, 6 gained, 2 lost: "Pop art." -> "Art Nouveau."), dev
+    # EM 88.8 -> 90.0; both modes of a question 4.02 -> 4.46 s p50, RAG-Token alone 2.97 -> 4.17 s.
+    token_drafts: bool = True
     # Context-aware decoding (Shi et al. 2023, "Trusting Your Evidence"): a small reader often
     # answers from its weights, not its passage ("who was president during WW2" -> the one it
     # remembers best). a > 0 chooses each token by (1 + a) log p(y_t | x, z, y_<t) - a log
@@ -246,7 +259,7 @@ class RagSettings:
             "context_contrast", self.context_contrast, "0.5", 0, MAX_CONTEXT_CONTRAST,
             f"use 0 (off: the paper's decoding) to {MAX_CONTEXT_CONTRAST:g} (the passages' pull on each token "
             "counts that much more).")
-        for name in ("extractive", "echo_subjects", "recase_question"):
+        for name in ("extractive", "echo_subjects", "recase_question", "token_drafts"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 if str(value).lower() not in ("true", "false"):

@@ -44,7 +44,9 @@ class Generation:
     doc_lp: torch.Tensor | None = None  # (K, T) log p(y_t | x, z, y_<t)
     posteriors: torch.Tensor | None = None  # (T, K) per-token doc posterior
     doc_posterior: torch.Tensor | None = None  # (K,) RAG-Sequence: p(z | x, y)
-    candidates: list[tuple[list[int], float]] = field(default_factory=list)  # RAG-Sequence: (tokens, log p(y|x))
+    # RAG-Sequence, and RAG-Token with RagSettings.token_drafts: (tokens, log p(y|x) as the mode ranked them)
+    candidates: list[tuple[list[int], float]] = field(default_factory=list)
+    bounded: set[int] = field(default_factory=set)  # candidates whose number is an upper bound (rank_by_rag_token)
     prior: torch.Tensor | None = None  # (K,) the log p(z|x) every formula above used
     question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z) when RagSettings.question_weight used it
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
@@ -177,8 +179,10 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
-    # An echo retried decodes again from the prefill state, so the first search runs on a copy too.
-    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) else state0
+    # An echo retried, and each doc's drafts (token_drafts), decode again from the prefill state,
+    # so the first search runs on a copy then too.
+    drafts = s.token_drafts and not s.context_contrast  # contrast decoding has its own rule for choosing tokens
+    state = gen.select(state0, torch.arange(K)) if s.num_beams > 1 or _retries(s, echo) or drafts else state0
     rows = Rows(gen, state, per_beam=K, prior=prior, contrast=_contrast_rows(gen, cb, s, 1, ends))
     # extractive: one copy group, the passages holding at least copy_min_prior of p(z|x)
     allowed = SpanConstraint(spans, [copy_sources(prior, s.copy_min_prior)], ends) if spans is not None else None
@@ -190,19 +194,37 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     hyps = search(rows, first_lp, 1, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
                   s.length_penalty, stop, allowed, step, top_n=INSPECT_TOP)
     redo = _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, step, top_n=INSPECT_TOP, contrast0=cb)
-    best = _best(_without_echoes(hyps, echo, s, redo, rows)[0])
+    mixture = _without_echoes(hyps, echo, s, redo, rows)[0]
+    best, doc_lp, candidates, bounded, cut = _best(mixture), None, [], set(), None
+    if drafts and not rows.stopped:
+        # more candidates for the same model: each doc's own drafts join the mixture's search,
+        # and all are ranked by their exact RAG-Token log p(y|x) (search only approximates the argmax)
+        groups, drafts_stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, None)
+        cands = _dedupe(mixture + [h for group in groups for h in group if h.tokens])
+        if _retries(s, echo):  # as a search does: an echo competes only when every candidate is one
+            cands = [h for h in cands if not echo(h.tokens)] or cands
+        ranked = None if drafts_stopped else rank_by_rag_token(gen, state0, first_lp, [h.tokens for h in cands],
+                                                                prior, stop)
+        if ranked is not None:
+            win, doc_lp, scores, bounded = ranked
+            best, candidates = cands[win], [(h.tokens, sc) for h, sc in zip(cands, scores)]
+        else:  # the deadline or a cancel came first: the mixture's own answer stands
+            cut = drafts_stopped or (stop() if stop is not None else None) or "stopped"
     t1 = time.perf_counter()
     if best.top is not None:  # greedy recorded the inspector's tables while decoding
         inspection = Inspection(*best.top)
-    else:  # beam search: one teacher-forced pass from the prefill state (decoding ran on a copy)
+    else:  # beam search or a doc's draft: one teacher-forced pass from the prefill state (decoding ran on a copy)
         inspection = inspect_answer(gen, state0, first_lp, best.tokens, prior)
-    if best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
+    if doc_lp is None and best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
-    else:  # beam search: one teacher-forced pass of the answer under each doc
+    elif doc_lp is None:  # beam search: one teacher-forced pass of the answer under each doc
         doc_lp = score_candidates(gen, state0, first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
+    # (with token_drafts the ranking already scored the winner under every doc)
     logprob = float(rag_token_logprob(doc_lp, prior))
-    out = Generation(best.tokens, logprob, _decoding_name(s), doc_lp, token_posteriors(doc_lp, prior),
-                     prior=prior, question_lp=question_lp, inspection=inspection)
+    name = _decoding_name(s) + (", with each doc's drafts" if candidates else
+                                f" (drafts stopped: {cut})" if cut else "")
+    out = Generation(best.tokens, logprob, name, doc_lp, token_posteriors(doc_lp, prior), candidates=candidates,
+                     prior=prior, question_lp=question_lp, inspection=inspection, bounded=bounded)
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, ends, s)
     return out
@@ -214,6 +236,92 @@ def copy_sources(log_prior: torch.Tensor, floor: float) -> list[int]:
     p = log_prior.exp()  # (K,)
     top = int(torch.argmax(p))
     return [z for z in range(p.shape[0]) if z == top or float(p[z]) >= floor]
+
+
+def _doc_drafts(gen: Generator, prompts: list[list[int]], state0, first_lp: torch.Tensor, s: RagSettings, ends, stop,
+                spans: list[list[int]] | None, echo: Echo | None, cb, step) -> tuple[list[list[Hyp]], str | None]:
+    """Each doc's own answers: a search under p(y|x,z) for each of the K docs alone (extractive:
+    copying its own passage), echoes retried per doc; -> (K groups of Hyps, best first; why the
+    request's deadline or cancel cut them short, or None). RAG-Sequence's candidates, and
+    RAG-Token's extra ones (RagSettings.token_drafts): within one question the two modes read the
+    same prompts with the same settings, so a generator that shares work (generators.SharedPrefill)
+    runs the drafts once, for whichever mode asks first."""
+    def run() -> tuple[list[list[Hyp]], str | None]:
+        K = first_lp.shape[0]
+        rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None,
+                    contrast=_contrast_rows(gen, cb, s, K, ends))
+        allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
+        hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
+                      s.length_penalty, stop, allowed, step)
+        # a retried draft does not stream: its group number would name the wrong doc in the Partial
+        hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None,
+                                                    contrast0=cb), rows)
+        return hyps, rows.stopped
+
+    share = getattr(gen, "shared", None)
+    if share is None:
+        return run()
+    key = ("drafts", tuple(map(tuple, prompts)), tuple(map(tuple, spans or [])), s.num_beams, s.max_new_tokens,
+           s.length_penalty, s.answer_style, s.echo_retries, s.context_contrast, tuple(ends))
+    return share(key, run)
+
+
+def rank_by_rag_token(gen: Generator, state0, first_lp: torch.Tensor, cands: list[list[int]], prior: torch.Tensor,
+                      stop=None) -> tuple[int, torch.Tensor, list[float], set[int]] | None:
+    """The candidate with the highest RAG-Token log p(y|x) = sum_i log sum_z p(z|x) p(y_i|x,z,y_<i),
+    found exactly without scoring every candidate under every doc (branch and bound).
+
+    Docs are teacher-forced in order of p(z|x), each over the candidates still in the race.
+    After docs S: lower bound L_c = sum_i log sum_{z in S} p(z|x) q_zi (the docs not yet read add
+    mass), upper bound U_c = sum_i log(sum_{z in S} p(z|x) q_zi + sum_{z not in S} p(z|x)) (each
+    adds at most its prior); a candidate with U_c < max L leaves the race. When one is left, it
+    is scored under the remaining docs for its attribution. With the offline stack's peaked p(z|x)
+    the race is usually decided by the top one or two docs.
+
+    state0: K prefilled rows, first_lp (K, V), C candidates (token ids), prior (K,) log p(z|x)
+    -> (winner, its (K, T) log p(y_t|x,z,y_<t), per candidate its exact log p(y|x) or, for one
+    that left the race, the upper bound it had then, the set of those); None when `stop()` cut it
+    short.
+    """
+    K, C = first_lp.shape[0], len(cands)
+    lengths = torch.tensor([len(c) for c in cands])  # (C,)
+    T = max(1, int(lengths.max()))
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)  # (C, T)
+    lp = torch.full((K, C, T), float("nan"))  # (K, C, T) filled doc by doc
+    acc = torch.full((C, T), float("-inf"))  # (C, T) log sum_{z read} p(z|x) q_zi
+    rest = torch.tensor(1.0)  # prior mass of the docs not read yet
+    bound = torch.full((C,), float("inf"))  # (C,) each candidate's last upper bound
+    alive, read = list(range(C)), []
+    seen = torch.zeros(C, dtype=torch.long)  # (C,) docs each candidate was scored under
+    for z in torch.argsort(prior, descending=True).tolist():
+        if stop is not None and stop():
+            return None
+        l, _ = score_candidates(gen, gen.select(state0, torch.tensor([z])), first_lp[z : z + 1],
+                                [cands[c] for c in alive], gen.pad_token_id)  # (1, C', T')
+        idx, t = torch.tensor(alive), l.shape[2]
+        lp[z, idx, :t] = l[0]
+        acc[idx, :t] = torch.logaddexp(acc[idx, :t], prior[z] + l[0])  # (C', T')  the prior enters per token
+        read.append(z)
+        seen[idx] += 1
+        rest = (rest - prior[z].exp()).clamp(min=0.0)
+        lower = torch.where(mask, acc, 0.0).sum(-1)  # (C,)
+        upper = torch.where(mask, torch.logaddexp(acc, rest.log()), 0.0).sum(-1)  # (C,)
+        best = max(alive, key=lambda c: float(lower[c]))
+        bound[idx] = upper[idx]
+        alive = [c for c in alive if c == best or float(upper[c]) >= float(lower[best])]
+        if len(alive) == 1:
+            break
+    win = max(alive, key=lambda c: float(lower[c]))
+    todo = [z for z in range(K) if z not in read]
+    if todo and len(cands[win]):  # the winner under the docs the race did not need
+        l, _ = score_candidates(gen, gen.select(state0, torch.tensor(todo)), first_lp[todo], [cands[win]],
+                                gen.pad_token_id)  # (K', 1, T')
+        lp[todo, win, : l.shape[2]] = l[:, 0]
+    doc_lp = lp[:, win, : len(cands[win])]  # (K, T)
+    exact = float(rag_token_logprob(doc_lp, prior))
+    bounded = {c for c in range(C) if c != win and int(seen[c]) < K}  # the others were read under every doc
+    scores = [exact if c == win else float(bound[c]) if c in bounded else float(lower[c]) for c in range(C)]
+    return win, doc_lp, scores, bounded
 
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
@@ -243,28 +351,22 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     K = len(prompts)
     first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
     cb = _contrast_prefill(gen, contrast_prompt, s)
-    rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None, contrast=_contrast_rows(gen, cb, s, K, ends))
-    allowed = SpanConstraint(spans, [[z] for z in range(K)], ends) if spans is not None else None
     step = None
     if on_partial is not None:
         def step(st: Step) -> None:
             on_partial(Partial("sequence", st.tokens, None, prior, st.done))
-    hyps = search(rows, first_lp, K, s.num_beams, s.max_new_tokens, ends, gen.pad_token_id,
-                  s.length_penalty, stop, allowed, step)
-    # a retried draft does not stream: its group number would name the wrong doc in the Partial
-    hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None, contrast0=cb),
-                           rows)
+    hyps, stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, step)
     cands = _dedupe([h for group in hyps for h in group])
-    if on_partial is not None and s.sequence_decoding == "thorough" and not rows.stopped:
+    if on_partial is not None and s.sequence_decoding == "thorough" and not stopped:
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,
                            [True] * K, phase="rescoring"))
     name = f"{s.sequence_decoding}, {_decoding_name(s)}"
     lp = None
-    if s.sequence_decoding == "thorough" and not rows.stopped:
+    if s.sequence_decoding == "thorough" and not stopped:
         lp, mask = score_candidates(gen, state0, first_lp, [h.tokens for h in cands], gen.pad_token_id,
                                     stop=stop)  # (K, C, T)
         if stop is not None and (reason := stop()):  # rescoring cut short: its numbers are incomplete
-            rows.stopped, lp = reason, None
+            stopped, lp = reason, None
     if lp is not None:
         scores = _sequence_scores(lp, prior, mask, gen, cands, hf_compat_score)  # (C,)
         win = int(torch.argmax(scores))
@@ -273,7 +375,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         logprob = float(scores[win])  # log p(y|x): the candidate's score over all K docs
     else:  # fast decoding, or thorough stopped by its deadline: no rescoring passes
         if s.sequence_decoding == "thorough":
-            name = f"fast (thorough stopped: {rows.stopped}), {_decoding_name(s)}"
+            name = f"fast (thorough stopped: {stopped}), {_decoding_name(s)}"
         scores = _fast_scores(hyps, cands, prior)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
@@ -289,7 +391,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         inspection=inspect_answer(gen, state0, first_lp, cands[win].tokens, None),
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
-    out.stopped = _stopped(out.tokens, rows.stopped, ends, s)
+    out.stopped = _stopped(out.tokens, stopped, ends, s)
     return out
 
 

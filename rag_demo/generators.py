@@ -679,7 +679,15 @@ class SharedPrefill:
     def __init__(self, gen: Generator) -> None:
         self._gen = gen
         self._outs: dict[tuple, tuple[torch.Tensor, GenState]] = {}
+        self._made: dict[tuple, object] = {}
         self.prefills = 0  # how many prefills actually ran (tests read it)
+
+    def shared(self, key: tuple, make):
+        """make() once per key for this question: work both RAG modes would repeat with the same
+        result (each doc's own drafts: engine._doc_drafts, whose key names everything they depend on)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def __getattr__(self, name):
         return getattr(self._gen, name)

@@ -70,7 +70,8 @@ class Answer:
     timings: dict[str, float]  # seconds: encode, retrieve, generate, attribute, total
     stack: str
     corpus: str
-    candidates: list[dict] = field(default_factory=list)  # RAG-Sequence: [{"text", "logprob"}]
+    # RAG-Sequence, RAG-Token with token_drafts: [{"text", "logprob"}], "upper_bound": True where the number is one
+    candidates: list[dict] = field(default_factory=list)
     stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
     # RAG modes, the token inspector (#12): per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
     # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
@@ -380,7 +381,8 @@ class RagPipeline:
             doc_posterior=doc_post,
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
-            candidates=[{"text": gen.decode(t), "logprob": lp} for t, lp in g.candidates],
+            candidates=[{"text": gen.decode(t), "logprob": lp, **({"upper_bound": True} if i in g.bounded else {})}
+                        for i, (t, lp) in enumerate(g.candidates)],
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
             read_question="" if read_q == q else read_q,
         )

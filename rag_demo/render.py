@@ -234,11 +234,14 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         )
         if a.get("candidates"):
             cands = "".join(
-                f"<li><code>{_fmt_lp(c['logprob'])}</code> {esc(c['text'].strip() or '(empty)')}</li>"
+                f"<li><code>{'≤ ' if c.get('upper_bound') else ''}{_fmt_lp(c['logprob'])}</code> "
+                f"{esc(c['text'].strip() or '(empty)')}</li>"
                 for c in a["candidates"]
             )
             how = ("Candidates ranked, each counted under the passages that wrote it"
-                   if a["decoding"].startswith("fast") else "Candidates rescored")
+                   if a["decoding"].startswith("fast") else
+                   "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤: left "
+                   "behind once it could no longer win)" if mode == "token" else "Candidates rescored")
             parts.append(
                 f"<details><summary>{how} ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
                 f'<ol class="rag-note">{cands}</ol></details>'

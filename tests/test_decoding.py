@@ -61,6 +61,9 @@ Table F (three docs, prior p(z|x) = [.2, .3, .5]; RAG-Sequence fast vs thorough 
            (A)  : A .06  B .04  EOS .9
            (B)  : A .1   B .06  EOS .84
 
+Table F also ranks RAG-Token candidates (engine.rank_by_rag_token) with the priors [.9, .05, .05]
+and [1/3, 1/3, 1/3].
+
 Table M (two docs, prior p(z|x) = [1/4, 3/4] from scores [0, ln 3]; RAG-Token mixing):
     doc 0  ()   : A .7   B .25  EOS .05        doc 1  ()   : A .05  B .45  EOS .5
            (A)  : A .3   B .1   EOS .6                (A)  : A .2   B .1   EOS .7
@@ -468,6 +471,33 @@ def test_rag_token_beam_search_is_beam_search_over_the_mixed_distribution():
 
 
 # ---------------------------------------------------------------- RAG-Sequence: fast vs thorough
+
+
+def test_rag_token_ranking_leaves_candidates_behind_once_they_cannot_win():
+    """Table F, RAG-Token log p(y|x) = sum_i ln sum_z p(z|x) q_zi of the candidates [A, EOS] and
+    [B, EOS] (engine.rank_by_rag_token: docs read in order of p(z|x), bounds after each).
+
+    Prior [.9, .05, .05]. After doc 0 (.9): [A, EOS] has per-token mass .9*.6 = .54, .9*.9 = .81,
+    lower bound ln(.54 * .81) = ln .4374; [B, EOS] .9*.3 = .27, .9*.5 = .45, and with the .1 of
+    prior not read yet at most ln((.27 + .1) * (.45 + .1)) = ln .2035 < ln .4374: [B, EOS] leaves
+    the race unread under docs 1 and 2. [A, EOS] is then scored under them (attribution):
+    (.54 + .05*.45 + .05*.45) * (.81 + .05*.9 + .05*.9) = .585 * .9 = .5265. [B, EOS]'s exact
+    .32 * .532 = .17024 is below the ln .2035 reported for it, marked as a bound.
+
+    Prior [1/3, 1/3, 1/3]: no bound decides before the last doc, so both are exact:
+    [A, EOS] (1.5/3) * (2.7/3) = .45; [B, EOS] (1.3/3) * (2.14/3) = .30911...
+    """
+    cases = (([.9, .05, .05], [ln(.5265), ln(.2035)], {0}),
+             ([1 / 3] * 3, [ln(.45), ln(1.3 / 3 * 2.14 / 3)], {0, 1, 2}))
+    for prior, want, read_b in cases:
+        gen = TableGenerator(F)
+        lp, state = gen.prefill([[0], [1], [2]])  # (K, V)
+        win, doc_lp, scores, bounded = engine.rank_by_rag_token(gen, state, lp, [[A, EOS], [B, EOS]],
+                                                                torch.tensor(prior).log())
+        assert win == 0 and all(lp_close(a, b) for a, b in zip(scores, want)), (prior, scores)
+        assert bounded == ({1} if read_b == {0} else set())
+        assert {d for d, prefix in gen.read if prefix == (B,)} == read_b  # which docs [B, EOS] was read under
+        assert torch.allclose(doc_lp.exp(), torch.tensor([[.6, .9], [.45, .9], [.45, .9]]))  # (K, T)
 
 
 def test_rag_sequence_fast_uses_only_producing_docs():

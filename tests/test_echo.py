@@ -114,9 +114,10 @@ class Echo:
         return self.always or (bool(tokens) and tokens[0] in self.firsts) or list(tokens) in self.answers
 
 
-def _settings(retries):
+def _settings(retries, drafts=False):
+    """Greedy; RAG-Token's own search alone unless `drafts` (each doc's drafts are RAG-Sequence's, tested below)."""
     return RagSettings(k=3, max_new_tokens=5, num_beams=1, answer_style="short", question_weight=0, worked_examples=0,
-                       echo_retries=retries)
+                       echo_retries=retries, token_drafts=drafts)
 
 
 def test_rag_token_retries_an_echo_with_its_first_token_banned_and_exact_scores(gen):
@@ -277,3 +278,17 @@ def test_the_pipeline_hands_the_subject_test_its_retrieved_passages_when_asked(t
             monkeypatch.undo()
             assert handed and all(h == (sorted(PASSAGES) if on else []) for h in handed), (mode, on)
             assert (out.text != base.text) is on, (mode, on)
+
+
+def test_rag_token_with_drafts_ranks_an_echo_only_when_every_candidate_is_one(gen):
+    """token_drafts: the best-scoring candidate of the pool, declared an echo, loses to the best
+    candidate that is not one; declared echoes all, the pool ranks as it would without the test."""
+    base = rag_token(gen, _prompts(gen), SCORES, _settings(0, drafts=True))
+    assert base.decoding.endswith("with each doc's drafts") and len(base.candidates) > 1
+    echo = Echo(answers=[base.tokens])
+    out = rag_token(gen, _prompts(gen), SCORES, _settings(1, drafts=True), echo=echo)
+    assert out.tokens != base.tokens and not echo.says(out.tokens)
+    exact = [sc for i, (t, sc) in enumerate(out.candidates) if i not in out.bounded]
+    assert out.logprob == pytest.approx(max(exact), abs=1e-5) and base.tokens not in [t for t, _ in out.candidates]
+    every = rag_token(gen, _prompts(gen), SCORES, _settings(1, drafts=True), echo=Echo(always=True))
+    assert every.tokens == base.tokens and every.logprob == pytest.approx(base.logprob, abs=1e-5)

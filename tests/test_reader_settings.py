@@ -284,7 +284,8 @@ def test_copy_sources_are_the_passages_holding_the_floor_of_p_z_x_and_the_top_on
 
 def test_rag_token_copies_only_from_the_passages_over_the_floor(tiny_offline, monkeypatch):
     """The pipeline's RAG-Token search is handed one copy group: the K passages with floor 0, the
-    most likely passage alone with floor 1; its answer is then a span of that passage."""
+    most likely passage alone with floor 1; its answer is then a span of that passage (the
+    mixture's own search: token_drafts off, whose per-doc drafts copy each doc's own passage)."""
     import rag_demo.engine as E
 
     gen = tiny_offline.stack.modes["token"].generator
@@ -295,7 +296,7 @@ def test_rag_token_copies_only_from_the_passages_over_the_floor(tiny_offline, mo
     for floor in (0.0, 1.0):
         groups.clear()
         a = tiny_offline.answer(Q, "token", extractive=True, answer_style="short", max_new_tokens=6,
-                                copy_min_prior=floor, num_beams=1, echo_retries=0)
+                                copy_min_prior=floor, num_beams=1, echo_retries=0, token_drafts=False)
         top = max(range(len(a.docs)), key=lambda z: a.docs[z].prior)
         assert groups and all(g == ([list(range(len(a.docs)))] if floor == 0 else [[top]]) for g in groups), groups
         if floor == 1.0:
@@ -488,3 +489,64 @@ def test_length_penalty_reaches_every_beam_search(tiny_offline, monkeypatch):
         seen.clear()
         tiny_offline.answer_modes(Q, ["token", "sequence", "closed-book"], num_beams=2, length_penalty=lp)
         assert len(seen) >= 3 and set(seen) == {lp}
+
+
+# ---------------------------------------------------------------- RAG-Token with each doc's drafts
+
+
+def test_token_drafts_ranks_the_beams_and_each_docs_drafts_by_rag_token_log_p(tiny_offline):
+    """token_drafts: RAG-Token's candidates are its own beams plus RAG-Sequence's per-doc drafts
+    (same settings, so the same drafts), each scored by the exact RAG-Token log p(y|x); the answer
+    is the best of them, so it never scores below the plain search's answer, whose score the
+    drafts path must reproduce."""
+    gen = tiny_offline.stack.modes["token"].generator
+    questions = [Q, "What is the highest mountain in Africa?", "Who wrote Hamlet?"]
+    changed = 0
+    for q in questions:
+        kw = dict(num_beams=2, max_new_tokens=6, answer_style="short")
+        plain = tiny_offline.answer(q, "token", token_drafts=False, **kw)
+        wide = tiny_offline.answer(q, "token", token_drafts=True, **kw)
+        seq = tiny_offline.answer(q, "sequence", **kw)
+        assert not plain.candidates and "drafts" not in plain.decoding
+        assert wide.decoding == "beam=2, with each doc's drafts"
+        scores = {c["text"]: c["logprob"] for c in wide.candidates}
+        bounds = {c["text"] for c in wide.candidates if c.get("upper_bound")}
+        assert {c["text"] for c in seq.candidates} <= set(scores)  # every doc's drafts competed
+        # the same tokens scored in a batch of candidates (padded rows) and alone: float32 sums of
+        # ~-21 nats on the random model agree to ~1e-3, whichever CPU; a candidate left behind
+        # early reports an upper bound of its score
+        assert plain.text in scores
+        if plain.text in bounds:
+            assert scores[plain.text] >= plain.sequence_logprob - 5e-3
+        else:
+            assert math.isclose(scores[plain.text], plain.sequence_logprob, abs_tol=5e-3)
+        assert wide.text not in bounds and math.isclose(scores[wide.text], wide.sequence_logprob, abs_tol=5e-3)
+        assert all(scores[t] <= wide.sequence_logprob + 5e-3 for t in scores if t not in bounds)
+        assert wide.sequence_logprob >= plain.sequence_logprob - 5e-3
+        changed += wide.text != plain.text
+        # the answer's attribution is its own: the token posteriors' rows are distributions over K
+        assert len(wide.token_doc_posteriors) == len(wide.tokens)
+        assert all(math.isclose(sum(row), 1.0, abs_tol=1e-4) for row in wide.token_doc_posteriors)
+    assert changed, "no question's answer changed: the drafts never won on the tiny model"
+    with pytest.raises(ValueError, match="token_drafts='maybe' is not true or false"):
+        RagSettings(token_drafts="maybe")
+    assert RagSettings(token_drafts="true").token_drafts is True
+
+
+def test_token_drafts_are_drafted_once_for_both_modes_and_change_nothing(tiny_offline, monkeypatch):
+    """Asked in both RAG modes, the K docs' drafts run once (generators.SharedPrefill.shared): the
+    RAG-Token answer with drafts is the one it gives alone, and RAG-Sequence's is unchanged."""
+    from rag_demo import engine
+
+    groups = []
+    real = engine.search
+    monkeypatch.setattr(engine, "search", lambda *a, **kw: groups.append(a[2]) or real(*a, **kw))
+    kw = dict(num_beams=2, max_new_tokens=6, answer_style="short", token_drafts=True, echo_retries=0)
+    both = tiny_offline.answer_modes(Q, ["sequence", "token"], **kw)
+    k = len(both["token"].docs)
+    assert groups.count(k) == 1, groups  # one search with a group per doc: the drafts, shared
+    groups.clear()
+    alone = tiny_offline.answer(Q, "token", **kw)
+    assert groups.count(k) == 1 and alone.text == both["token"].text
+    assert math.isclose(alone.sequence_logprob, both["token"].sequence_logprob, abs_tol=1e-4)
+    assert tiny_offline.answer(Q, "sequence", **kw).text == both["sequence"].text
