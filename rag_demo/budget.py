@@ -118,13 +118,21 @@ class CostModel:
     calibrated: bool = False
 
     def request(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
-                thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20) -> tuple[float, int]:
-        """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens)."""
+                thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20,
+                drafts: str = "none") -> tuple[float, int]:
+        """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens).
+        drafts (RAG-Token, RagSettings.token_drafts): "own" decodes each doc's drafts too, "shared"
+        takes RAG-Sequence's (asked in the same request); either way its k·B + B candidates may be
+        scored under all k docs (rank_by_rag_token's worst case)."""
         S, T, B = prompt_tokens, new_tokens, beams
         kv = dims.kv_bytes_per_token
         step_logits = 3 * 4 * dims.vocab  # float32 logits, log-softmax and mixing copies, per row
+        draft_rows, batch = 0, None  # batch: rows scored at once, when not all `scored` rows in one go
         if mode == "closed-book":
             rows, prefill_rows, scored = B, 1, 0
+        elif mode == "token" and drafts != "none":
+            rows, prefill_rows, scored = B * k, k, k * (k * B + B)
+            draft_rows, batch = (k * B if drafts == "own" else 0), k * B + B  # one doc's candidates at a time
         elif mode == "token":
             rows, prefill_rows, scored = B * k, k, (k if B > 1 else 0)
         else:
@@ -132,10 +140,11 @@ class CostModel:
             rows, prefill_rows, scored = k * B, k, k * cands
         seconds = (prefill_rows * S * self.prefill_s_per_token
                    + T * (self.step_s + rows * self.row_s)
+                   + (T * (self.step_s + draft_rows * self.row_s) if draft_rows else 0.0)
                    + scored * T * self.score_s_per_token)
         prefill_state = prefill_rows * S * kv
         decoding = 2 * rows * (S + T) * kv + rows * step_logits  # a reorder copies the cache before freeing it
-        scoring = (min(scored, scoring_rows) * (S + T) * kv + 4 * logits_chunk) if scored else 0
+        scoring = (min(batch or scored, scoring_rows) * (S + T) * kv + 4 * logits_chunk) if scored else 0
         peak = prefill_state + max(decoding, scoring)
         return seconds, int(peak)
 

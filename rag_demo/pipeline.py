@@ -439,8 +439,13 @@ class RagPipeline:
                 lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style, s.question_position,
                                               s.worked_examples))  # the longest a passage can make it
             prompt_tokens = lengths[key]
+            drafts = "none"
+            if mode == "token" and s.token_drafts and not s.context_contrast:
+                # the same generator answering RAG-Sequence in this request drafts for both (engine._doc_drafts)
+                shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+                drafts = "shared" if shared else "own"
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
-                                               thorough=s.sequence_decoding == "thorough")
+                                               thorough=s.sequence_decoding == "thorough", drafts=drafts)
             per_mode[mode] = sec
             seconds += sec
             peak = max(peak, byt)

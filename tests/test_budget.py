@@ -45,6 +45,13 @@ def test_cost_model_worked_example():
     assert sec_seq == pytest.approx(0.02 + 3 * (0.01 + 4 * 0.002) + 2 * 4 * 3 * 0.005)
     fast, _ = cm.request(dims, "sequence", k=2, beams=2, new_tokens=3, prompt_tokens=10, thorough=False)
     assert fast == pytest.approx(0.02 + 3 * (0.01 + 4 * 0.002) + 2 * 1 * 3 * 0.005)
+    # RAG-Token with each doc's drafts (greedy): its own K = 2 draft rows decode 3 steps, and its
+    # K*B + B = 3 candidates may be scored under both docs (6 rows x 3 tokens); shared drafts
+    # (RAG-Sequence asked too) cost only the scoring
+    own, _ = cm.request(dims, "token", k=2, beams=1, new_tokens=3, prompt_tokens=10, drafts="own")
+    assert own == pytest.approx(0.062 + 3 * (0.01 + 2 * 0.002) + 6 * 3 * 0.005)
+    shared, _ = cm.request(dims, "token", k=2, beams=1, new_tokens=3, prompt_tokens=10, drafts="shared")
+    assert shared == pytest.approx(0.062 + 6 * 3 * 0.005)
 
 
 def test_estimate_grows_with_every_knob(pipe):

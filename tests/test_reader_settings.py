@@ -550,3 +550,15 @@ def test_token_drafts_are_drafted_once_for_both_modes_and_change_nothing(tiny_of
     assert groups.count(k) == 1 and alone.text == both["token"].text
     assert math.isclose(alone.sequence_logprob, both["token"].sequence_logprob, abs_tol=1e-4)
     assert tiny_offline.answer(Q, "sequence", **kw).text == both["sequence"].text
+
+
+def test_the_cost_estimate_counts_token_drafts_once_per_question(tiny_offline):
+    """pipeline.estimate: RAG-Token's drafts cost their decoding when it asks alone, only their
+    ranking when RAG-Sequence (same generator) drafts them in the same request, nothing when off."""
+    def token_s(modes, **kw):
+        return tiny_offline.estimate(Q, modes, RagSettings(**kw)).per_mode["token"]
+
+    alone, shared, off = token_s(["token"]), token_s(["sequence", "token"]), token_s(["token"], token_drafts=False)
+    assert alone > shared > off
+    assert token_s(["token"], token_drafts=True, context_contrast=1.0) == pytest.approx(
+        token_s(["token"], token_drafts=False, context_contrast=1.0))  # contrast turns the drafts off
