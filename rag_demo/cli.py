@@ -137,6 +137,9 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-drafts", default=str(d.token_drafts).lower(), choices=("true", "false"),
                    help="true: RAG-Token also ranks each passage's own drafts by its exact log p(y|x), "
                    f"not only its beams; default {str(d.token_drafts).lower()}")
+    p.add_argument("--title-candidates", default=str(d.title_candidates).lower(), choices=("true", "false"),
+                   help="true: with short answers each passage's title also competes as an answer of its doc; "
+                   f"default {str(d.title_candidates).lower()}")
     p.add_argument("--context-contrast", type=float, default=d.context_contrast,
                    help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
                    f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")

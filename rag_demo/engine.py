@@ -158,7 +158,8 @@ def _decoding_name(s: RagSettings) -> str:
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
               control: RunControl | None = None, spans: list[list[int]] | None = None,
               question_tail: tuple[int, int] | None = None, on_partial: OnPartial | None = None,
-              echo: Echo | None = None, contrast_prompt: list[int] | None = None) -> Generation:
+              echo: Echo | None = None, contrast_prompt: list[int] | None = None,
+              titles: list[list[int]] | None = None) -> Generation:
     """RAG-Token: search over p(y_i|x,y_<i) = sum_z p(z|x) p(y_i|x,z,y_<i), K caches per beam.
 
     prompts: K doc-conditioned inputs, doc_scores (K,) retrieval scores; control: deadline,
@@ -168,7 +169,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     (`prefill_and_prior`: p(z|x) with the reader's vote when RagSettings.question_weight > 0).
     on_partial: streaming, a `Partial` after every decoding step. echo(tokens): does this answer
     only repeat the question (RagSettings.echo_retries; `_without_echoes`)? contrast_prompt: the
-    question without passages (the closed-book prompt), for RagSettings.context_contrast.
+    question without passages (the closed-book prompt), for RagSettings.context_contrast. titles:
+    each doc's title as an answer (RagSettings.title_candidates), joining its drafts (token_drafts).
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -199,7 +201,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     if drafts and not rows.stopped:
         # more candidates for the same model: each doc's own drafts join the mixture's search,
         # and all are ranked by their exact RAG-Token log p(y|x) (search only approximates the argmax)
-        groups, drafts_stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, None)
+        groups, drafts_stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, None,
+                                             titles)
         cands = _dedupe(mixture + [h for group in groups for h in group if h.tokens])
         if _retries(s, echo):  # as a search does: an echo competes only when every candidate is one
             cands = [h for h in cands if not echo(h.tokens)] or cands
@@ -239,13 +242,16 @@ def copy_sources(log_prior: torch.Tensor, floor: float) -> list[int]:
 
 
 def _doc_drafts(gen: Generator, prompts: list[list[int]], state0, first_lp: torch.Tensor, s: RagSettings, ends, stop,
-                spans: list[list[int]] | None, echo: Echo | None, cb, step) -> tuple[list[list[Hyp]], str | None]:
+                spans: list[list[int]] | None, echo: Echo | None, cb, step,
+                titles: list[list[int]] | None = None) -> tuple[list[list[Hyp]], str | None]:
     """Each doc's own answers: a search under p(y|x,z) for each of the K docs alone (extractive:
     copying its own passage), echoes retried per doc; -> (K groups of Hyps, best first; why the
     request's deadline or cancel cut them short, or None). RAG-Sequence's candidates, and
     RAG-Token's extra ones (RagSettings.token_drafts): within one question the two modes read the
     same prompts with the same settings, so a generator that shares work (generators.SharedPrefill)
-    runs the drafts once, for whichever mode asks first."""
+    runs the drafts once, for whichever mode asks first. titles (RagSettings.title_candidates): doc
+    z's title as one more answer of doc z, its log p(title|x,z) teacher-forced, unless it echoes
+    the question or doc z already drafted it."""
     def run() -> tuple[list[list[Hyp]], str | None]:
         K = first_lp.shape[0]
         rows = Rows(gen, gen.select(state0, torch.arange(K)), per_beam=1, prior=None,
@@ -256,12 +262,19 @@ def _doc_drafts(gen: Generator, prompts: list[list[int]], state0, first_lp: torc
         # a retried draft does not stream: its group number would name the wrong doc in the Partial
         hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None,
                                                     contrast0=cb), rows)
+        for z, t in enumerate(titles or []):
+            if rows.stopped or not t or (echo is not None and echo(t)) or any(h.tokens == t for h in hyps[z]):
+                continue
+            lp, _ = score_candidates(gen, gen.select(state0, torch.tensor([z])), first_lp[z : z + 1], [t],
+                                     gen.pad_token_id)  # (1, 1, T)
+            hyps[z] = [*hyps[z], Hyp(t, float(lp[0, 0, : len(t)].sum()), z)]  # log p(title | x, z)
         return hyps, rows.stopped
 
     share = getattr(gen, "shared", None)
     if share is None:
         return run()
-    key = ("drafts", tuple(map(tuple, prompts)), tuple(map(tuple, spans or [])), s.num_beams, s.max_new_tokens,
+    key = ("drafts", tuple(map(tuple, prompts)), tuple(map(tuple, spans or [])), tuple(map(tuple, titles or [])),
+           s.num_beams, s.max_new_tokens,
            s.length_penalty, s.answer_style, s.echo_retries, s.context_contrast, tuple(ends))
     return share(key, run)
 
@@ -328,7 +341,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
                  hf_compat_score: bool = False, control: RunControl | None = None,
                  spans: list[list[int]] | None = None, question_tail: tuple[int, int] | None = None,
                  on_partial: OnPartial | None = None, echo: Echo | None = None,
-                 contrast_prompt: list[int] | None = None) -> Generation:
+                 contrast_prompt: list[int] | None = None, titles: list[list[int]] | None = None) -> Generation:
     """RAG-Sequence: p(y|x) = sum_z p(z|x) prod_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each doc. "thorough": every candidate is rescored
@@ -343,7 +356,8 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     decoding is extractive: each doc's search copies a span of its own passage. question_tail,
     on_partial: as in `rag_token` (here the Partial holds the K drafts, one per doc); echo: as in
     `rag_token`, each doc's draft retried on its own; contrast_prompt: as in `rag_token`, each doc's
-    search contrasted with its own copy of the closed-book row.
+    search contrasted with its own copy of the closed-book row. titles: each doc's title as one more
+    of its candidates (RagSettings.title_candidates; `_doc_drafts`).
     """
     t0 = time.perf_counter()
     gen, stop = _controlled(gen, control)
@@ -355,7 +369,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     if on_partial is not None:
         def step(st: Step) -> None:
             on_partial(Partial("sequence", st.tokens, None, prior, st.done))
-    hyps, stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, step)
+    hyps, stopped = _doc_drafts(gen, prompts, state0, first_lp, s, ends, stop, spans, echo, cb, step, titles)
     cands = _dedupe([h for group in hyps for h in group])
     if on_partial is not None and s.sequence_decoding == "thorough" and not stopped:
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, prior,

@@ -545,6 +545,11 @@ class DecoderOnlyGenerator(Generator):
             ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
         return list(ids)
 
+    def title_answer_ids(self, title: str) -> list[int]:
+        """A passage's title as a short answer, " Title.", tokenized the way an answer after the cue
+        starts (a space, then words) and ends (the sentence-final period: the short style's stop)."""
+        return self.tokenizer.encode(f" {title.strip().rstrip('.')}.", add_special_tokens=False)
+
     def span_ids(self, doc: Passage, max_doc_tokens: int) -> Span:
         """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
         in the prompt), tokenized as words after a space, the way an answer after the cue starts;

@@ -284,6 +284,9 @@ class RagPipeline:
             spans = None
             if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
                 spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
+            titles = None  # RagSettings.title_candidates: each passage's title as an answer of its doc
+            if s.title_candidates and s.answer_style == "short" and gen.kind == DECODER_ONLY:
+                titles = [gen.title_answer_ids(p.title) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
             # context-aware decoding's "without passages" (RagSettings.context_contrast; greedy only, the engine decides)
             contrast_prompt = _closed_book_prompt(gen, qg, s) if s.context_contrast else None
@@ -300,7 +303,7 @@ class RagPipeline:
             emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
-            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail,
+            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail, titles=titles,
                     on_partial=emit, echo=_echo_check(gen, qg, subjects), contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})

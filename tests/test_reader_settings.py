@@ -265,7 +265,8 @@ def test_extractive_answers_copy_a_span_of_the_passages(tiny_offline):
                 text = c["text"].strip().rstrip(".").strip()
                 assert text and any(text in f"{d.title}: {d.text}" for d in a.docs), c
         # the random tiny model left free writes tokens from all over its 49k vocabulary
-        free = tiny_offline.answer(Q, mode, extractive=False, answer_style="short", max_new_tokens=6)
+        free = tiny_offline.answer(Q, mode, extractive=False, answer_style="short", max_new_tokens=6,
+                                   title_candidates=False)  # a title is a span of its passage too
         assert not any(_is_span([t for t in free.token_ids if t not in ends], sp) for sp in spans)
     with pytest.raises(ValueError, match="extractive='maybe' is not true or false"):
         RagSettings(extractive="maybe")
@@ -562,3 +563,37 @@ def test_the_cost_estimate_counts_token_drafts_once_per_question(tiny_offline):
     assert alone > shared > off
     assert token_s(["token"], token_drafts=True, context_contrast=1.0) == pytest.approx(
         token_s(["token"], token_drafts=False, context_contrast=1.0))  # contrast turns the drafts off
+
+
+def test_title_candidates_add_each_passages_title_as_an_answer_of_its_doc(tiny_offline):
+    """title_candidates (short answers): every retrieved passage's title, " Title.", competes among
+    RAG-Sequence's candidates (and RAG-Token's, with its drafts), scored under its own doc: its
+    fast score is log p(z|x) + log p(title | x, z); off, the random model never drafts a title."""
+    gen = tiny_offline.stack.modes["token"].generator
+    kw = dict(num_beams=1, max_new_tokens=6, answer_style="short", echo_retries=0)
+    on = tiny_offline.answer_modes(Q, ["sequence", "token"], title_candidates=True, **kw)
+    off = tiny_offline.answer_modes(Q, ["sequence", "token"], title_candidates=False, **kw)
+    titles = {f"{d.title}." for d in on["sequence"].docs}
+    for mode in ("sequence", "token"):
+        assert titles <= {c["text"] for c in on[mode].candidates}, (mode, on[mode].candidates)
+        assert not titles & {c["text"] for c in off[mode].candidates}
+    # in the engine, a title's fast score is log p(z|x) + log p(title | x, z): checked against a
+    # plain forward pass of prompt z followed by the title (no cache, no padding)
+    from rag_demo.engine import rag_sequence
+
+    passages = [Passage(f"d{i}", t, x) for i, (t, x) in enumerate(DOCS)]
+    prompts = [gen.prompt(Q, d, 192, "short") for d in passages]
+    titles = [gen.title_answer_ids(d.title) for d in passages]
+    assert gen.decode(titles[0]) == "Alexander Fleming." and titles[0] == gen.title_answer_ids(" Alexander Fleming. ")
+    scores = torch.tensor([2.0, 0.5, 0.0])
+    g = rag_sequence(gen, prompts, scores, RagSettings(k=3, num_beams=1, max_new_tokens=4, answer_style="short"),
+                     titles=titles)
+    prior = torch.log_softmax(scores, -1)
+    for z, t in enumerate(titles):
+        with torch.inference_mode():
+            lp = torch.log_softmax(gen.model(input_ids=torch.tensor([prompts[z] + t])).logits[0].float(), -1)
+        want = float(prior[z]) + sum(float(lp[len(prompts[z]) - 1 + i, tok]) for i, tok in enumerate(t))
+        got = next(sc for toks, sc in g.candidates if toks == t)
+        assert math.isclose(got, want, abs_tol=5e-3), (z, got, want)
+    with pytest.raises(ValueError, match="title_candidates='maybe' is not true or false"):
+        RagSettings(title_candidates="maybe")
