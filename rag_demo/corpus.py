@@ -25,6 +25,7 @@ import operator
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -84,8 +85,7 @@ class PassageRows(Sequence[Passage]):
         i = operator.index(i)  # numpy ints from FAISS too
         if not -n <= i < n:
             raise IndexError(f"passage row {i} is out of range for {n} passages")
-        row = self._table[i % n]
-        return Passage(*(row[c] for c in COLUMNS))
+        return self[i % n : i % n + 1][0]
 
     def __iter__(self) -> Iterator[Passage]:
         for batch in self._table.iter(batch_size=READ_BATCH):
@@ -333,14 +333,21 @@ def _data_files(folder: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in sorted(folder.glob("*.arrow"))}
 
 
-def _write_corpus(tmp: Path, corpus: Corpus) -> None:
+@contextmanager
+def datasets_quietly():
+    """`datasets`' own progress bars off while our messages say what happens (they would repeat them)."""
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar
 
-    disable_progress_bar()  # our own message says what is happening
+    disable_progress_bar()
     try:
-        corpus.dataset.save_to_disk(str(tmp / _PASSAGES_DIR))
+        yield
     finally:
         enable_progress_bar()
+
+
+def _write_corpus(tmp: Path, corpus: Corpus) -> None:
+    with datasets_quietly():
+        corpus.dataset.save_to_disk(str(tmp / _PASSAGES_DIR))
     meta = {"format": CORPUS_FORMAT, "name": corpus.name, "n": len(corpus), "fingerprint": corpus.fingerprint(),
             "files": _data_files(tmp / _PASSAGES_DIR)}
     from .publish import write_synced

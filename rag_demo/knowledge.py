@@ -37,7 +37,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from .corpus import Corpus
+from .corpus import Corpus, datasets_quietly
 from .encoders import Encoder
 from .index import IndexInfo, PassageIndex
 from .publish import publish_folder
@@ -117,7 +117,6 @@ def export_knowledge(index: PassageIndex, out_dir: str | Path, say: Say | None =
     `publish.publish_folder`); a folder holding anything else is refused, never overwritten.
     """
     from datasets import Dataset
-    from datasets.utils.logging import disable_progress_bar, enable_progress_bar
 
     out = check_export_dir(out_dir)
     n, d = index.embeddings.shape
@@ -128,15 +127,12 @@ def export_knowledge(index: PassageIndex, out_dir: str | Path, say: Say | None =
     )
 
     def write(tmp: Path) -> None:
-        disable_progress_bar()  # our messages say what happens; datasets' bars would repeat them
-        try:
+        with datasets_quietly():
             ds.save_to_disk(str(tmp / DATASET_DIR))  # before add_faiss_index: datasets will not save an indexed dataset
             _say(say, "Wrote the passages (title, text, embeddings); indexing them ...")
             # exact inner product, as our own index: transformers then retrieves what we retrieve
             ds.add_faiss_index("embeddings", custom_index=faiss.IndexFlatIP(d))
             ds.get_index("embeddings").save(str(tmp / INDEX_FILE))
-        finally:
-            enable_progress_bar()
 
     publish_folder(out, write)
     _say(say, f"Wrote {out / DATASET_DIR} (save_to_disk) and {out / INDEX_FILE} (FAISS IndexFlatIP)")
