@@ -363,6 +363,10 @@ def beam_search(
     fin_score = torch.full((G, B), NEG)  # (G, B) length-normalised
     fin_raw = torch.zeros((G, B))  # (G, B) sum of log-probs
     fin_flag = torch.zeros((G, B), dtype=torch.bool)  # (G, B)
+    # each finished hypothesis's length: its tokens are fin_seq[g, b, :fin_len[g, b]], the rest
+    # padding (which may be the EOS id itself: SmolLM2 pads with <|im_end|>, so a beam cut by a
+    # deadline must not be read as having emitted EOS)
+    fin_len = torch.zeros((G, B), dtype=torch.long)  # (G, B)
     improvable = torch.ones((G, 1), dtype=torch.bool)  # (G, 1)
     top_b = torch.arange(2 * B) < B  # (2B,) only the top B candidates may finish
     live = torch.arange(G)  # (A,) the groups whose B rows each are in rows.state, in row order
@@ -388,9 +392,10 @@ def beam_search(
         norm = norm + (~improvable).float() * NEG + (~just).float() * NEG  # (G, 2B)
         m_seq, m_score = torch.cat([fin_seq, cand], 1), torch.cat([fin_score, norm], 1)  # (G, 3B, T), (G, 3B)
         m_raw, m_flag = torch.cat([fin_raw, top_lp], 1), torch.cat([fin_flag, just], 1)  # (G, 3B)
+        m_len = torch.cat([fin_len, torch.full_like(tok, t + 1)], 1)  # (G, 3B)
         best = torch.topk(m_score, B).indices  # (G, B)
         fin_seq = torch.gather(m_seq, 1, best.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
-        fin_score, fin_raw, fin_flag = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag))  # (G, B)
+        fin_score, fin_raw, fin_flag, fin_len = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag, m_len))
         # can a running beam still beat the worst finished one? (early_stopping=False heuristic)
         best_running = run_score[:, :1] / ((t + 1) ** length_penalty)  # (G, 1)
         worst_fin = torch.where(fin_flag, fin_score.min(1, keepdim=True).values, NEG)  # (G, B)
@@ -408,9 +413,10 @@ def beam_search(
             m_seq, m_score = torch.cat([fin_seq, run_seq], 1), torch.cat([fin_score, norm_run], 1)  # (G, 2B, ..)
             m_raw = torch.cat([fin_raw, run_score], 1)  # (G, 2B)
             m_flag = torch.cat([fin_flag, improvable.expand(-1, B)], 1)  # (G, 2B)
+            m_len = torch.cat([fin_len, torch.full_like(fin_len, t + 1)], 1)  # (G, 2B): cut after step t
             best = torch.topk(m_score, B).indices  # (G, B)
             fin_seq = torch.gather(m_seq, 1, best.unsqueeze(-1).expand(-1, -1, max_new_tokens))  # (G, B, T)
-            fin_score, fin_raw, fin_flag = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag))  # (G, B)
+            fin_score, fin_raw, fin_flag, fin_len = (torch.gather(x, 1, best) for x in (m_score, m_raw, m_flag, m_len))
             break
         slot = torch.full((G,), -1, dtype=torch.long)  # (G,) each live group's block in rows.state
         slot[live] = torch.arange(len(live))
@@ -421,7 +427,7 @@ def beam_search(
         lp[live] = lp_live.view(-1, B, V)
         lp = lp.view(G * B, V)  # (G*B, V)
     return [
-        [Hyp(_strip(fin_seq[g, b].tolist(), rule, pad), float(fin_raw[g, b]), g) for b in range(B)
+        [Hyp(_strip(fin_seq[g, b, : int(fin_len[g, b])].tolist(), rule, pad), float(fin_raw[g, b]), g) for b in range(B)
          if bool(fin_flag[g, b]) and float(fin_raw[g, b]) > NEG / 2]  # (a beam forced off the constraint: dropped)
         for g in range(G)
     ]

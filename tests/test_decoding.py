@@ -413,6 +413,23 @@ def test_beam_search_trims_pad_tokens_the_model_chose_at_the_limit():
     assert lp_close(hyps[0].logprob, ln(.6, .7)) and lp_close(hyps[1].logprob, ln(.3, .5))
 
 
+@pytest.mark.parametrize("pad", [PAD, EOS])
+def test_beam_search_cut_by_a_stop_has_no_phantom_eos(pad):
+    """Table S, num_beams=2, stopped after step 1 (a deadline): the running beams [A] (.5) and
+    [B] (.4) finish where they are, [A] first. Their token rows are padded after step 1; when the
+    pad id is the EOS id (SmolLM2 pads with <|im_end|>) the padding must not read as an emitted
+    EOS: the answers are [A] and [B], not [A, EOS], and the scores count step 1 only. Without
+    the stop the same search finishes [B, EOS] (ln .36) first."""
+    gen = TableGenerator(S)
+    lp, state = gen.prefill([[0]])  # (1, V)
+    rows = Rows(gen, state, per_beam=1, prior=None)
+    (hyps,) = search(rows, lp, 1, 2, 5, [EOS], pad, 1.0, stop=lambda: "time_limit")
+    assert toks(hyps) == [["A"], ["B"]] and rows.stopped == "time_limit"
+    assert lp_close(hyps[0].logprob, ln(.5)) and lp_close(hyps[1].logprob, ln(.4))
+    (free,), _ = run(S, num_beams=2, pad=pad)
+    assert toks(free)[0] == ["B", "EOS"] and lp_close(free[0].logprob, ln(.4, .9))
+
+
 # ---------------------------------------------------------------- RAG-Token: mixing docs per token
 
 
