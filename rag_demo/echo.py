@@ -1,7 +1,8 @@
 """Answers that only repeat the question, or say nothing (RagSettings.echo_retries).
 
 Owns the tests: is an answer nothing but a run of the question's own words, the name of what the
-question is about (`names_question_subject`), or no name at all ("He.", `says_nothing`)? SmolLM2-135M,
+question is about (`names_question_subject`), no name at all ("He.", `says_nothing`), or a name
+copied from the prompt's invented worked examples (`copies_example`)? SmolLM2-135M,
 handed a passage about Sherlock Holmes and asked who wrote Sherlock Holmes, often answers
 "Sherlock Holmes": the subject of its passage, which the question already named. Such an answer
 cannot be right (whatever is asked for, it is not the thing the question already says), so the
@@ -83,5 +84,28 @@ def names_question_subject(answer: str, question: str, passages: Iterable[tuple[
             continue
         if all(any(_same_word(w, x) for x in q) for w in words) and \
                 set(a) <= set(q) | set(normalize_answer(_lead_name(text)).split()) | set(words):
+            return True
+    return False
+
+
+def copies_example(answer: str, names: Iterable[str], passages: Iterable[str] = ()) -> bool:
+    """True when the answer names one of the worked examples' invented `names`
+    (generators.EXAMPLE_NAMES) that no `passages` text (what the generator read) holds, so a real
+    passage that happens to use the word still lends it. SQuAD-normalised, a name is a run of
+    whole words of the answer ("Tomas Reyl.", "The Veltrania Dam.", "Lake Kessal."), and a
+    one-word name of 5+ letters also opens a word ("The Veltranian.", "Lake Kessalik.": the
+    model's variants). "Philip Glass" does not copy "Glass Harbour", nor "Kesselring" "Kessal"."""
+    words = normalize_answer(answer).split()
+    a = f" {' '.join(words)} "
+    read = [f" {normalize_answer(t)} " for t in passages]
+    for name in names:
+        n = normalize_answer(name)
+        if not n:
+            continue
+        if " " not in n and len(n) >= 5:
+            hit = any(w.startswith(n) for w in words)
+        else:
+            hit = f" {n} " in a
+        if hit and not any(f" {n}" in r for r in read):
             return True
     return False

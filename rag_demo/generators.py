@@ -66,6 +66,19 @@ WORKED_EXAMPLES = (
      "four million people speak Kessalian, and its currency is the kessal mark. Tor Halden is its highest mountain.",
      "What language do people in Kessaly speak?", "Kessalian", "People in Kessaly speak Kessalian."),
 )
+# The invented names of each worked example (aligned with WORKED_EXAMPLES), with the parts the
+# model writes alone or misspells after ("Reyl", "Tomas" as in "Tomas Rez.", "Kessal"). An answer
+# naming one copied the demonstrations, not a passage or what the model knows, and cannot be
+# right, so it is retried like an echo (echo.copies_example; a passage that holds the word still
+# lends it, so a real "Tomas" read in a passage is kept). Closed-book, which reads the examples
+# without any passage, answered 16 of 119 external questions that way ("who painted the mona
+# lisa" -> "Tomas Reyl."); no RAG answer of the saved runs did.
+EXAMPLE_NAMES = (
+    ("Veltrania", "Port Amsel", "Ilse", "Marten", "Brennholm"),
+    ("Orlan", "Vesk", "Tallinburg", "Glass Harbour"),
+    ("Tomas", "Reyl", "Estovian", "Marrow Canal", "Sallen", "Kettering Bay"),
+    ("Kessaly", "Kessal", "Kessalian", "Vardan", "Orvia", "Tor Halden"),
+)
 # Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
 ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})
 SHORT_SYSTEM_PROMPT = (

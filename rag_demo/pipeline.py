@@ -25,10 +25,10 @@ from .budget import Budget, Cost, CostModel, RunControl, model_dims
 from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
 from .corpus import Corpus, Passage, load_vital_articles
 from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
-from .echo import echoes_question, names_question_subject, says_nothing
+from .echo import copies_example, echoes_question, names_question_subject, says_nothing
 from .truecase import recase
 from .focus import focus_passages
-from .generators import DECODER_ONLY, SharedPrefill
+from .generators import DECODER_ONLY, EXAMPLE_NAMES, SharedPrefill
 from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
 from .index import IndexInfo, PassageIndex, load_or_build_index
 from .knowledge import Knowledge
@@ -304,7 +304,7 @@ class RagPipeline:
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail, titles=titles,
-                    on_partial=emit, echo=_echo_check(gen, qg, subjects), contrast_prompt=contrast_prompt)  # steps 3 and 4
+                    on_partial=emit, echo=_echo_check(gen, qg, s, subjects, [f"{p.title} {p.text}" for p in fed]), contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:
@@ -319,7 +319,7 @@ class RagPipeline:
             control.on_partial(self.reading(q, "closed-book", 0))
         qg = recase(q) if s.recase_question else q  # no passages: only the first letter and "?"
         g = closed_book(gen, _closed_book_prompt(gen, qg, s), s,
-                        control, on_partial=emit, echo=_echo_check(gen, qg))
+                        control, on_partial=emit, echo=_echo_check(gen, qg, s))
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, qg)
 
     def _emitter(self, q: str, gen, control: RunControl | None,
@@ -496,12 +496,17 @@ def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:
     return gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
 
 
-def _echo_check(gen, q: str, passages: Sequence[tuple[str, str]] = ()) -> Callable[[list[int]], bool]:
+def _echo_check(gen, q: str, s: RagSettings, subjects: Sequence[tuple[str, str]] = (),
+                read: Sequence[str] = ()) -> Callable[[list[int]], bool]:
     """The engine's echo test for this question (RagSettings.echo_retries): the answer's text
-    only repeats words of the question, names nothing (echo.says_nothing), or (passages (title,
-    text) given: RagSettings.echo_subjects)
-    only names a retrieved passage's subject that the question names."""
+    only repeats words of the question, names nothing (echo.says_nothing), names a worked
+    example's invented name that no passage read holds (echo.copies_example; the prompt's first
+    s.worked_examples examples, decoder-only), or (subjects (title, text) given:
+    RagSettings.echo_subjects) only names a retrieved passage's subject that the question names."""
+    names = [n for ex in EXAMPLE_NAMES[: s.worked_examples] for n in ex] if gen.kind == DECODER_ONLY else []
+
     def echo(tokens: list[int]) -> bool:
         text = gen.decode(tokens)
-        return echoes_question(text, q) or says_nothing(text) or names_question_subject(text, q, passages)
+        return (echoes_question(text, q) or says_nothing(text) or copies_example(text, names, read)
+                or names_question_subject(text, q, subjects))
     return echo

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.decoding import score_candidates  # noqa: E402
-from rag_demo.echo import echoes_question, names_question_subject, says_nothing  # noqa: E402
+from rag_demo.echo import copies_example, echoes_question, names_question_subject, says_nothing  # noqa: E402
 from rag_demo.engine import closed_book, rag_sequence, rag_token  # noqa: E402
 from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
 
@@ -253,6 +253,68 @@ def test_the_pipeline_retries_an_answer_that_says_nothing(tiny_offline_echo, mon
         out = pipe.answer(QUESTION, mode, echo_retries=2)
         monkeypatch.undo()
         assert out.text != base.text, mode  # retried: the echo test asked says_nothing too
+
+
+@pytest.mark.parametrize("answer, passages, copied", [
+    ("Tomas Reyl.", [], True),
+    ("Tomas Rez.", [], True),  # the first name alone: the example's person, misspelt
+    ("The Veltrania Dam.", [], True),
+    ("Lake Kessal.", [], True),
+    ("Lake Kessalik.", [], True),  # a variant: a one-word name of 5+ letters opening a word
+    ("The Veltranian.", [], True),
+    ("Ilsebill", [], False),  # a name under 5 letters counts whole only
+    ('"The Glass Harbour"', [], True),
+    ("Leonardo da Vinci.", [], False),
+    ("Philip Glass", [], False),  # a word of a name is not the name
+    ("Kesselring", [], False),  # whole words only
+    ("Tomas Masaryk.", ["Tomas Garrigue Masaryk was a Czechoslovak politician."], False),  # a passage lends it
+    ("Tomasz Kot.", ["Tomasz Kot is a Polish actor."], False),
+])
+def test_copies_example_worked_examples(answer, passages, copied):
+    from rag_demo.generators import EXAMPLE_NAMES
+
+    names = [n for ex in EXAMPLE_NAMES for n in ex]
+    assert copies_example(answer, names, passages) is copied
+    assert not copies_example(answer, [], passages)  # no examples in the prompt: nothing to copy
+
+
+def test_every_example_name_is_its_examples_own():
+    """EXAMPLE_NAMES lines up with WORKED_EXAMPLES: each name is words of its own example's text,
+    so a new or edited example must bring its names along."""
+    from rag_demo.evaluate import normalize_answer
+    from rag_demo.generators import EXAMPLE_NAMES, WORKED_EXAMPLES
+
+    assert len(EXAMPLE_NAMES) == len(WORKED_EXAMPLES)
+    for names, (title, text, question, span, sentence) in zip(EXAMPLE_NAMES, WORKED_EXAMPLES):
+        words = f" {normalize_answer(' '.join((title, text, question, span, sentence)))} "
+        assert names and all(f" {normalize_answer(n)} " in words for n in names), (title, names)
+
+
+def test_the_pipeline_checks_answers_against_the_examples_it_prompted_with(tiny_offline_echo, monkeypatch):
+    """The echo test asks copies_example with the names of the first `worked_examples` examples
+    and the passages the generator read (none for closed-book); an answer it flags is retried."""
+    import rag_demo.pipeline as P
+    from rag_demo.generators import EXAMPLE_NAMES
+
+    pipe = tiny_offline_echo
+    for mode in ("token", "sequence", "closed-book"):
+        base = pipe.answer(QUESTION, mode, echo_retries=0, worked_examples=2)
+        calls = []
+
+        def fake(answer, names, read, _base=base.text):
+            calls.append((list(names), list(read)))
+            return answer == _base
+
+        monkeypatch.setattr(P, "copies_example", fake)
+        out = pipe.answer(QUESTION, mode, echo_retries=2, worked_examples=2)
+        monkeypatch.undo()
+        assert out.text != base.text, mode
+        names, read = calls[0]
+        assert names == [n for ex in EXAMPLE_NAMES[:2] for n in ex], mode
+        if mode == "closed-book":
+            assert read == []
+        else:
+            assert len(read) == 3 and all(any(p[:20] in r for p in PASSAGES) for r in read), mode
 
 
 @pytest.fixture(scope="module")
