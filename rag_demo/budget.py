@@ -28,7 +28,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 GiB = 2**30
 # A calibrated constant stays within these factors of the default (see CostModel.calibrate).
@@ -227,6 +227,9 @@ class RunControl:
     # streaming: called with each answer as it grows (RagPipeline.partial_answer's dict, after
     # every decoding step); it only reads, it must not raise
     on_partial: Callable[[dict], None] | None = None
+    # called with (mode, Answer) as soon as each mode's answer is final, while RagPipeline.answer_modes
+    # goes on with the others (the app shows each card, and moves its progress bar, as it is done)
+    on_answer: Callable[[str, Any], None] | None = None
 
     def stop_reason(self) -> str | None:
         """Why decoding must stop now, or None."""

@@ -193,6 +193,8 @@ class RagPipeline:
             out.update(self.answer_from_modes(q, group, r.passages, r.scores, s, timings=r.timings, control=control))
         if "closed-book" in modes:
             out["closed-book"] = self._closed_book(q, s, control)
+            if control is not None and control.on_answer is not None:
+                control.on_answer("closed-book", out["closed-book"])
         return {mode: out[mode] for mode in modes}
 
     def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
@@ -310,6 +312,8 @@ class RagPipeline:
             if s.passage_sentences:
                 t["focus"] = focus_s
             out[mode] = self._answer(q, mode, gen, g, docs, t, qg)
+            if control is not None and control.on_answer is not None:
+                control.on_answer(mode, out[mode])
         return out
 
     def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:

@@ -39,6 +39,24 @@ def test_listening_changes_nothing(pipe, beams):
         assert loud[m].sequence_logprob == pytest.approx(quiet[m].sequence_logprob, abs=1e-5)
 
 
+def test_each_answer_is_handed_over_as_soon_as_its_mode_is_done(pipe):
+    """RunControl.on_answer (the app's one call for three cards): each mode's final Answer comes
+    before the next mode streams anything, in order, and is the answer the call returns."""
+    events: list[tuple[str, str]] = []
+    ctl = RunControl(on_partial=lambda p: events.append(("partial", p["mode"])),
+                     on_answer=lambda mode, a: events.append(("answer", mode)))
+    modes = ["sequence", "token", "closed-book"]
+    out = pipe.answer_modes(QUESTION, modes, control=ctl, num_beams=1)
+    assert [m for kind, m in events if kind == "answer"] == modes
+    for i, mode in enumerate(modes):
+        done = events.index(("answer", mode))
+        assert ("partial", mode) in events[:done]  # it streamed first
+        assert all(m != mode for kind, m in events[done + 1:])  # nothing of it after its answer
+        assert all(m not in modes[i + 1:] for _, m in events[:done])  # the later modes wait
+    alone = pipe.answer_modes(QUESTION, modes, num_beams=1)
+    assert all(out[m].token_ids == alone[m].token_ids for m in modes)
+
+
 def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):
     out, seen = _listen(pipe, ["token"])
     final, parts = out["token"], [p for p in seen if p["mode"] == "token"]

@@ -411,11 +411,22 @@ class AnsweringPipe(FakePipe):
         self.index.__class__.__len__ = lambda self: 1
         self.calls = []
         self.settings_seen = []
+        self.modes_calls = []
 
     def answer(self, q, mode, settings, **kw):
         self.calls.append((mode, settings.k, kw))
         self.settings_seen.append(settings)
         return Ans(mode, q)
+
+    def answer_modes(self, q, modes, settings, control=None):
+        """As RagPipeline.answer_modes: each mode's answer handed to control.on_answer when done."""
+        self.modes_calls.append(list(modes))
+        out = {}
+        for mode in modes:
+            out[mode] = self.answer(q, mode, settings, control=control)
+            if control is not None and control.on_answer is not None:
+                control.on_answer(mode, out[mode])
+        return out
 
     def with_index(self, index):
         return self
@@ -443,6 +454,18 @@ def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     assert {k for _, k, _ in pipe.calls} == {1}
     ask_all(h, "What is Mars?", None, progress=noprogress, k=5)  # a new session is told too
     assert len(warnings) == 2
+
+
+def test_the_three_cards_come_from_one_call_each_shown_when_done():
+    """One answer_modes call a question (RAG-Token reuses RAG-Sequence's prefill and drafts), and
+    the streamed output carries each card final before the next mode is asked."""
+    pipe = AnsweringPipe()
+    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    finals = []
+    ui._answer_all(pool, pipe, "What is Mars?", ui.RagSettings(k=1),
+                   on_partial=lambda d: finals.append((d["mode"], len(pipe.calls))) if d.get("final") else None)
+    assert pipe.modes_calls == [list(ui.MODES)]
+    assert finals == [(m, i + 1) for i, m in enumerate(ui.MODES)]  # mode i's card before mode i+1 ran
 
 
 def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
