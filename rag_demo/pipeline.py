@@ -305,8 +305,9 @@ class RagPipeline:
             emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
+            echo = _echo_check(gen, qg, s, subjects, [f"{p.title} {p.text}" for p in fed])
             g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail, titles=titles,
-                    on_partial=emit, echo=_echo_check(gen, qg, s, subjects, [f"{p.title} {p.text}" for p in fed]), contrast_prompt=contrast_prompt)  # steps 3 and 4
+                    on_partial=emit, echo=echo, contrast_prompt=contrast_prompt)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.passage_sentences:

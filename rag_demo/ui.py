@@ -604,7 +604,6 @@ def stream(run: Callable[[Callable[[dict], None], Callable[[], bool]], Any], int
 
 def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:
     from . import memory
-
     from .budget import RunControl
 
     def step(i: int) -> None:
@@ -620,10 +619,11 @@ def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: 
     try:
         # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
         # of the K prompts and each passage's drafts (answered one mode at a time, RAG-Token redid
-        # them: 11.2 s -> 7.4 s median a question, docs/DESIGN.md §5); each card is shown as its mode is done
+        # them: 11.2 s -> 7.4 s median a question, docs/DESIGN.md §5); each card is shown as it is done
         step(0)
         with user_errors():
-            pipe.answer_modes(q, list(MODES), settings, control=dataclasses.replace(control or RunControl(), on_answer=done))
+            pipe.answer_modes(q, list(MODES), settings,
+                              control=dataclasses.replace(control or RunControl(), on_answer=done))
     finally:
         memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
 
