@@ -97,7 +97,7 @@ def copies_example(answer: str, names: Iterable[str], passages: Iterable[str] = 
     model's variants). "Philip Glass" does not copy "Glass Harbour", nor "Kesselring" "Kessal"."""
     words = normalize_answer(answer).split()
     a = f" {' '.join(words)} "
-    read = [f" {normalize_answer(t)} " for t in passages]
+    read = None  # the passages, normalised only once a name is found (rare: most answers name none)
     for name in names:
         n = normalize_answer(name)
         if not n:
@@ -106,6 +106,8 @@ def copies_example(answer: str, names: Iterable[str], passages: Iterable[str] = 
             hit = any(w.startswith(n) for w in words)
         else:
             hit = f" {n} " in a
-        if hit and not any(f" {n}" in r for r in read):
-            return True
+        if hit:
+            read = read if read is not None else [f" {normalize_answer(t)} " for t in passages]
+            if not any(f" {n}" in r for r in read):
+                return True
     return False
