@@ -98,6 +98,11 @@ def _add_knowledge(p: argparse.ArgumentParser) -> None:
                    "(dataset.get_index('embeddings').save(path))")
 
 
+def _switch(p: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    """A true / false reader setting; its help ends with the default."""
+    p.add_argument(flag, default=str(default).lower(), choices=("true", "false"), help=f"{help}default {str(default).lower()}")
+
+
 def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     """The reader's RagSettings (#11), each defaulting to RagSettings' own default."""
     d = RagSettings()
@@ -118,28 +123,24 @@ def _add_reader_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-sentences", type=int, default=d.passage_sentences,
                    help="feed the generator only each passage's N sentences closest to the question; 0 = the "
                    f"whole passage (default {d.passage_sentences})")
-    p.add_argument("--extractive", default=str(d.extractive).lower(), choices=("true", "false"),
-                   help="true: answers copy a span of the passages (decoding may only continue one); "
-                   f"default {str(d.extractive).lower()}")
+    _switch(p, "--extractive", d.extractive,
+            "true: answers copy a span of the passages (decoding may only continue one); ")
     p.add_argument("--copy-min-prior", type=float, default=d.copy_min_prior,
                    help="RAG-Token's extractive copies come only from passages with p(z|x) at least this (the most "
                    f"likely always), 0-1; 0 = any of the K (default {d.copy_min_prior:g})")
     p.add_argument("--echo-retries", type=int, default=d.echo_retries,
                    help="an answer that only repeats words of the question is decoded again with its first token "
                    f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")
-    p.add_argument("--echo-subjects", default=str(d.echo_subjects).lower(), choices=("true", "false"),
-                   help="true: an answer that opens by naming what the question is about (a retrieved passage's "
-                   "title the question names) is retried like an echo; "
-                   f"default {str(d.echo_subjects).lower()}")
-    p.add_argument("--recase-question", default=str(d.recase_question).lower(), choices=("true", "false"),
-                   help="true: a question typed in lower case reaches the generator cased as the retrieved passages "
-                   f"write its words; default {str(d.recase_question).lower()}")
-    p.add_argument("--token-drafts", default=str(d.token_drafts).lower(), choices=("true", "false"),
-                   help="true: RAG-Token also ranks each passage's own drafts by its exact log p(y|x), "
-                   f"not only its beams; default {str(d.token_drafts).lower()}")
-    p.add_argument("--title-candidates", default=str(d.title_candidates).lower(), choices=("true", "false"),
-                   help="true: with short answers each passage's title also competes as an answer of its doc; "
-                   f"default {str(d.title_candidates).lower()}")
+    _switch(p, "--echo-subjects", d.echo_subjects,
+            "true: an answer that opens by naming what the question is about (a retrieved passage's "
+            "title the question names) is retried like an echo; ")
+    _switch(p, "--recase-question", d.recase_question,
+            "true: a question typed in lower case reaches the generator cased as the retrieved passages "
+            "write its words; ")
+    _switch(p, "--token-drafts", d.token_drafts,
+            "true: RAG-Token also ranks each passage's own drafts by its exact log p(y|x), not only its beams; ")
+    _switch(p, "--title-candidates", d.title_candidates,
+            "true: with short answers each passage's title also competes as an answer of its doc; ")
     p.add_argument("--context-contrast", type=float, default=d.context_contrast,
                    help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
                    f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")

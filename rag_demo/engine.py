@@ -151,6 +151,18 @@ def prefill_and_prior(gen: Generator, prompts: list[list[int]], doc_scores: torc
     return first_lp, state, prior, question_lp
 
 
+def _begin(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, s: RagSettings,
+           control: RunControl | None, question_tail: tuple[int, int] | None, contrast_prompt: list[int] | None):
+    """What both RAG modes start with: the generator (gated by `control`) and its stop check, the
+    answer's end tokens (EOS, and in the short style the end of the phrase), the K prompts'
+    prefill and log p(z|x) (`prefill_and_prior`: first_lp (K, V), state, prior (K,), question_lp
+    (K,) or None), and the closed-book row's prefill for context contrast (or None)."""
+    gen, stop = _controlled(gen, control)
+    ends = gen.stop_token_ids(s.answer_style)
+    first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
+    return gen, stop, ends, first_lp, state0, prior, question_lp, _contrast_prefill(gen, contrast_prompt, s)
+
+
 def _decoding_name(s: RagSettings) -> str:
     return "greedy" if s.num_beams == 1 else f"beam={s.num_beams}"
 
@@ -173,11 +185,9 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     each doc's title as an answer (RagSettings.title_candidates), joining its drafts (token_drafts).
     """
     t0 = time.perf_counter()
-    gen, stop = _controlled(gen, control)
-    ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
+    gen, stop, ends, first_lp, state0, prior, question_lp, cb = _begin(gen, prompts, doc_scores, s, control,
+                                                                       question_tail, contrast_prompt)
     K = len(prompts)
-    first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
-    cb = _contrast_prefill(gen, contrast_prompt, s)
     # Beam search scores its winner afterwards from the prefill state, so it decodes on a copy;
     # greedy records attribution as it goes and may consume the state (copying it costs more
     # than a decoding step for BART's cross-attention cache).
@@ -360,11 +370,9 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     of its candidates (RagSettings.title_candidates; `_doc_drafts`).
     """
     t0 = time.perf_counter()
-    gen, stop = _controlled(gen, control)
-    ends = gen.stop_token_ids(s.answer_style)  # EOS, and in the short style the end of the phrase
+    gen, stop, ends, first_lp, state0, prior, question_lp, cb = _begin(gen, prompts, doc_scores, s, control,
+                                                                       question_tail, contrast_prompt)
     K = len(prompts)
-    first_lp, state0, prior, question_lp = prefill_and_prior(gen, prompts, doc_scores, s, question_tail)  # (K, V), (K,)
-    cb = _contrast_prefill(gen, contrast_prompt, s)
     step = None
     if on_partial is not None:
         def step(st: Step) -> None:
