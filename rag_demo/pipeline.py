@@ -389,8 +389,7 @@ class RagPipeline:
             doc_posterior=doc_post,
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
-            candidates=[{"text": gen.decode(t), "logprob": lp, **({"upper_bound": True} if i in g.bounded else {})}
-                        for i, (t, lp) in enumerate(g.candidates)],
+            candidates=_ranked_candidates(gen, g),
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
             read_question="" if read_q == q else read_q,
         )
@@ -494,6 +493,20 @@ class RagPipeline:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
         return time.perf_counter() - t0
+
+
+def _ranked_candidates(gen, g: Generation) -> list[dict]:
+    """Answer.candidates: the candidates the engine weighed, best score first, one a text (two
+    tokenizations of the same words, a passage's copy and its title, show once: the better); a
+    RAG-Token candidate left behind by the ranking's branch and bound carries its upper bound."""
+    rows = sorted(((gen.decode(t), lp, i in g.bounded) for i, (t, lp) in enumerate(g.candidates)),
+                  key=lambda r: -r[1])
+    out, seen = [], set()
+    for text, lp, bounded in rows:
+        if text.strip() not in seen:
+            seen.add(text.strip())
+            out.append({"text": text, "logprob": lp, **({"upper_bound": True} if bounded else {})})
+    return out
 
 
 def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:

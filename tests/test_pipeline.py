@@ -57,6 +57,27 @@ def test_answer_structure_all_modes(pipe):
     assert cb.docs == [] and cb.token_doc_posteriors == [] and cb.timings["retrieve"] == 0.0
 
 
+def test_candidates_come_best_first_one_a_text(pipe):
+    """Answer.candidates is shown as a ranked list: sorted by score, the winner first, and two
+    token sequences that decode to the same words shown once (the better), which the engine's
+    Generation.candidates keeps apart. The table below puts a worse duplicate and a better
+    candidate out of order, as the engine may list them."""
+    from rag_demo.engine import Generation
+    from rag_demo.pipeline import _ranked_candidates
+    gen = pipe.stack.modes["token"].generator
+    a, b = gen.tokenizer.encode(" Paris", add_special_tokens=False), gen.tokenizer.encode(" Rome", add_special_tokens=False)
+    g = Generation(b, -1.0, "test", None, None, candidates=[(a, -3.0), (b, -1.0), (a + [], -2.0), (b, -4.0)],
+                   bounded={0})
+    out = _ranked_candidates(gen, g)
+    assert [(c["text"].strip(), c["logprob"]) for c in out] == [("Rome", -1.0), ("Paris", -2.0)]
+    assert "upper_bound" not in out[1]  # the kept Paris is the exact one, not the bounded -3.0
+    for mode in ("sequence", "token"):  # on a real answer: best first, the answer's own text first
+        ans = pipe.answer("who painted the starry night", mode)
+        scores = [c["logprob"] for c in ans.candidates]
+        assert scores == sorted(scores, reverse=True) and ans.candidates[0]["text"] == ans.text
+        assert len({c["text"].strip() for c in ans.candidates}) == len(ans.candidates)
+
+
 def test_each_paper_mode_uses_its_own_question_encoder(pipe):
     m = pipe.stack.modes
     assert m["token"].question_encoder is not m["sequence"].question_encoder
