@@ -1,11 +1,12 @@
 """The web app: a Gradio Blocks teaching demo of RAG (Lewis et al. 2020) over `RagPipeline`.
 
-Owns the page: per-session state (uploaded corpus, edited passages: `Session` in a `gr.State`),
-the handlers behind every button (answers streamed as they are decoded, uploads, edits, taking
-a passage away), the budget each request must fit, the layout and the named API endpoints. Its
-neighbours: render.py draws the HTML from the library's dicts (pure), pool.py loads one pipeline
-per stack, assets/ holds the page's text (intro.html, how_it_works.md) and style.css; nothing
-here recomputes the math.
+Owns the page: the handlers behind every button (`Handlers`: answers streamed as they are
+decoded, uploads, edits, taking a passage away), the layout and the named API endpoints. Its
+neighbours, each owning one job: session.py the per-session state (`Session` in a `gr.State`),
+validation.py the checks run before the queue, serving.py the budget each request must fit and
+the streaming worker, render.py the HTML drawn from the library's dicts (pure), pool.py one
+pipeline per stack; assets/ holds the page's text (intro.html, how_it_works.md) and style.css.
+Nothing here recomputes the math.
 
 Imports no torch: handlers call the library (loaded lazily, inside functions). Layout follows
 gradio's demos: functions first, then `with gr.Blocks()` layout, then event wiring.
@@ -14,17 +15,11 @@ gradio's demos: functions first, then `with gr.Blocks()` layout, then event wiri
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import inspect
 import math
-import queue
-import re
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +40,7 @@ from .config import (
     RagSettings,
     check_question,
 )
-from .corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, check_passage_text, load_documents, supported_extensions
-from .factbook import FACTBOOK_NAME
+from .corpus import MAX_UPLOAD_BYTES, supported_extensions
 from .pool import PipelinePool, Progress, default_unavailable, stack_factory  # noqa: F401 - re-exported
 from .render import (  # noqa: F401 - re-exported: the renderers are the page's
     PALETTE,
@@ -65,58 +59,44 @@ from .render import (  # noqa: F401 - re-exported: the renderers are the page's
     render_without,
     show_token,
 )
+from .serving import Serving, client_gone, stream, within_defaults  # noqa: F401 - re-exported
+from .session import (  # noqa: F401 - re-exported
+    FACTBOOK_EXAMPLES,
+    HOT_SWAP_EXAMPLES,
+    STACK_BLURB,
+    VITAL_EXAMPLES,
+    Session,
+    _embed,
+    active_index,
+    corpus_choices,
+    example_questions,
+    passage_choices,
+    render_status,
+    session_pipeline,
+    stack_choices,
+)
+from .validation import (  # noqa: F401 - re-exported
+    MAX_UPLOAD_FILES,
+    Refuse,
+    _settings,
+    check_passage_chosen,
+    check_upload,
+    settings_from_inputs,
+    user_errors,
+    validate_ask,
+    validate_edit,
+    validate_upload,
+)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
 DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
-STACK_BLURB = {
-    "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
-    "paper": "paper: DPR retriever + BART-large (facebook/rag-*-nq, from the Hub)",
-}
-# Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
-# 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
-# Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
-# 84,012,284 / 39,187,155). Nigeria on Vital Articles: RAG-Sequence copies "242 million" from
-# Nigeria's lead, RAG-Token "21 million", a span only Lagos's passage holds (RAG-Token may copy
-# from any of the K; its colours still lean on Nigeria's passage, whose prior is 0.89). France was
-# one until 2026-11-23: its lead's area (632,702 km2) and population (69.1 million) both open
-# with a 6, and the greedy reader copied the area.
-HOT_SWAP_EXAMPLES = (
-    "What is the population of Germany?",
-    "What is the population of Canada?",
-    "What is the population of Nigeria?",
-)
-# Vital Articles questions whose answer is in the article's lead (checked against the corpus);
-# but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name
-# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23, Perth with the
-# 2026-11-24 defaults), and the Factbook corpus answers Canberra:
-# what the index holds decides the answer.
-VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
-    "Who painted The Starry Night?",
-    "What is the capital of Australia?",
-    "Who wrote Hamlet?",
-    "Who discovered penicillin?",
-    "Who invented the World Wide Web?",
-    "Who painted the Mona Lisa?",
-    "Who wrote War and Peace?",
-    "Where is the Taj Mahal?",
-)
-# Factbook questions (a test checks their answers are in the country's passages).
-FACTBOOK_EXAMPLES = (
-    *HOT_SWAP_EXAMPLES,
-    "What is the capital of Australia?",
-    "What languages are spoken in Switzerland?",
-    "What is the currency of Japan?",
-    "What is the highest point in Nepal?",
-    "Who is the chief of state of Canada?",
-)
 # /ask's and /ask_stream's settings arguments (RagSettings fields), in their positional order after
 # (question, ...) with `stack` between the first four and the reader settings
 API_SETTINGS = ("k", "num_beams", "max_new_tokens", "sequence_decoding", "answer_style", "prior_temperature",
                 "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples",
                 "echo_retries")
-MAX_UPLOAD_FILES = 20
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
 # Model events run two at a time: a cheap question can start while an expensive one runs. They
 # do not compute at the same time: the shared StepGate lets one model step run at a time and at
@@ -129,382 +109,7 @@ STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after th
 
 
 
-# ---------------------------------------------------------------- per-session state
-
-
-@dataclass(frozen=True)
-class Session:
-    """What one browser tab (or one gradio_client.Client) has chosen; stored in a gr.State.
-
-    The shared pipelines and their indexes are never changed: an upload gets its own index,
-    an edit makes a copy of the active index (PassageIndex.with_edited_passage).
-    """
-
-    stack: str = "offline"
-    corpus: str = "builtin"  # "builtin" (the stack's corpus), "upload", or a key of pool.corpora() ("factbook")
-    upload: Any = None  # Corpus of this session's uploaded documents
-    upload_index: Any = None  # its PassageIndex under `upload_stack`'s passage encoder
-    upload_stack: str | None = None
-    named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
-    named_stack: str | None = None  # the stack whose passage encoder made `named_index`
-    edited: Any = None  # the active index with this session's edits (None: no edits)
-    edits: tuple[str, ...] = ()  # ids of edited passages
-    last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
-    warned: frozenset[str] = frozenset()  # warnings this session has seen (each is shown once)
-
-
-def active_index(s: Session, base: Any) -> Any:
-    """The index this session answers from: its edited copy, its upload, the other built-in corpus
-    it chose, or the stack's own."""
-    if s.edited is not None:
-        return s.edited
-    if s.corpus == "upload" and s.upload_index is not None:
-        return s.upload_index
-    if s.corpus not in ("builtin", "upload") and s.named_index is not None and s.named_stack == base.stack.name:
-        return s.named_index
-    return base.index
-
-
-def _embed(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
-    """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder."""
-    from .index import build_index
-
-    def bar(done: int, total: int) -> None:
-        progress((done, total), desc=f"Embedding {total:,} passages", unit="passages")
-
-    progress((0, len(corpus)), desc=f"Embedding {len(corpus):,} passages", unit="passages")
-    with pool.lock:
-        return build_index(corpus, base.stack.ctx_encoder, bar)
-
-
-def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None) -> tuple[Any, Session]:
-    """(pipeline with the session's index, session): re-embeds an upload made under another stack,
-    and gets the shared index of another built-in corpus (built with a progress bar the first time)."""
-    relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
-    base = pool.get(s.stack, relay)
-    if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
-        index = _embed(pool, base, s.upload, progress or (lambda *a, **k: None))
-        s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
-    if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
-        index = pool.corpus_index(s.stack, s.corpus, relay)
-        s = dataclasses.replace(s, named_index=index, named_stack=s.stack)
-    index = active_index(s, base)
-    return (base if index is base.index else base.with_index(index)), s
-
-
-def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note: str = "") -> str:
-    """Which stack and corpus are live (or the loading progress), and an optional note (e.g. why
-    a stack switch was refused): said here, once, instead of in a pop-up."""
-    note_html = f'<div class="rag-status-note">{esc(note)}</div>' if note else ""
-    if pipe is None:
-        pipe = pool.loaded(s.stack)
-    if pipe is None:
-        frac, msg = pool.progress(s.stack)
-        err = pool.error(s.stack)
-        if err:
-            return f'<div class="rag-status rag-error">Could not load the <b>{esc(s.stack)}</b> stack: {esc(err)}</div>'
-        pct = 100 * (frac or 0.0)
-        return (
-            f'<div class="rag-status rag-loading">Loading the <b>{esc(s.stack)}</b> stack ({pct:.0f}%): {esc(msg)}'
-            f'<div class="rag-bar"><div style="width:{pct:.0f}%"></div></div></div>'
-        )
-    index = active_index(s, pipe) if s.stack == pipe.stack.name else pipe.index
-    edits = f'<span class="rag-tag">{plural(len(s.edits), "passage")} edited in your copy</span>' if s.edits else ""
-    return (
-        f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}">'
-        f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
-        f"({plural(len(index.corpus), 'passage')}){edits}{note_html}</div>"
-    )
-
-
-def example_questions(corpus: Any, n: int = 6) -> list[str]:
-    """Clickable questions for the live corpus: a curated list for Vital Articles (a test checks
-    their articles are in it), template questions over document titles otherwise (titles made up
-    for untitled CSV rows / JSONL lines are skipped)."""
-    if corpus.name == VITAL_ARTICLES_NAME:
-        return list(VITAL_EXAMPLES)
-    if corpus.name == FACTBOOK_NAME:
-        return list(FACTBOOK_EXAMPLES)
-    titles = [t for t in dict.fromkeys(p.title for p in corpus.passages) if not re.search(r" (row|line) \d+$", t)]
-    templates = ("What is {}?", "What do the documents say about {}?", "Tell me about {}.")
-    return [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]
-
-
-def corpus_choices(pool: PipelinePool, s: Session) -> list[tuple[str, str]]:
-    pipe = pool.loaded(s.stack) or next((pool.loaded(n) for n in pool.loaded_stacks()), None)
-    builtin = pipe.index.corpus.name if pipe else VITAL_ARTICLES_NAME
-    out = [(f"{builtin} (built in)", "builtin")]
-    out += [(f"{name} (built in)", key) for key, name in pool.corpora().items() if name != builtin]
-    if s.upload is not None:
-        out.append((f"{s.upload.name} ({plural(len(s.upload), 'passage')})", "upload"))
-    return out
-
-
-def stack_choices(pool: PipelinePool) -> list[tuple[str, str]]:
-    out = []
-    for name in STACKS:
-        reason = pool.unavailable(name)
-        label = STACK_BLURB.get(name, name)
-        out.append((f"{label} — unavailable: {reason}" if reason else label, name))
-    return out
-
-
-def passage_choices(s: Session) -> list[tuple[str, str]]:
-    return [(f"[{i}] {title}: {text[:60]}…", pid) for i, (pid, title, text) in enumerate(s.last_docs, 1)]
-
-
 # ---------------------------------------------------------------- handlers
-
-
-@contextmanager
-def user_errors():
-    """Library ValueErrors become gr.Error: a visible message, and the app keeps serving."""
-    try:
-        yield
-    except gr.Error:
-        raise
-    except ValueError as e:
-        raise gr.Error(str(e)) from e
-
-
-def settings_from_inputs(**values: Any) -> RagSettings:
-    """RagSettings from the settings widgets' values, by RagSettings field name (a setting left
-    out keeps RagSettings' default), or a ValueError naming the bad one. The values go through as
-    they came (sliders send 5.0): RagSettings takes whole numbers and names anything else
-    (k=2.5, k='abc'); the app never rounds a value silently. The "question before the passage
-    too" checkbox sends a bool: True is question_position="both", False "after"."""
-    known = [f.name for f in dataclasses.fields(RagSettings)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"unknown setting(s) {unknown}: known are {known}.")
-    values = dict(values)
-    for name in ("sequence_decoding", "answer_style"):
-        if name in values:
-            values[name] = str(values[name])
-    if isinstance(values.get("question_position"), bool):
-        values["question_position"] = "both" if values["question_position"] else "after"
-    try:
-        return RagSettings(**values)
-    except TypeError as e:
-        raise ValueError(f"settings must be whole numbers: {e}") from e
-
-
-def check_passage_chosen(pid: object, s: Session | None = None) -> None:
-    """A passage to edit is chosen and, given the session, is one of its last answer's passages."""
-    if not pid:
-        raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
-    if s is not None and pid not in {i for i, _, _ in s.last_docs}:
-        raise ValueError(
-            f"passage {pid!r} is not one of the passages retrieved for your last question: ask a question, "
-            "then pick one of its passages to edit."
-        )
-
-
-def _settings(**values: Any) -> RagSettings:
-    with user_errors():
-        return settings_from_inputs(**values)
-
-
-def _valid(check: Callable[[], Any]) -> dict:
-    """gr.validate for one input: the library's ValueError message when `check()` raises."""
-    try:
-        check()
-    except (ValueError, TypeError) as e:
-        return gr.validate(False, str(e))
-    return gr.validate(True, "")
-
-
-def _validate_settings(settings: dict[str, Any]) -> list[dict]:
-    """One gr.validate per setting, in `settings`' order: the library's message on the setting it
-    names (RagSettings' messages start "name=value"), or on every setting when it names none."""
-    try:
-        settings_from_inputs(**settings)
-    except (ValueError, TypeError) as e:
-        msg = str(e)
-        bad = {n for n in settings if msg.startswith(f"{n}=")} or set(settings)
-        return [gr.validate(n not in bad, msg if n in bad else "") for n in settings]
-    return [gr.validate(True, "") for _ in settings]
-
-
-Refuse = Callable[[str, RagSettings, Session], str | None]  # (question, settings, session) -> refusal or None
-
-
-def _refusal(out: list[dict], question, settings: dict[str, Any], s, refuse: Refuse | None, at: int) -> list[dict]:
-    """out, with the budget's refusal (if any) on input `at` once every input is valid."""
-    if refuse is not None and all(r["is_valid"] for r in out):
-        msg = refuse(question, settings_from_inputs(**settings), s if isinstance(s, Session) else Session())
-        if msg:
-            out[at] = gr.validate(False, msg)
-    return out
-
-
-def validate_ask(question, s, refuse: Refuse | None = None, **settings) -> list[dict]:
-    """gradio validator of the events that ask a question. It runs before the queue (no model
-    runs) and shows the library's message on the question box; a bad question then never
-    reaches the outputs, which would otherwise each show an error badge. One gr.validate per
-    input, in the event's order: question, session, then the settings (by RagSettings field name,
-    as the event passes them), a bad setting's message on that setting. `refuse` is the server's
-    budget: a question whose estimated cost is over it is refused here, with the message on the
-    question box (the settings sit in a closed accordion), and nothing runs."""
-    out = [_valid(lambda: check_question(question)), gr.validate(True, ""), *_validate_settings(settings)]
-    return _refusal(out, question, settings, s, refuse, 0)
-
-
-def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fields) -> list[dict]:
-    """gradio validator of "save edit and ask again", like validate_ask: a passage of the last
-    answer must be chosen, its new text must not be empty, and the question must be askable.
-    `fields`: the settings and the new title ("new_title"), in the event's order."""
-    sess = s if isinstance(s, Session) else Session()
-    settings = {n: v for n, v in fields.items() if n != "new_title"}
-    checks = dict(zip(settings, _validate_settings(settings), strict=True))
-    out = [_valid(lambda: check_passage_chosen(pid, sess)), _valid(lambda: check_passage_text(str(pid), new_text)),
-           _valid(lambda: check_question(question)), gr.validate(True, ""),
-           *(checks.get(n, gr.validate(True, "")) for n in fields)]
-    return _refusal(out, question, settings, s, refuse, 2)
-
-
-def check_upload(files: Any) -> Any:
-    """The Corpus of an upload (files: paths or gradio file objects), or a ValueError naming the
-    problem and the fix: no file, too many, too large, or a file that cannot be read."""
-    paths = [getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
-    if not paths:
-        raise ValueError(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
-    if len(paths) > MAX_UPLOAD_FILES:
-        raise ValueError(f"{len(paths)} files uploaded, over the limit of {MAX_UPLOAD_FILES}: upload fewer files.")
-    total = sum(Path(p).stat().st_size for p in paths)
-    if total > MAX_UPLOAD_BYTES:
-        raise ValueError(
-            f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
-            "in all: upload smaller or fewer files."
-        )
-    names = [Path(p).name for p in paths]
-    shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
-    return load_documents(paths, name=f"Your documents: {shown}")
-
-
-def validate_upload(files, s) -> list[dict]:
-    """gradio validator of the upload: reads and splits the files (no model runs), so a file
-    that cannot be used gets its message on the file box, and the status line, which shows the
-    upload's progress, never carries an error badge."""
-    return [_valid(lambda: check_upload(files)), gr.validate(True, "")]
-
-
-@dataclass
-class Serving:
-    """What every model request of one app shares: the server's `Budget` (refuse, time limit,
-    what counts as expensive), one `StepGate` (one model step at a time, cheap requests first),
-    and the app's gradio queue, to learn that a request's client has gone."""
-
-    budget: Any = None
-    gate: Any = None
-    queue: Callable[[], Any] = lambda: None
-    # Expensive requests running at once. With model concurrency 2 this is 1, so a cheap request
-    # always finds a free slot: two expensive ones would take both and cheap ones would queue
-    # behind them for up to the time limit (the gate only orders requests that are running).
-    max_heavy: int = 1
-    _heavy: int = 0
-    _heavy_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-
-    def heavy_busy(self) -> str | None:
-        """Why an expensive request would be refused now (None: a slot is free)."""
-        if self._heavy < self.max_heavy:
-            return None
-        # cheap = under heavy_seconds or at most 1.5x the defaults' estimate (Serving.check): on a slow
-        # CPU the second is the larger, so the message names the defaults rather than a number
-        cheap = (f" (under about {self.budget.heavy_seconds:.0f} s, or no more than 1.5x the default settings; "
-                 "the defaults always run)") if self.budget is not None else ""
-        return (f"{plural(self._heavy, 'expensive question')} already running, and this server runs "
-                f"{self.max_heavy} at a time so that cheap questions never wait behind them: try again in a "
-                f"minute, or lower K, beams or max new tokens to make the question cheap{cheap}.")
-
-    @contextmanager
-    def heavy_slot(self, cost: Any):
-        """Hold one of the `max_heavy` slots while an expensive request runs; ValueError if none is free."""
-        if cost is None or not getattr(cost, "heavy", False):
-            yield
-            return
-        with self._heavy_lock:
-            busy = self.heavy_busy()
-            if busy:
-                raise ValueError(f"This question is expensive ({cost.describe()}): {busy}")
-            self._heavy += 1
-        try:
-            yield
-        finally:
-            with self._heavy_lock:
-                self._heavy -= 1
-
-    def check(self, pipe: Any, question: str, settings: RagSettings) -> Any:
-        """The request's Cost, or the library's ValueError (what was asked, what it would cost,
-        what to change) when it is over the budget; None without a budget."""
-        if self.budget is None or not hasattr(pipe, "check_budget"):
-            return None
-        try:
-            cost = pipe.check_budget(question, list(MODES), settings, self.budget)
-        except ValueError:
-            if not within_defaults(settings):
-                raise
-            # the page's defaults are always admitted (the time limit still bounds them): the
-            # estimate is a worst case calibrated at warm-up, and on a busy CPU it put the
-            # defaults themselves over max_seconds, which would refuse every ordinary question
-            cost = pipe.estimate(question, list(MODES), settings)
-            cost.heavy = False
-            return cost
-        if cost.heavy:  # never expensive: a question no costlier than the page's default settings
-            # (heavy_seconds is absolute; on a slow or busy CPU the calibrated estimate of the
-            # defaults exceeds it, and every ordinary question would run at low priority and
-            # count against max_heavy)
-            base = pipe.estimate(question, list(MODES), RagSettings().merged(k=min(RagSettings().k, settings.k)))
-            cost.heavy = cost.seconds > 1.5 * base.seconds
-        return cost
-
-    def control(self, cost: Any, request: Any = None) -> Any:
-        """The RunControl of one request: a deadline `time_limit_s` from now, low priority when
-        the cost is heavy, the shared gate, and "cancelled" once the client has gone."""
-        if self.budget is None:
-            return None
-        from .budget import RunControl
-
-        return RunControl(
-            deadline=time.monotonic() + self.budget.time_limit_s,
-            priority=1 if cost is not None and getattr(cost, "heavy", False) else 0,
-            gate=self.gate,
-            cancelled=client_gone(self.queue, request),
-        )
-
-
-def within_defaults(settings: RagSettings) -> bool:
-    """Whether `settings` cost no more than the page's defaults in every dimension."""
-    d = RagSettings()
-    return (settings.k <= d.k and settings.num_beams <= d.num_beams and settings.max_new_tokens <= d.max_new_tokens
-            and settings.max_doc_tokens <= d.max_doc_tokens
-            # "both" puts the question in every passage's prompt twice: longer than "after"
-            and settings.question_position in (d.question_position, "after"))
-
-
-def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool] | None:
-    """A predicate that turns True once the client of `request` has disconnected.
-
-    gradio 6 has no public hook for this. When a client's event stream (SSE) closes, the queue
-    calls `clean_events(session_hash=...)`, which sets `alive = False` on that session's running
-    jobs (gradio/routes.py, gradio/queueing.py); a running sync handler is never interrupted.
-    So the predicate looks up this session's running events in the queue's `active_jobs` and
-    reports gone when all of them are dead. It reads private attributes (checked against gradio
-    6.31 by tests/test_ui.py); if they change it answers False (never cancels), not an error."""
-    session_hash = getattr(request, "session_hash", None)
-    if not session_hash:
-        return None
-
-    def gone() -> bool:
-        try:
-            jobs = getattr(queue_of(), "active_jobs", None) or []
-            mine = [e for job in jobs if job for e in job if getattr(e, "session_hash", None) == session_hash]
-            return bool(mine) and not any(getattr(e, "alive", True) for e in mine)
-        except Exception:  # noqa: BLE001 - a probe of gradio internals must never break an answer
-            return False
-
-    return gone
-
 
 def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, int | None]:
     """(settings with K at most the corpus size, the K asked for when it was reduced)."""
@@ -551,55 +156,6 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
         "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
         "settings": dataclasses.asdict(settings), "answers": answers,
     }, s
-
-
-STREAM_INTERVAL_S = 0.1  # at most ~10 page updates a second while answers grow
-
-
-def stream(run: Callable[[Callable[[dict], None], Callable[[], bool]], Any], interval: float = STREAM_INTERVAL_S):
-    """Run `run(on_partial, stopped)` in a worker thread (with this thread's context, so gradio's
-    warnings and progress still reach the page) and yield ("partial", {mode: latest dict}) while
-    answers grow, at most every `interval` s, then ("done", what `run` returned). `run`'s error
-    is raised here. If the consumer stops iterating (the visitor left), `stopped()` turns True
-    and the worker's decoding ends at its next step."""
-    events: queue.Queue = queue.Queue()
-    gone = threading.Event()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["result"] = run(events.put, gone.is_set)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-            box["error"] = e
-        finally:
-            events.put(None)
-
-    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True, name="rag-answer")
-    worker.start()
-    latest: dict[str, dict] = {}
-    shown, finished, dirty = 0.0, False, False
-    try:
-        while not finished:
-            try:
-                item = events.get(timeout=interval)
-            except queue.Empty:
-                item = ...
-            while item is not ... and item is not None:  # drain: only the newest state of each mode matters
-                latest[item["mode"]], dirty = item, True
-                try:
-                    item = events.get_nowait()
-                except queue.Empty:
-                    item = ...
-            finished = item is None
-            if dirty and not finished and time.monotonic() - shown >= interval:
-                shown, dirty = time.monotonic(), False
-                yield "partial", dict(latest)
-        worker.join()
-        if "error" in box:
-            raise box["error"]
-        yield "done", box["result"]
-    finally:
-        gone.set()
 
 
 def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:

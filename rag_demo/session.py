@@ -1,0 +1,186 @@
+"""Per-session state of the web app: what one browser tab has chosen, and what follows from it.
+
+Owns `Session` (a frozen dataclass kept in a `gr.State`: the stack, the corpus chosen, an
+upload and its index, an edited copy of the index, the last answer's passages, the warnings
+seen), the index a session answers from (`active_index`, `session_pipeline`), the status line,
+the dropdowns' choices and the example questions of each built-in corpus. The shared pipelines
+are never changed: an upload gets its own index, an edit a copy. Imports neither torch nor
+gradio (ui.py wires this to the page).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import STACKS
+from .corpus import VITAL_ARTICLES_NAME
+from .factbook import FACTBOOK_NAME
+from .pool import PipelinePool
+from .render import esc, plural
+
+STACK_BLURB = {
+    "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
+    "paper": "paper: DPR retriever + BART-large (facebook/rag-*-nq, from the Hub)",
+}
+# Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
+# 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
+# Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
+# 84,012,284 / 39,187,155). Nigeria on Vital Articles: RAG-Sequence copies "242 million" from
+# Nigeria's lead, RAG-Token "21 million", a span only Lagos's passage holds (RAG-Token may copy
+# from any of the K; its colours still lean on Nigeria's passage, whose prior is 0.89). France was
+# one until 2026-11-23: its lead's area (632,702 km2) and population (69.1 million) both open
+# with a 6, and the greedy reader copied the area.
+HOT_SWAP_EXAMPLES = (
+    "What is the population of Germany?",
+    "What is the population of Canada?",
+    "What is the population of Nigeria?",
+)
+# Vital Articles questions whose answer is in the article's lead (checked against the corpus);
+# but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name
+# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23, Perth with the
+# 2026-11-24 defaults), and the Factbook corpus answers Canberra:
+# what the index holds decides the answer.
+VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
+    "Who painted The Starry Night?",
+    "What is the capital of Australia?",
+    "Who wrote Hamlet?",
+    "Who discovered penicillin?",
+    "Who invented the World Wide Web?",
+    "Who painted the Mona Lisa?",
+    "Who wrote War and Peace?",
+    "Where is the Taj Mahal?",
+)
+# Factbook questions (a test checks their answers are in the country's passages).
+FACTBOOK_EXAMPLES = (
+    *HOT_SWAP_EXAMPLES,
+    "What is the capital of Australia?",
+    "What languages are spoken in Switzerland?",
+    "What is the currency of Japan?",
+    "What is the highest point in Nepal?",
+    "Who is the chief of state of Canada?",
+)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one browser tab (or one gradio_client.Client) has chosen; stored in a gr.State.
+
+    The shared pipelines and their indexes are never changed: an upload gets its own index,
+    an edit makes a copy of the active index (PassageIndex.with_edited_passage).
+    """
+
+    stack: str = "offline"
+    corpus: str = "builtin"  # "builtin" (the stack's corpus), "upload", or a key of pool.corpora() ("factbook")
+    upload: Any = None  # Corpus of this session's uploaded documents
+    upload_index: Any = None  # its PassageIndex under `upload_stack`'s passage encoder
+    upload_stack: str | None = None
+    named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
+    named_stack: str | None = None  # the stack whose passage encoder made `named_index`
+    edited: Any = None  # the active index with this session's edits (None: no edits)
+    edits: tuple[str, ...] = ()  # ids of edited passages
+    last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
+    warned: frozenset[str] = frozenset()  # warnings this session has seen (each is shown once)
+
+
+def active_index(s: Session, base: Any) -> Any:
+    """The index this session answers from: its edited copy, its upload, the other built-in corpus
+    it chose, or the stack's own."""
+    if s.edited is not None:
+        return s.edited
+    if s.corpus == "upload" and s.upload_index is not None:
+        return s.upload_index
+    if s.corpus not in ("builtin", "upload") and s.named_index is not None and s.named_stack == base.stack.name:
+        return s.named_index
+    return base.index
+
+
+def _embed(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
+    """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder."""
+    from .index import build_index
+
+    def bar(done: int, total: int) -> None:
+        progress((done, total), desc=f"Embedding {total:,} passages", unit="passages")
+
+    progress((0, len(corpus)), desc=f"Embedding {len(corpus):,} passages", unit="passages")
+    with pool.lock:
+        return build_index(corpus, base.stack.ctx_encoder, bar)
+
+
+def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None) -> tuple[Any, Session]:
+    """(pipeline with the session's index, session): re-embeds an upload made under another stack,
+    and gets the shared index of another built-in corpus (built with a progress bar the first time)."""
+    relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
+    base = pool.get(s.stack, relay)
+    if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
+        index = _embed(pool, base, s.upload, progress or (lambda *a, **k: None))
+        s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
+    if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
+        index = pool.corpus_index(s.stack, s.corpus, relay)
+        s = dataclasses.replace(s, named_index=index, named_stack=s.stack)
+    index = active_index(s, base)
+    return (base if index is base.index else base.with_index(index)), s
+
+
+def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note: str = "") -> str:
+    """Which stack and corpus are live (or the loading progress), and an optional note (e.g. why
+    a stack switch was refused): said here, once, instead of in a pop-up."""
+    note_html = f'<div class="rag-status-note">{esc(note)}</div>' if note else ""
+    if pipe is None:
+        pipe = pool.loaded(s.stack)
+    if pipe is None:
+        frac, msg = pool.progress(s.stack)
+        err = pool.error(s.stack)
+        if err:
+            return f'<div class="rag-status rag-error">Could not load the <b>{esc(s.stack)}</b> stack: {esc(err)}</div>'
+        pct = 100 * (frac or 0.0)
+        return (
+            f'<div class="rag-status rag-loading">Loading the <b>{esc(s.stack)}</b> stack ({pct:.0f}%): {esc(msg)}'
+            f'<div class="rag-bar"><div style="width:{pct:.0f}%"></div></div></div>'
+        )
+    index = active_index(s, pipe) if s.stack == pipe.stack.name else pipe.index
+    edits = f'<span class="rag-tag">{plural(len(s.edits), "passage")} edited in your copy</span>' if s.edits else ""
+    return (
+        f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}">'
+        f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
+        f"({plural(len(index.corpus), 'passage')}){edits}{note_html}</div>"
+    )
+
+
+def example_questions(corpus: Any, n: int = 6) -> list[str]:
+    """Clickable questions for the live corpus: a curated list for Vital Articles (a test checks
+    their articles are in it), template questions over document titles otherwise (titles made up
+    for untitled CSV rows / JSONL lines are skipped)."""
+    if corpus.name == VITAL_ARTICLES_NAME:
+        return list(VITAL_EXAMPLES)
+    if corpus.name == FACTBOOK_NAME:
+        return list(FACTBOOK_EXAMPLES)
+    titles = [t for t in dict.fromkeys(p.title for p in corpus.passages) if not re.search(r" (row|line) \d+$", t)]
+    templates = ("What is {}?", "What do the documents say about {}?", "Tell me about {}.")
+    return [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]
+
+
+def corpus_choices(pool: PipelinePool, s: Session) -> list[tuple[str, str]]:
+    pipe = pool.loaded(s.stack) or next((pool.loaded(n) for n in pool.loaded_stacks()), None)
+    builtin = pipe.index.corpus.name if pipe else VITAL_ARTICLES_NAME
+    out = [(f"{builtin} (built in)", "builtin")]
+    out += [(f"{name} (built in)", key) for key, name in pool.corpora().items() if name != builtin]
+    if s.upload is not None:
+        out.append((f"{s.upload.name} ({plural(len(s.upload), 'passage')})", "upload"))
+    return out
+
+
+def stack_choices(pool: PipelinePool) -> list[tuple[str, str]]:
+    out = []
+    for name in STACKS:
+        reason = pool.unavailable(name)
+        label = STACK_BLURB.get(name, name)
+        out.append((f"{label} — unavailable: {reason}" if reason else label, name))
+    return out
+
+
+def passage_choices(s: Session) -> list[tuple[str, str]]:
+    return [(f"[{i}] {title}: {text[:60]}…", pid) for i, (pid, title, text) in enumerate(s.last_docs, 1)]
