@@ -28,7 +28,7 @@ def run_one(config: str, requests: int, threads: int) -> None:
     if config == "tuned":
         memory.limit_arenas(2)
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.ui import VITAL_EXAMPLES
+    from rag_demo.session import VITAL_EXAMPLES
 
     pipe = RagPipeline.load()
     for mode in ("sequence", "token", "closed-book"):
