@@ -88,8 +88,8 @@ def test_ui_imports_without_torch():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
-def test_renderers_and_the_pool_import_neither_gradio_nor_torch():
-    code = ("import sys, rag_demo.render, rag_demo.pool; bad = [m for m in ('torch', 'gradio') if m in sys.modules]; "
+def test_renderers_pool_session_and_serving_import_neither_gradio_nor_torch():
+    code = ("import sys, rag_demo.render, rag_demo.pool, rag_demo.session, rag_demo.serving; bad = [m for m in ('torch', 'gradio') if m in sys.modules]; "
             "assert not bad, bad; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
