@@ -29,9 +29,9 @@ STACK_BLURB = {
 # Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
 # 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
 # Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
-# 84,012,284 / 39,187,155). Nigeria on Vital Articles: RAG-Sequence copies "242 million" from
-# Nigeria's lead, RAG-Token "21 million", a span only Lagos's passage holds (RAG-Token may copy
-# from any of the K; its colours still lean on Nigeria's passage, whose prior is 0.89). France was
+# 84,012,284 / 39,187,155). Nigeria on Vital Articles: both RAG modes copy "242 million" from
+# Nigeria's lead, p(z|x) 0.89 (asked again 2026-11-24; RAG-Token said "21 million", a span only
+# Lagos's passage holds, until it copied only from passages with p(z|x) >= copy_min_prior). France was
 # one until 2026-11-23: its lead's area (632,702 km2) and population (69.1 million) both open
 # with a 6, and the greedy reader copied the area.
 HOT_SWAP_EXAMPLES = (
@@ -41,9 +41,9 @@ HOT_SWAP_EXAMPLES = (
 )
 # Vital Articles questions whose answer is in the article's lead (checked against the corpus);
 # but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name
-# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23, Perth with the
-# 2026-11-24 defaults), and the Factbook corpus answers Canberra:
-# what the index holds decides the answer.
+# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23; on 2026-11-24
+# Perth, then Adelaide from RAG-Sequence and Melbourne from RAG-Token), and the Factbook corpus
+# answers Canberra: what the index holds decides the answer.
 VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
     "Who painted The Starry Night?",
     "What is the capital of Australia?",

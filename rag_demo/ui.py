@@ -121,7 +121,8 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
                 s: Session | None = None, serving: Serving | None = None, request: Any = None,
                 on_partial: Callable[[dict], None] | None = None, stopped: Callable[[], bool] | None = None,
                 ) -> tuple[dict, Session | None]:
-    """The three answers, one mode at a time (so the progress bar can say which), as the JSON-able
+    """The three answers, from one `answer_modes` call (each handed over as its mode is done, so the
+    progress bar can say which runs and each card shows when final: `_run_modes`), as the JSON-able
     {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}, and the
     session (which remembers the warnings it has seen).
 
