@@ -178,10 +178,18 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def selected(self, rows: torch.Tensor) -> "GrowingLayer":
-        """A new layer holding `rows` (one copy of the used positions; the source is unchanged)."""
+        """A new layer holding `rows` (the source is unchanged). One copy: the rows of the whole
+        buffer, spare room included, become the new layer's buffer (index_select then `update`
+        copied every position twice: a fifth of a RAG-Token answer's CPU time went to copies)."""
         out = GrowingLayer()
-        if self.is_initialized and self._n:
+        if not (self.is_initialized and self._n):
+            return out
+        if self._k is None:  # transformers edited the cache in place (_forget_buffer): no spare room
             out.update(self.keys.index_select(0, rows), self.values.index_select(0, rows))
+            return out
+        out.lazy_initialization(self.keys, self.values)
+        out._k, out._v, out._n = self._k.index_select(0, rows), self._v.index_select(0, rows), self._n  # (R', h, cap, d)
+        out.keys, out.values = out._k[..., : out._n, :], out._v[..., : out._n, :]
         return out
 
     def cropped(self, n: int) -> "GrowingLayer":

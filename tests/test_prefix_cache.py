@@ -97,3 +97,35 @@ def test_a_short_single_prompt_still_runs(smollm_tokenizer_folder, kept):
     ids = gen.tokenizer("Hi", add_special_tokens=False)["input_ids"]
     lp, _ = gen.prefill([ids])  # shorter than MIN_SHARED_PREFIX: no prefix split
     assert lp.shape[0] == 1 and torch.isfinite(lp).all()
+
+
+def test_selected_rows_are_an_independent_copy_with_room_to_grow():
+    """GrowingLayer.selected copies the chosen rows of its buffer once: the copy reads the same
+    keys and values, grows without touching the source, and a layer transformers edited in place
+    (no spare buffer) is still copied right."""
+    from rag_demo.generators import GrowingLayer
+
+    torch.manual_seed(0)
+    src = GrowingLayer()
+    k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)  # (R, heads, L, d)
+    src.update(k, v)
+    rows = torch.tensor([2, 0, 2])
+    out = src.selected(rows)
+    torch.testing.assert_close(out.keys, k[rows], rtol=0, atol=0)
+    torch.testing.assert_close(out.values, v[rows], rtol=0, atol=0)
+    assert out._k.shape[-2] > 5  # spare room came along: the next token is written, not reallocated
+    buffer = out._k
+    nk, nv = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+    out.update(nk, nv)
+    assert out._k is buffer and out.keys.shape[-2] == 6
+    torch.testing.assert_close(out.keys[..., 5:, :], nk, rtol=0, atol=0)
+    torch.testing.assert_close(src.keys, k, rtol=0, atol=0)  # the source is unchanged
+    assert src.keys.shape[-2] == 5
+    out.keys.zero_()  # nor do the two share memory
+    torch.testing.assert_close(src.keys, k, rtol=0, atol=0)
+
+    src.batch_select_indices(torch.tensor([1, 0]))  # transformers' in-place edit: the buffer is forgotten
+    again = src.selected(torch.tensor([1]))
+    torch.testing.assert_close(again.keys, k[[0]], rtol=0, atol=0)
+    again.update(nk[:1], nv[:1])
+    torch.testing.assert_close(again.keys[..., 5:, :], nk[:1], rtol=0, atol=0)
