@@ -177,11 +177,15 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
         return self.keys, self.values
 
+    def _blank(self) -> "GrowingLayer":
+        """An empty layer of the same kind (SharedPrefixLayer: over the same shared prefix)."""
+        return GrowingLayer()
+
     def selected(self, rows: torch.Tensor) -> "GrowingLayer":
         """A new layer holding `rows` (the source is unchanged). One copy: the rows of the whole
         buffer, spare room included, become the new layer's buffer (index_select then `update`
         copied every position twice: a fifth of a RAG-Token answer's CPU time went to copies)."""
-        out = GrowingLayer()
+        out = self._blank()
         if not (self.is_initialized and self._n):
             return out
         if self._k is None:  # transformers edited the cache in place (_forget_buffer): no spare room
@@ -218,6 +222,93 @@ class GrowingLayer(DynamicLayer):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
         self._forget_buffer()
+
+
+class SharedPrefixLayer(GrowingLayer):
+    """A GrowingLayer for rows that all open with the same prefix: the prefix's keys and values
+    are held once, (1, heads, P, d), and only each row's own positions after it live in the
+    growing buffer, (R, heads, n, d).
+
+    The K doc prompts of a question share ~400 of their ~550 tokens (system prompt, worked
+    examples), so holding them once makes every `selected` copy (beam reorders, teacher-forced
+    chunks) about a third as large, and `shared_prefix_attention` reads them once for all rows.
+    The model sees a cache of P + n positions (get_seq_length, and so its masks); `update`
+    returns only the rows' own keys and values, which is what `shared_prefix_attention` expects:
+    a model using this cache must run with that attention (DecoderOnlyGenerator sets it)."""
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor):
+        super().__init__()
+        self.prefix_k, self.prefix_v = prefix_k, prefix_v  # (1, heads, P, d), never written
+
+    def _blank(self) -> "SharedPrefixLayer":
+        return SharedPrefixLayer(self.prefix_k, self.prefix_v)
+
+    def get_seq_length(self) -> int:
+        return self.prefix_k.shape[-2] + super().get_seq_length()
+
+    def cropped(self, n: int) -> "GrowingLayer":
+        raise ValueError("cropped() of a SharedPrefixLayer: crop the one-row cache the prefix came from instead.")
+
+
+def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            prefix_cache: Cache | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention over a shared prefix plus each row's own positions (SharedPrefixLayer), exact.
+
+    A decoding step (one query per row, L = 1): softmax_j(q·k_j · scaling) over j in [prefix (P),
+    row's own (n)], the prefix's scores for all R rows from one matmul per key/value head (R·g
+    queries against P keys, g = query heads per kv head: grouped-query attention without
+    repeating the keys), the rows' own from a batched matmul; one softmax over both. The prefix
+    holds real tokens every row shares and precedes every query, so it is visible to all of them;
+    the mask (R or 1, 1, 1, P + n) applies to the rows' own positions, its last n columns.
+    Several queries per row (a prefill, a teacher-forced run: compute-bound, where SDPA's fused
+    kernel is faster than these matmuls): the prefix joins each row's keys and SDPA runs as usual.
+
+    Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
+    attention unchanged. query (R, H, L, d), key/value (R, Hkv, n, d) -> (R, L, H, d)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layer = None if prefix_cache is None else prefix_cache.layers[module.layer_idx]
+    if not isinstance(layer, SharedPrefixLayer):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    R, H, L, d = query.shape
+    if L > 1:  # a prefill or a teacher-forced run: compute-bound, where SDPA's fused kernel is faster
+        full_k = torch.cat([layer.prefix_k.expand(R, -1, -1, -1), key], dim=2)  # (R, Hkv, P+n, d)
+        full_v = torch.cat([layer.prefix_v.expand(R, -1, -1, -1), value], dim=2)  # (R, Hkv, P+n, d)
+        return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    pk, pv = layer.prefix_k[0], layer.prefix_v[0]  # (Hkv, P, d)
+    Hkv, P, n = pk.shape[0], pk.shape[1], key.shape[2]
+    g = H // Hkv
+    scaling = d ** -0.5 if scaling is None else scaling
+    q = (query * scaling).reshape(R, Hkv, g * L, d)  # (R, Hkv, gL, d): query head h reads kv head h // g
+    qp = q.transpose(0, 1).reshape(Hkv, R * g * L, d)  # (Hkv, R·gL, d)
+    s_pre = torch.bmm(qp, pk.transpose(1, 2)).view(Hkv, R, g * L, P).transpose(0, 1)  # (R, Hkv, gL, P)
+    s_own = torch.matmul(q, key.transpose(2, 3)).view(R, Hkv, g, L, n)  # (R, Hkv, g, L, n)
+    if attention_mask is not None:
+        m = attention_mask[..., -n:].unsqueeze(2)  # (R|1, 1, 1, L, n)
+        s_own = s_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s_own + m
+    scores = torch.cat([s_pre, s_own.view(R, Hkv, g * L, n)], dim=-1)  # (R, Hkv, gL, P+n)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # (R, Hkv, gL, P+n)
+    pp = probs[..., :P].transpose(0, 1).reshape(Hkv, R * g * L, P)  # (Hkv, R·gL, P)
+    out = torch.bmm(pp, pv).view(Hkv, R, g * L, d).transpose(0, 1)  # (R, Hkv, gL, d)
+    out = out + torch.matmul(probs[..., P:], value)  # (R, Hkv, gL, d)
+    return out.reshape(R, H, L, d).transpose(1, 2).contiguous(), None  # (R, L, H, d)
+
+
+SHARED_PREFIX_ATTENTION = "rag_shared_prefix"
+
+
+def use_shared_prefix_attention(model) -> None:
+    """Register `shared_prefix_attention` (and SDPA's masks under its name) with transformers and
+    switch `model` to it: SDPA for every cache without a SharedPrefixLayer, so the same numbers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SHARED_PREFIX_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(SHARED_PREFIX_ATTENTION)
 
 
 class _GrowingCache(DynamicCache):
@@ -495,6 +586,7 @@ class DecoderOnlyGenerator(Generator):
 
     def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct"):
         self.model = model.eval()
+        use_shared_prefix_attention(self.model)  # prefill shares the prompts' opening: SharedPrefixLayer
         self.tokenizer = tokenizer
         self.name = name
         eos = model.generation_config.eos_token_id
@@ -601,6 +693,9 @@ class DecoderOnlyGenerator(Generator):
     # ~400 tokens with 4 worked examples (~19 MB of float32 KV for SmolLM2-135M); four cover the
     # RAG and closed-book prompts of two settings without thrashing.
     KEPT_PREFIXES = 4
+    # Hold the K prompts' shared opening once (SharedPrefixLayer, shared_prefix_attention) rather
+    # than a copy in every row's cache: beam reorders and teacher-forced chunks copy a third as much.
+    SHARE_PREFIX_KV = True
 
     @torch.inference_mode()
     def _prefix_kv(self, prefix: tuple[int, ...]) -> "_GrowingCache":
@@ -649,14 +744,17 @@ class DecoderOnlyGenerator(Generator):
             P = P if P >= MIN_SHARED_PREFIX else 0
         cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:
-            cache = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
-            cache = _select_cache(cache, torch.zeros(len(prompts), dtype=torch.long))  # (R, heads, P, d)
+            one = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
+            if self.SHARE_PREFIX_KV:  # held once for all R rows; each row's cache holds its own positions only
+                cache = _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
+            else:
+                cache = _select_cache(one, torch.zeros(len(prompts), dtype=torch.long))  # (R, heads, P, d) copies
             head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
         ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
         mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
         pos = P + (tail_mask.cumsum(-1) - 1).clamp(min=0)  # (R, W) positions skip the padding
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, prefix_cache=cache,
             # only the logits needed: the last position's (R, 1, V), and before it the n positions
             # that predict the last n prompt tokens (left padding: every row's tail is aligned)
             logits_to_keep=score_last + 1,
@@ -673,7 +771,8 @@ class DecoderOnlyGenerator(Generator):
         state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
         pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
         out = self.model.model(
-            input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True
+            input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True,
+            prefix_cache=state.cache,  # shared_prefix_attention reads the shared prefix from it
         )
         state.cache = out.past_key_values
         state.next_pos = state.next_pos + length

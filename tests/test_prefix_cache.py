@@ -129,3 +129,41 @@ def test_selected_rows_are_an_independent_copy_with_room_to_grow():
     torch.testing.assert_close(again.keys, k[[0]], rtol=0, atol=0)
     again.update(nk[:1], nv[:1])
     torch.testing.assert_close(again.keys[..., 5:, :], nk[:1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])  # 1: two query heads read one kv head (grouped-query, as SmolLM2)
+def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokenizer_folder, kv_heads):
+    """The K prompts' shared opening is held once (SharedPrefixLayer) and attended to by
+    `shared_prefix_attention`: the next-token log-probs after the prefill, after a beam reorder,
+    after single steps and along a teacher-forced run all equal the plain model's (transformers'
+    SDPA, no cache) on each row's whole sequence; and selecting rows copies none of the prefix."""
+    from rag_demo.generators import SharedPrefixLayer
+    from rag_demo.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=kv_heads, seed=5)
+    prompts = _prompts(gen, QUESTIONS[0])  # three lengths after the opening: rows are left-padded there
+
+    def plain(ids: list[int]) -> torch.Tensor:  # (1, V) the model alone on the whole sequence
+        with torch.no_grad():
+            return torch.log_softmax(gen.model(input_ids=torch.tensor([ids])).logits[:, -1].float(), dim=-1)
+
+    lp, state = gen.prefill(prompts)  # (3, V)
+    layers = state.cache.layers
+    assert all(isinstance(layer, SharedPrefixLayer) for layer in layers)
+    P = layers[0].prefix_k.shape[-2]
+    assert P > 150 and layers[0].keys.shape[-2] == max(len(p) for p in prompts) - P  # rows hold their own part only
+    for r, p in enumerate(prompts):
+        _same(lp[r: r + 1], plain(p))
+    rows = torch.tensor([2, 0, 2])  # a beam reorder: a row twice, one dropped
+    st = gen.select(state, rows)
+    assert all(a.prefix_k is b.prefix_k for a, b in zip(st.cache.layers, layers))  # shared, not copied
+    seqs = [list(prompts[int(i)]) for i in rows]
+    for toks in ([11, 12, 13], [21, 22, 23]):
+        step = gen.advance(st, torch.tensor(toks).unsqueeze(1))[:, -1]  # (3, V)
+        for r, t in enumerate(toks):
+            seqs[r].append(t)
+            _same(step[r: r + 1], plain(seqs[r]))
+    run = gen.advance(st, torch.tensor([[31, 32, 33]] * 3))  # (3, 3, V) teacher-forced: a causal mask inside
+    for r in range(3):
+        for j in range(3):
+            _same(run[r, j: j + 1], plain(seqs[r] + [31, 32, 33][: j + 1]))
