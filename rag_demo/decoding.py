@@ -500,12 +500,33 @@ def score_candidates(
     K, C = first_lp.shape[0], len(candidates)
     tgt, mask = pad_rows(candidates, pad, min_width=1)  # (C, T) right-padded, T >= 1
     mask = mask.float()  # (C, T)
-    T = tgt.shape[1]
     rows = torch.arange(K).repeat_interleave(C)  # (K*C,) row k*C + c = candidate c under doc k
-    tgt_rows = tgt.repeat(K, 1)  # (K*C, T)
     width = mask.sum(1).long().clamp(min=1).repeat(K)  # (K*C,) each row's candidate length
-    lp = torch.full((K * C, T), float("-inf"))  # (K*C, T)
-    lp[:, 0] = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1]).squeeze(1)  # (K*C,)
+    lp = _teacher_force(gen, state, first_lp, rows, tgt.repeat(K, 1), width, max_rows, stop)  # (K*C, T)
+    return lp.view(K, C, tgt.shape[1]), mask  # (K, C, T), (C, T)
+
+
+def score_pairs(
+    gen: Generator, state: GenState, first_lp: torch.Tensor, rows: list[int], candidates: list[list[int]], pad: int,
+    max_rows: int | None = None, stop: Callable[[], str | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-force candidate i under prefilled row rows[i] only (score_candidates scores every
+    candidate under every row): -> lp (N, T) log p(y_t | x, z_i, y_<t), mask (N, T). One model
+    call for all N pairs (in chunks as score_candidates), where a call per pair read all of the
+    model's weights N times for a few tokens each (each doc's title as a candidate)."""
+    tgt, mask = pad_rows(candidates, pad, min_width=1)  # (N, T) right-padded, T >= 1
+    mask = mask.float()  # (N, T)
+    width = mask.sum(1).long().clamp(min=1)  # (N,)
+    return _teacher_force(gen, state, first_lp, torch.tensor(rows), tgt, width, max_rows, stop), mask
+
+
+def _teacher_force(gen: Generator, state: GenState, first_lp: torch.Tensor, rows: torch.Tensor, tgt_rows: torch.Tensor,
+                   width: torch.Tensor, max_rows: int | None, stop) -> torch.Tensor:
+    """The shared loop of score_candidates / score_pairs: target tgt_rows[i] (T,) of width[i]
+    tokens teacher-forced under prefilled row rows[i] -> lp (N, T), -inf where `stop()` cut it."""
+    T = tgt_rows.shape[1]
+    lp = torch.full((len(rows), T), float("-inf"))  # (N, T)
+    lp[:, 0] = first_lp.index_select(0, rows).gather(1, tgt_rows[:, :1]).squeeze(1)  # (N,)
     if T > 1:
         for idx in _chunks_by_width(width, max_rows or ROWS_CHUNK):  # (n,) each chunk's rows
             if stop is not None and stop():
@@ -515,4 +536,4 @@ def score_candidates(
             if w > 1:
                 st = gen.select(state, rows[idx])  # this chunk's rows of the prefill cache
                 lp[idx, 1:w] = gen.advance_gather(st, tgt_rows[idx, : w - 1], tgt_rows[idx, 1:w])  # (n, w-1)
-    return lp.view(K, C, T), mask  # (K, C, T), (C, T)
+    return lp  # (N, T)

@@ -19,7 +19,7 @@ import torch
 
 from .budget import RunControl
 from .config import RagSettings
-from .decoding import Contrast, Hyp, Rows, SpanConstraint, Step, as_rule, score_candidates, search
+from .decoding import Contrast, Hyp, Rows, SpanConstraint, Step, as_rule, score_candidates, score_pairs, search
 from .generators import Generator
 from .marginalize import (
     doc_log_prior,
@@ -272,12 +272,13 @@ def _doc_drafts(gen: Generator, prompts: list[list[int]], state0, first_lp: torc
         # a retried draft does not stream: its group number would name the wrong doc in the Partial
         hyps = _without_echoes(hyps, echo, s, _redo(gen, state0, first_lp, rows, s, ends, stop, allowed, None,
                                                     contrast0=cb), rows)
-        for z, t in enumerate(titles or []):
-            if rows.stopped or not t or (echo is not None and echo(t)) or any(h.tokens == t for h in hyps[z]):
-                continue
-            lp, _ = score_candidates(gen, gen.select(state0, torch.tensor([z])), first_lp[z : z + 1], [t],
-                                     gen.pad_token_id)  # (1, 1, T)
-            hyps[z] = [*hyps[z], Hyp(t, float(lp[0, 0, : len(t)].sum()), z)]  # log p(title | x, z)
+        todo = [] if rows.stopped else [(z, t) for z, t in enumerate(titles or []) if t and not (
+            echo is not None and echo(t)) and not any(h.tokens == t for h in hyps[z])]
+        if todo:  # every title under its own doc, in one teacher-forced batch
+            lp, _ = score_pairs(gen, state0, first_lp, [z for z, _ in todo], [t for _, t in todo],
+                                gen.pad_token_id)  # (N, T)
+            for i, (z, t) in enumerate(todo):
+                hyps[z] = [*hyps[z], Hyp(t, float(lp[i, : len(t)].sum()), z)]  # log p(title | x, z)
         return hyps, rows.stopped
 
     share = getattr(gen, "shared", None)

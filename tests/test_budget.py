@@ -12,7 +12,7 @@ import torch
 from rag_demo.budget import Budget, CostModel, ModelDims, RunControl, StepGate
 from rag_demo.config import RagSettings, StackSpec
 from rag_demo.corpus import corpus_from_documents
-from rag_demo.decoding import score_candidates
+from rag_demo.decoding import score_candidates, score_pairs
 from rag_demo.pipeline import RagPipeline
 from rag_demo.random_models import fixture_passages
 
@@ -220,6 +220,12 @@ def test_scoring_in_chunks_equals_scoring_at_once(pipe):
     full = gen.advance(st1, tok).gather(2, tok.unsqueeze(-1)).squeeze(-1)  # (3, 3)
     torch.testing.assert_close(gen.advance_gather(st2, tok, tok, max_logits=1), full, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(whole[:, 0, : len(cands[0])]).all() and mask.shape == (2, len(cands[0]))
+    # score_pairs: candidate i under row rows[i] only, in one batch = that cell of score_candidates
+    pairs, pair_mask = score_pairs(gen, state, first_lp, [2, 0, 2], [cands[0], cands[1], cands[1]], gen.pad_token_id)
+    for i, (z, c) in enumerate([(2, 0), (0, 1), (2, 1)]):
+        n = len(cands[c])
+        assert pair_mask[i].sum() == n
+        torch.testing.assert_close(pairs[i, :n], whole[z, c, :n], rtol=1e-5, atol=1e-5)
 
 
 def test_scoring_stops_between_chunks():
