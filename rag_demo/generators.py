@@ -255,14 +255,16 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
                             prefix_cache: Cache | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention over a shared prefix plus each row's own positions (SharedPrefixLayer), exact.
 
-    A decoding step (one query per row, L = 1): softmax_j(q·k_j · scaling) over j in [prefix (P),
-    row's own (n)], the prefix's scores for all R rows from one matmul per key/value head (R·g
-    queries against P keys, g = query heads per kv head: grouped-query attention without
-    repeating the keys), the rows' own from a batched matmul; one softmax over both. The prefix
-    holds real tokens every row shares and precedes every query, so it is visible to all of them;
-    the mask (R or 1, 1, 1, P + n) applies to the rows' own positions, its last n columns.
-    Several queries per row (a prefill, a teacher-forced run: compute-bound, where SDPA's fused
-    kernel is faster than these matmuls): the prefix joins each row's keys and SDPA runs as usual.
+    Up to EAGER_MAX_QUERIES queries a row (a decoding step, a teacher-forced answer):
+    softmax_j(q·k_j · scaling) over j in [prefix (P), row's own (n)], the prefix's scores for all R
+    rows from one matmul per key/value head (R·g·L queries against P keys, g = query heads per kv
+    head: grouped-query attention without repeating the keys), the rows' own from a batched
+    matmul; one softmax over both. The prefix holds real tokens every row shares and precedes
+    every query, so it is visible to all of them; the mask (R or 1, 1, L, P + n) applies to the
+    rows' own positions, its last n columns. More queries (a prefill: compute-bound, where SDPA's
+    fused kernel is faster than these matmuls): the prefix joins each row's keys and SDPA runs
+    as usual (it repeats the keys per query head: with many rows and few queries, as when
+    teacher-forcing a dozen candidates, those copies cost more than the attention).
 
     Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
     attention unchanged. query (R, H, L, d), key/value (R, Hkv, n, d) -> (R, L, H, d)."""
@@ -273,7 +275,7 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     R, H, L, d = query.shape
-    if L > 1:  # a prefill or a teacher-forced run: compute-bound, where SDPA's fused kernel is faster
+    if L > EAGER_MAX_QUERIES:  # a prefill: compute-bound, where SDPA's fused kernel is faster
         full_k = torch.cat([layer.prefix_k.expand(R, -1, -1, -1), key], dim=2)  # (R, Hkv, P+n, d)
         full_v = torch.cat([layer.prefix_v.expand(R, -1, -1, -1), value], dim=2)  # (R, Hkv, P+n, d)
         return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
@@ -289,6 +291,8 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
     if attention_mask is not None:
         m = attention_mask[..., -n:].unsqueeze(2)  # (R|1, 1, 1, L, n)
         s_own = s_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s_own + m
+    elif L > 1:  # no mask given: causal within the rows' own positions (query i sits at n - L + i)
+        s_own = s_own.masked_fill(~torch.ones(L, n, dtype=torch.bool).tril(n - L), float("-inf"))  # (L, n)
     scores = torch.cat([s_pre, s_own.view(R, Hkv, g * L, n)], dim=-1)  # (R, Hkv, gL, P+n)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # (R, Hkv, gL, P+n)
     pp = probs[..., :P].transpose(0, 1).reshape(Hkv, R * g * L, P)  # (Hkv, R·gL, P)
@@ -298,6 +302,9 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
 
 
 SHARED_PREFIX_ATTENTION = "rag_shared_prefix"
+# Queries a row up to which shared_prefix_attention computes attention itself (decoding steps,
+# teacher-forced answers of up to 32 tokens); longer runs (prefills) go to SDPA.
+EAGER_MAX_QUERIES = 32
 
 
 def use_shared_prefix_attention(model) -> None:

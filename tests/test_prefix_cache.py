@@ -131,14 +131,20 @@ def test_selected_rows_are_an_independent_copy_with_room_to_grow():
     torch.testing.assert_close(again.keys[..., 5:, :], nk[:1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("eager_max", [0, 2, 10_000])  # every call through SDPA / steps eager, runs SDPA / all eager
 @pytest.mark.parametrize("kv_heads", [1, 2])  # 1: two query heads read one kv head (grouped-query, as SmolLM2)
-def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokenizer_folder, kv_heads):
+def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokenizer_folder, kv_heads, eager_max,
+                                                                   monkeypatch):
     """The K prompts' shared opening is held once (SharedPrefixLayer) and attended to by
     `shared_prefix_attention`: the next-token log-probs after the prefill, after a beam reorder,
     after single steps and along a teacher-forced run all equal the plain model's (transformers'
-    SDPA, no cache) on each row's whole sequence; and selecting rows copies none of the prefix."""
+    SDPA, no cache) on each row's whole sequence, whichever of its two ways runs each call
+    (EAGER_MAX_QUERIES); and selecting rows copies none of the prefix."""
+    from rag_demo import generators
     from rag_demo.generators import SharedPrefixLayer
     from rag_demo.random_models import tiny_smollm_generator
+
+    monkeypatch.setattr(generators, "EAGER_MAX_QUERIES", eager_max)
 
     gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=kv_heads, seed=5)
     prompts = _prompts(gen, QUESTIONS[0])  # three lengths after the opening: rows are left-padded there
