@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_bidirectional_mask
 
 from .corpus import Passage
@@ -268,8 +269,6 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
 
     Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
     attention unchanged. query (R, H, L, d), key/value (R, Hkv, n, d) -> (R, L, H, d)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     layer = None if prefix_cache is None else prefix_cache.layers[module.layer_idx]
     if not isinstance(layer, SharedPrefixLayer):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -700,9 +699,6 @@ class DecoderOnlyGenerator(Generator):
     # ~400 tokens with 4 worked examples (~19 MB of float32 KV for SmolLM2-135M); four cover the
     # RAG and closed-book prompts of two settings without thrashing.
     KEPT_PREFIXES = 4
-    # Hold the K prompts' shared opening once (SharedPrefixLayer, shared_prefix_attention) rather
-    # than a copy in every row's cache: beam reorders and teacher-forced chunks copy a third as much.
-    SHARE_PREFIX_KV = True
 
     @torch.inference_mode()
     def _prefix_kv(self, prefix: tuple[int, ...]) -> "_GrowingCache":
@@ -739,8 +735,9 @@ class DecoderOnlyGenerator(Generator):
     @torch.inference_mode()
     def prefill(self, prompts, score_last: int = 0):
         """The K doc prompts share their opening (system prompt, chat header, worked examples:
-        `shared_prefix`): that prefix runs once, as one row, its KV cache is copied to every row,
-        and only the rest of each prompt runs per row, left-padded after the prefix (the padding
+        `shared_prefix`): that prefix runs once, as one row, its KV cache is held once for every
+        row (SharedPrefixLayer), and only the rest of each prompt runs per row, left-padded after
+        the prefix (the padding
         is masked out and skipped by the position ids, so every row reads exactly its prompt).
         The prefix's own KV comes from `_prefix_kv`, which reuses what earlier questions share."""
         if not 0 <= score_last < min(len(p) for p in prompts):
@@ -752,10 +749,8 @@ class DecoderOnlyGenerator(Generator):
         cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:
             one = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
-            if self.SHARE_PREFIX_KV:  # held once for all R rows; each row's cache holds its own positions only
-                cache = _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
-            else:
-                cache = _select_cache(one, torch.zeros(len(prompts), dtype=torch.long))  # (R, heads, P, d) copies
+            # held once for all R rows (not a copy in each): each row's cache holds its own positions only
+            cache = _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
             head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
         ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
         mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
