@@ -359,7 +359,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["memory"]["peak_end"] = peak_rss_bytes()
     del pipe
     r["cold"] = {}
-    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype]
+    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype]
     if spec.name == "paper":
         extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
     say("Cold start with the cached index ...")

@@ -332,13 +332,24 @@ def machine_info() -> dict:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name, with its family / model numbers (an "AMD EPYC" may be Zen 3 or Zen 5)
+    and whether it multiplies bfloat16 natively (which decides the offline models' precision)."""
+    from .stacks import cpu_has_native_bf16
+
+    name, fields = platform.processor() or "?", {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip():
+                break  # the first processor's block is enough
     except OSError:
         pass
-    return platform.processor() or "?"
+    name = fields.get("model name", name)
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name + (", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16")
 
 
 def evaluate(

@@ -33,18 +33,22 @@ BATCH = 64  # passages a call of embed_batch embeds (Encoder.encode_passages' de
 class EncoderRef:
     """What a worker needs to load the passage encoder itself (picklable, unlike the model):
     the offline stack's MiniLM ("minilm", folder or None for the packaged one) or a DPR
-    context encoder ("dpr", Hub id or folder)."""
+    context encoder ("dpr", Hub id or folder), and the precision it embeds in (StackSpec's
+    passage_dtype: "auto", "float32" or "bfloat16")."""
 
     kind: str = "minilm"
     path: str | None = None
+    passage_dtype: str = "float32"
 
     def load(self):
         from .encoders import DPRPassageEncoder, MiniLMEncoder
+        from .stacks import resolve_dtype
 
+        dtype = resolve_dtype(self.passage_dtype)
         if self.kind == "minilm":
-            return MiniLMEncoder(self.path)
+            return MiniLMEncoder(self.path, passage_dtype=dtype)
         if self.kind == "dpr":
-            return DPRPassageEncoder.from_pretrained(self.path)
+            return DPRPassageEncoder.from_pretrained(self.path, passage_dtype=dtype)
         raise ValueError(f"encoder kind {self.kind!r} is unknown: use 'minilm' or 'dpr'.")
 
 

@@ -114,9 +114,11 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """StackSpec.generator_dtype -> a torch dtype ("auto": bfloat16 only with native support)."""
+    """StackSpec.generator_dtype / passage_dtype -> a torch dtype ("auto": bfloat16 only with native support)."""
     if name == "auto":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype {name!r} is unknown: use auto, float32 or bfloat16.")
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
@@ -209,14 +211,15 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
     t0 = time.perf_counter()
     if spec.name == "offline":
         _say(progress, "Loading retriever all-MiniLM-L6-v2 ...")
-        enc = MiniLMEncoder(spec.minilm_path)
+        enc = MiniLMEncoder(spec.minilm_path, passage_dtype=resolve_dtype(spec.passage_dtype))
         _say(progress, "Loading generator SmolLM2-135M-Instruct (GGUF) ...")
         gen = load_smollm(spec, progress)
         mm = ModeModels(enc, gen, MINILM_SCORE_SCALE)
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
         return LoadedStack(spec, enc, modes, time.perf_counter() - t0)
     _say(progress, f"Loading context encoder {spec.ctx_encoder} ...")
-    ctx = DPRPassageEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"))
+    ctx = DPRPassageEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"),
+                                            passage_dtype=resolve_dtype(spec.passage_dtype))
     _say(progress, f"Loading {spec.rag_token} ...")
     tq, tg = load_rag_checkpoint(spec.rag_token, "token")
     _say(progress, f"Loading {spec.rag_sequence} ...")

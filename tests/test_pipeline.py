@@ -141,6 +141,25 @@ def test_unknown_stack():
 def test_unknown_generator_dtype():
     with pytest.raises(ValueError, match=r"generator_dtype='fp16' is unknown: use one of auto, float32, bfloat16"):
         StackSpec(generator_dtype="fp16")
+    with pytest.raises(ValueError, match=r"passage_dtype='half' is unknown: use one of auto, float32, bfloat16"):
+        StackSpec(passage_dtype="half")
+
+
+def test_passage_dtype_reaches_the_encoders(tmp_path: Path):
+    """--passage-dtype goes CLI -> StackSpec; a worker's EncoderRef loads its encoder in that dtype."""
+    import torch
+
+    from rag_demo.cli import _spec, build_parser
+    from rag_demo.shards import EncoderRef
+    from rag_demo.stacks import resolve_dtype
+
+    args = build_parser().parse_args(["index", "--passage-dtype", "bfloat16", "--cache-dir", str(tmp_path)])
+    assert _spec(args).passage_dtype == "bfloat16"
+    assert build_parser().parse_args(["index"]).passage_dtype is None and StackSpec().passage_dtype == "auto"
+    assert EncoderRef(passage_dtype="bfloat16").load().passage_dtype is torch.bfloat16
+    assert EncoderRef().load().passage_dtype is torch.float32
+    with pytest.raises(ValueError, match="dtype 'fp8' is unknown: use auto, float32 or bfloat16"):
+        resolve_dtype("fp8")
 
 
 def test_generator_dtype_resolution():
