@@ -70,3 +70,23 @@ def test_the_latency_table_names_the_beam_count_it_ran_with():
 
     assert "K=5, 2 beams, max 32 new tokens" in heading(2)
     assert "K=5, greedy, max 32 new tokens" in heading(1)
+
+
+def test_targets_are_the_issues_bars_in_both_directions():
+    """bench's targets table: time limits pass at or below, index throughput at or above; an
+    unmeasured target says so rather than passing."""
+    lat = {"token": {"total": [1.4, 1.6, 1.2], "retrieve": [0.001] * 3, "ttft": [0.5, 0.9, 0.7],
+                     "generate": [1.0, 1.0, 1.0], "generate_streamed": [1.01, 1.2, 1.03]},
+           "sequence": {"total": [2.6, 2.7, 2.4], "retrieve": [0.001] * 3}}
+    r = {"latency": lat, "memory": {"rss_warm": 1.5e9}, "throughput": {"passages_per_s": 149.0},
+         "cold": {"cold_uncached": {"seconds": 95.0}}}
+    t = bench._targets(r)
+    assert t["RAG-Token p50"]["value"] == 1.4 and t["RAG-Token p50"]["result"] == "PASS"
+    assert t["RAG-Sequence p50"]["result"] == "FAIL"  # 2.6 > 2.5
+    assert t["RAG-Token time to first token p50"]["value"] == 0.7 and t["RAG-Token time to first token p50"]["result"] == "PASS"
+    assert t["RAG-Token streamed / quiet generate p50"]["value"] == pytest.approx(1.03)
+    assert t["index build throughput"]["bound"] == ">=" and t["index build throughput"]["result"] == "FAIL"  # 149 < 150
+    assert t["cold start without a cache"]["result"] == "PASS"
+    assert t["engine / transformers RAG (base)"]["measured"] == "not run"
+    r["throughput"]["passages_per_s"] = 150.0
+    assert bench._targets(r)["index build throughput"]["result"] == "PASS"
