@@ -411,3 +411,19 @@ def test_by_source_table_is_printed_only_when_sources_group_questions():
               "machine": {"processor": "cpu", "cpus": 2, "torch": "x", "threads": 2}, "notes": []}
     text = ev.format_report(report)
     assert "20 distinct sources" in text and "| s3 |" not in text
+
+
+def test_machine_info_names_the_cpu_family_and_its_bfloat16():
+    """Every eval / bench report names its CPU: an "AMD EPYC" may be Zen 3 (float32 models) or
+    Zen 5 (bfloat16), so the family / model numbers and native bfloat16 support are part of it."""
+    from pathlib import Path
+
+    from rag_demo.evaluate import machine_info
+    from rag_demo.stacks import cpu_has_native_bf16
+
+    name = machine_info()["processor"]
+    assert name.endswith(", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16"), name
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():
+        family = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("cpu family")).split(":")[1].strip()
+        assert f"(family {family} model " in name, name
