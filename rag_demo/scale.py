@@ -62,13 +62,15 @@ def _rss() -> int:
 
 def real_vectors(cache_dir: Path | None = None, say: Callable[[str], None] = print) -> tuple[np.ndarray, np.ndarray]:
     """(passages (N, 384), questions (Q, 384)): the Vital Articles index (cached, else built) and
-    the dev + external questions, all under all-MiniLM-L6-v2."""
-    from .config import default_cache_dir
+    the dev + external questions, all under all-MiniLM-L6-v2, passages in the precision the app
+    uses on this CPU (StackSpec.passage_dtype), so the app's cached index is reused."""
+    from .config import StackSpec, default_cache_dir
     from .corpus import load_vital_articles
     from .encoders import MiniLMEncoder
     from .index import load_or_build_index
+    from .stacks import resolve_dtype
 
-    enc = MiniLMEncoder()
+    enc = MiniLMEncoder(passage_dtype=resolve_dtype(StackSpec().passage_dtype))
     index, info = load_or_build_index(load_vital_articles(), enc, Path(cache_dir or default_cache_dir()))
     say(f"real passage vectors: {index.embeddings.shape} ({info.source})")
     questions = []
