@@ -56,6 +56,11 @@ TARGETS = {  # name -> (limit, unit, direction): "max" passes when measured <= l
 # ---------------------------------------------------------------- small helpers
 
 
+def streamed_ratio(rec: dict) -> float:
+    """Median over questions of a mode's generate time with a streaming listener / without."""
+    return statistics.median(b / a for a, b in zip(rec["generate"], rec["generate_streamed"]) if a > 0)
+
+
 def percentile(xs: list[float], q: float) -> float:
     """Linear-interpolated q-th percentile (q in [0, 100]), as numpy's default."""
     if not xs:
@@ -247,7 +252,7 @@ def format_results(r: dict) -> str:
                       "p50 of the per-question ratios.", "",
                   "| mode | time to first token p50 / p95, ms | streamed / quiet generate p50 |", "|---|---:|---:|"]
         for mode, rec in r["latency"].items():
-            ratio = statistics.median(b / a for a, b in zip(rec["generate"], rec["generate_streamed"]) if a > 0)
+            ratio = streamed_ratio(rec)
             lines.append(f"| {titles[mode]} | {_p(rec['ttft'])} | {ratio:.3f}x |")
     if r.get("token_overhead"):
         t = r["token_overhead"]
@@ -282,7 +287,7 @@ def format_results(r: dict) -> str:
         lines.append(f"\nsame outputs: {'yes' if same else 'no'}")
     lines += ["", "### Targets", "", "| target | limit | measured | result |", "|---|---:|---:|---|"]
     for name, t in r["targets"].items():
-        lines.append(f"| {name} | {t.get('bound', '<=')} {t['limit']:g} {t['unit']} | {t['measured']} | {t['result']} |")
+        lines.append(f"| {name} | {t['bound']} {t['limit']:g} {t['unit']} | {t['measured']} | {t['result']} |")
     mc = r["machine"]
     lines += ["", f"Machine: {mc['processor']}, {mc['cpus']} CPUs, torch {mc['torch']} ({mc['threads']} threads). "
                   f"Load average at start {r['load_avg']['start']}, end {r['load_avg']['end']} "
@@ -300,8 +305,7 @@ def _targets(r: dict) -> dict:
         measured["RAG-Sequence p50"] = percentile(lat["sequence"]["total"], 50)
     if lat.get("token", {}).get("ttft"):
         measured["RAG-Token time to first token p50"] = percentile(lat["token"]["ttft"], 50)
-        measured["RAG-Token streamed / quiet generate p50"] = statistics.median(
-            b / a for a, b in zip(lat["token"]["generate"], lat["token"]["generate_streamed"]) if a > 0)
+        measured["RAG-Token streamed / quiet generate p50"] = streamed_ratio(lat["token"])
     rag = [m for m in lat if m != "closed-book"]
     if rag:
         measured["retrieval p50"] = percentile(lat[rag[0]]["retrieve"], 50)

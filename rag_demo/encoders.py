@@ -239,23 +239,22 @@ class DPRPassageEncoder(Encoder):
         """From a local folder or a Hub id; fails fast with a ValueError when the Hub is needed but unreachable."""
         source = resolve_pretrained(path_or_id, "DPR context encoder")
         try:
-            enc = cls._load(source, local_files_only=True)
-            enc.passage_dtype = _check_passage_dtype(passage_dtype)
-            return enc
+            return cls._load(source, local_files_only=True, passage_dtype=passage_dtype)
         except OSError as e:
             raise ValueError(
                 f"{source} holds no loadable DPR context encoder ({e}): pass a folder written by save_pretrained()."
             ) from e
 
     @classmethod
-    def _load(cls, source: str, local_files_only: bool) -> DPRPassageEncoder:
+    def _load(cls, source: str, local_files_only: bool,
+              passage_dtype: torch.dtype = torch.float32) -> DPRPassageEncoder:
         import transformers
         from transformers.utils import cached_file
 
         model = transformers.DPRContextEncoder.from_pretrained(source, local_files_only=local_files_only)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
         folder = Path(cached_file(source, "config.json", local_files_only=True)).parent
-        return cls(model, tokenizer, folder, name=source)
+        return cls(model, tokenizer, folder, name=source, passage_dtype=passage_dtype)
 
     def fingerprint(self) -> str:
         return folder_fingerprint(
