@@ -48,10 +48,14 @@ CONFIGS = (
     # defaults take most of an hour to build; one graph, searched at two efSearch
     ("hnsw ef 64", AnnSettings(**_HNSW)),
     ("hnsw ef 256", AnnSettings(**_HNSW, hnsw_ef_search=256)),
-    # one IVF-PQ index, searched as it is and with the exact re-rank at two depths
+    # one IVF-PQ index (4-bit fast-scan codes, nprobe 128: the defaults), searched as it is and
+    # with the exact re-rank at two depths; then the 8-bit codes at nprobe 64, the defaults
+    # until 2026-11-25, beside them
     ("ivfpq", AnnSettings(kind="ivfpq")),
     ("ivfpq + re-rank 10k", AnnSettings(kind="ivfpq", rerank=10)),
-    ("ivfpq nprobe 64 + re-rank 40k", AnnSettings(kind="ivfpq", nprobe=64, rerank=40)),
+    ("ivfpq + re-rank 40k (default)", AnnSettings(kind="ivfpq", rerank=40)),
+    ("ivfpq 8-bit, nprobe 64", AnnSettings(kind="ivfpq", pq_bits=8, nprobe=64)),
+    ("ivfpq 8-bit, nprobe 64 + re-rank 40k", AnnSettings(kind="ivfpq", pq_bits=8, nprobe=64, rerank=40)),
 )
 TIMED_QUERIES = 200  # latency is timed on the first 200 queries, one at a time
 

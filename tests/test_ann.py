@@ -34,6 +34,8 @@ def test_settings_validation_names_the_bad_value():
         AnnSettings(rerank=-1)
     with pytest.raises(ValueError, match=r"pq_m=0 is out of range"):
         AnnSettings(pq_m=0)
+    with pytest.raises(ValueError, match=r"pq_bits=6 is not supported: use 4 \(fast-scan, the default\) or 8"):
+        AnnSettings(pq_bits=6)
 
 
 def test_choose_kind_and_defaults():
@@ -42,7 +44,10 @@ def test_choose_kind_and_defaults():
     assert ann.choose_kind(2_000_000, 384) == "ivfpq" and ann.choose_kind(1_000_000, 768) == "ivfpq"
     assert ann.default_nlist(1_000_000) == 1024 and ann.default_nlist(50) == 1
     assert ann.default_nlist(6000) <= 6000 / 40  # ~40 training points a cell at least
-    assert ann.default_pq_m(384) == 96 and ann.default_pq_m(768) == 192 and 30 % ann.default_pq_m(30) == 0
+    # D/4 bytes of codes: D/2 four-bit sub-quantisers, or D/4 one-byte ones
+    assert ann.default_pq_m(384) == 192 and ann.default_pq_m(768) == 384 and 30 % ann.default_pq_m(30) == 0
+    assert ann.default_pq_m(384, 8) == 96 and ann.default_pq_m(768, 8) == 192
+    assert ann.bytes_per_vector(AnnSettings(kind="ivfpq"), 384) == ann.bytes_per_vector(AnnSettings(kind="ivfpq", pq_bits=8), 384) == 104
 
 
 def test_flat_is_exact_and_hnsw_is_close(data):
@@ -54,15 +59,20 @@ def test_flat_is_exact_and_hnsw_is_close(data):
     assert scale.recall_at(hnsw, exact) >= 0.9
 
 
-def test_ivfpq_compresses_and_the_rerank_restores_exact_scores(data, tmp_path):
+# On these 32-d clustered vectors 4-bit codes need twice 8-bit's bytes for its recall (16 codes of
+# 4 bits: recall@5 0.23 alone, 0.76 re-ranked, against 0.58 / 0.90 for 8 one-byte codes); at 1M
+# 384-d vectors like MiniLM's the 40·k re-rank made them equal (bench --scale, README "Scale")
+@pytest.mark.parametrize("bits, m, kind", [(4, 32, "IndexIVFPQFastScan"), (8, 8, "IndexIVFPQ")])
+def test_ivfpq_compresses_and_the_rerank_restores_exact_scores(data, tmp_path, bits, m, kind):
     x, q, exact = data
-    s = AnnSettings(kind="ivfpq", pq_m=8, nprobe=8)
+    s = AnnSettings(kind="ivfpq", pq_m=m, nprobe=8, pq_bits=bits)
     index = build(x, s)
-    assert index.pq.M == 8 and index.nlist == ann.default_nlist(len(x))
-    assert index.code_size == 8  # 8 one-byte codes a vector against 128 bytes of float32
+    assert type(index).__name__ == kind and ann.kind_of(index) == "ivfpq"
+    assert index.pq.M == m and index.pq.nbits == bits and index.nlist == ann.default_nlist(len(x))
+    assert index.code_size == m * bits // 8  # 16 / 8 bytes of codes a vector against 128 bytes of float32
     _, approx = Searcher(index, s).search(q, 5)
     np.save(tmp_path / "v.npy", x)
-    r = AnnSettings(kind="ivfpq", pq_m=8, nprobe=8, rerank=10)
+    r = AnnSettings(kind="ivfpq", pq_m=m, nprobe=8, rerank=10, pq_bits=bits)
     scores, reranked = Searcher(index, r, np.load(tmp_path / "v.npy", mmap_mode="r")).search(q, 5)
     assert scale.recall_at(reranked, exact) > scale.recall_at(approx, exact)
     assert scale.recall_at(reranked, exact) >= 0.9
@@ -82,9 +92,10 @@ def test_build_reports_progress_in_chunks(data, monkeypatch):
 
 
 def test_ivfpq_refuses_too_few_vectors_and_a_bad_pq_m():
-    x = _clustered(200, 32)
-    with pytest.raises(ValueError, match="too few to train ivfpq"):
-        build(x, AnnSettings(kind="ivfpq"))
+    with pytest.raises(ValueError, match=r"200 vectors are too few to train ivfpq \(nlist=4, 256 PQ centroids\)"):
+        build(_clustered(200, 32), AnnSettings(kind="ivfpq", pq_bits=8))
+    with pytest.raises(ValueError, match=r"10 vectors are too few to train ivfpq \(nlist=1, 16 PQ centroids\)"):
+        build(_clustered(10, 32), AnnSettings(kind="ivfpq"))
     with pytest.raises(ValueError, match="pq_m=7 does not divide the vector dimension 32"):
         build(_clustered(3000, 32), AnnSettings(kind="ivfpq", pq_m=7))
 
@@ -106,17 +117,19 @@ def test_synthetic_vectors_keep_their_promises():
 def test_recall_and_the_projection_by_hand():
     assert scale.recall_at(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[3, 2, 9], [4, 5, 6]])) == pytest.approx(5 / 6)
     rows = [{"kind": "flat", "dim": 384, "settings": {"kind": "flat"}},
-            {"kind": "ivfpq", "dim": 384, "settings": {"kind": "ivfpq", "pq_m": 48, "rerank": 10}}]
-    flat, pq = scale.project(rows, n=21_015_300)
+            {"kind": "ivfpq", "dim": 384, "settings": {"kind": "ivfpq", "pq_m": 48, "pq_bits": 8, "rerank": 10}},
+            {"kind": "ivfpq 4-bit", "dim": 384, "settings": {"kind": "ivfpq", "pq_m": 96, "pq_bits": 4}}]
+    flat, pq, fast = scale.project(rows, n=21_015_300)
     assert flat["ram_gb"] == pytest.approx(21_015_300 * 384 * 4 / 1e9, abs=0.01)  # 32.28 GB
     # 48 code bytes + an 8-byte id a vector, plus 4096 cells x 384 x 4 bytes of centroids
     assert pq["ram_gb"] == pytest.approx((21_015_300 * 56 + 4096 * 384 * 4) / 1e9, abs=0.01)
     assert pq["rerank_vectors_on_disk_gb"] == pytest.approx(32.3, abs=0.1) and flat["rerank_vectors_on_disk_gb"] is None
+    assert fast["ram_gb"] == pq["ram_gb"] and fast["rerank_vectors_on_disk_gb"] is None  # 96 x 4 bits = 48 bytes
 
 
 def test_measure_on_a_small_set(tmp_path):
     x, q = _clustered(4000, 32), _clustered(50, 32, seed=1)
-    configs = (("flat", AnnSettings()), ("ivfpq + re-rank", AnnSettings(kind="ivfpq", pq_m=8, rerank=10)))
+    configs = (("flat", AnnSettings()), ("ivfpq + re-rank", AnnSettings(kind="ivfpq", pq_m=32, rerank=10)))
     rows = scale.measure(x, q, configs, say=lambda m: None, workdir=tmp_path)
     assert [r["kind"] for r in rows] == ["flat", "ivfpq + re-rank"]
     assert rows[0]["recall_at_5"] == 1.0 and rows[0]["bytes_per_vector"] >= 128
