@@ -9,8 +9,8 @@ Owns the three kinds, their settings and the choice between them:
 * ``ivfpq``: the compressed kind (the family of wiki_dpr's "compressed" index): an inverted
   file of `nlist` k-means cells, each vector stored as `pq_m` product-quantiser codes of
   `pq_bits` bits (plus an 8-byte id): 4-bit codes by default, `IndexIVFPQFastScan`, whose SIMD
-  kernels score a cell ~5x faster than 8-bit `IndexIVFPQ` at the same bytes a vector (and train
-  ~10x faster). Searched in `nprobe` cells with approximate scores;
+  kernels score a cell ~5x faster than 8-bit `IndexIVFPQ` at the same bytes a vector. Searched
+  in `nprobe` cells with approximate scores;
   with ``rerank`` > 0 the top rerank·k candidates are re-scored exactly against the float32
   vectors read from a memory-mapped file, so RAM holds only the codes.
 
@@ -49,17 +49,18 @@ class AnnSettings:
     hnsw_ef_search: int = 64
     # IVF: None = about sqrt(N) cells (a power of two, 1024 at 1M): ~1,000 vectors a cell, and
     # k-means trained on 40 points a cell stays seconds on 2 cores. nprobe 128 cells scanned: with
-    # the 40·k re-rank, recall@5 0.995 at 1M against 0.978 at 64, for ~1 ms p50 (4-bit codes,
-    # AMD EPYC; bench --scale): the cells a query's neighbours fall in, not the codes, were the limit.
+    # the 40·k re-rank, recall@5 0.995 at 1M (384-d; 0.991 at 768-d) against 0.978 at 64, for
+    # 1.1-1.6 ms p50 (4-bit codes, AMD EPYC family 26; bench --scale): the cells a query's
+    # neighbours fall in, not the codes, were the limit.
     nlist: int | None = None
     nprobe: int = 128
     # PQ: None = D/4 bytes of codes (at 4 bits, 192 sub-quantisers of 2 dimensions at 384-d; at
     # 8 bits, 96 of 4): 6% of flat's 4·D bytes; fewer bytes compress more and lose recall.
     pq_m: int | None = None
     # 4: fast-scan codes (FAISS keeps 16 centroids a sub-quantiser in SIMD registers): at 1M
-    # vectors, same bytes, built in 10 s against 98 s and searched in 1.05 ms against 5.06 ms
-    # (nprobe 128, 40·k re-rank), recall@5 0.995 / 0.994; without the re-rank 0.46 against 0.51
-    # (bench --scale, AMD EPYC family 26). 8: classic one-byte codes.
+    # 384-d vectors, same bytes, nprobe 128 and the 40·k re-rank, 1.05 ms p50 against 5.06 ms for
+    # one-byte codes, recall@5 0.995 / 0.994; built in 10.5 s against 16.8 s; without the re-rank
+    # 0.46 against 0.51 (bench --scale, AMD EPYC family 26). 8: classic one-byte codes.
     pq_bits: int = 4
     # exact re-rank of the top rerank·k approximate hits against the float32 vectors (0: off)
     rerank: int = 0
