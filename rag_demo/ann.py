@@ -102,8 +102,10 @@ def settings_of(index: faiss.Index) -> AnnSettings:
     kind = kind_of(index)
     if kind == "hnsw":
         return AnnSettings(kind=kind, hnsw_ef_search=max(1, index.hnsw.efSearch))
-    if kind == "ivfpq":
-        return AnnSettings(kind=kind, nprobe=max(1, index.nprobe))
+    if kind == "ivfpq":  # any inverted file; a PQ one says its code width (4-bit fast-scan or 8-bit)
+        bits = getattr(getattr(index, "pq", None), "nbits", None)
+        bits = bits if bits in PQ_BITS else AnnSettings.pq_bits
+        return AnnSettings(kind=kind, nprobe=max(1, index.nprobe), pq_bits=bits)
     return AnnSettings(kind=kind)
 
 

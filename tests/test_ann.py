@@ -68,6 +68,7 @@ def test_ivfpq_compresses_and_the_rerank_restores_exact_scores(data, tmp_path, b
     s = AnnSettings(kind="ivfpq", pq_m=m, nprobe=8, pq_bits=bits)
     index = build(x, s)
     assert type(index).__name__ == kind and ann.kind_of(index) == "ivfpq"
+    assert ann.settings_of(index) == AnnSettings(kind="ivfpq", nprobe=8, pq_bits=bits)  # read back from the index
     assert index.pq.M == m and index.pq.nbits == bits and index.nlist == ann.default_nlist(len(x))
     assert index.code_size == m * bits // 8  # 16 / 8 bytes of codes a vector against 128 bytes of float32
     _, approx = Searcher(index, s).search(q, 5)
