@@ -22,6 +22,7 @@ Analysis only: a rule is kept as a setting only if it helps on every file (docs/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -76,8 +77,7 @@ def score(pairs, choose) -> tuple[float, float, int]:
 class Channel:
     """log p(question | passage, answer) under SmolLM2, memoised."""
 
-    def __init__(self) -> None:
-        gen = load_smollm(StackSpec())
+    def __init__(self, gen) -> None:
         self.model, self.tok = gen.model, gen.tokenizer
         self.passages = {p.id: p for p in load_vital_articles().passages}
         self.end = self.tok.convert_tokens_to_ids("<|im_end|>")
@@ -113,9 +113,13 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="eval --out JSON files")
     ap.add_argument("--channel", action="store_true", help="also the noisy-channel rule (loads SmolLM2)")
     args = ap.parse_args()
-    tok = load_smollm(StackSpec()).tokenizer
-    length = lambda text: len(tok(f" {text}", add_special_tokens=False)["input_ids"]) + 1  # noqa: E731
-    channel = Channel() if args.channel else None
+    gen = load_smollm(StackSpec())  # its tokenizer counts tokens; the channel rule runs its model
+
+    @functools.lru_cache(maxsize=None)
+    def length(text: str) -> int:  # the answer's tokens plus its end of turn
+        return len(gen.tokenizer(f" {text}", add_special_tokens=False)["input_ids"]) + 1
+
+    channel = Channel(gen) if args.channel else None
     print("| run | row | rule | n given | EM | contains |\n|---|---|---|---:|---:|---:|")
     for path in args.runs:
         run = json.load(open(path))
