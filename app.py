@@ -1,14 +1,14 @@
-"""`python app.py`: serve the RAG teaching demo (rag_demo/ui.py) on http://localhost:7860.
+"""`python app.py`: serve the RAG teaching demo (rag_demo/web/) on http://localhost:7860.
 
 The page is served at once; the models and the index load (and warm up) in the background while
 the page shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
 documents instead of Wikipedia Vital Articles; tests use it to start fast), --knowledge-dataset DIR
 --knowledge-index FILE (a knowledge dataset in transformers' RAG format, its stored vectors used as
-they are: rag_demo/knowledge.py), --port, --host.
+they are: rag_demo/knowledge/hf_format.py), --port, --host.
 The page's corpus dropdown also offers the CIA World Factbook (its index is built by the first
 session that picks it, then cached on disk and shared).
 
-Serving limits (rag_demo.budget.Budget; each flag also reads an environment variable, and
+Serving limits (rag_demo.serving.budget.Budget; each flag also reads an environment variable, and
 defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
 
   --max-seconds S        RAG_DEMO_MAX_SECONDS       refuse a question estimated to take longer
@@ -18,7 +18,7 @@ defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
   --model-concurrency N  RAG_DEMO_MODEL_CONCURRENCY model events running at once (default 2)
 
 Memory: at most MALLOC_ARENA_MAX (default 2) glibc malloc arenas, set before any thread starts,
-and freed memory is given back after each request (rag_demo/memory.py says why).
+and freed memory is given back after each request (rag_demo/serving/memory.py says why).
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage pings from a demo
 
-from rag_demo import memory  # noqa: E402 - torch-free, before anything starts threads
+from rag_demo.serving import memory  # noqa: E402 - torch-free, before anything starts threads
 
 memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
 
 from rag_demo.config import STACKS  # noqa: E402
-from rag_demo.ui import MODEL_CONCURRENCY, PipelinePool, build_app, launch, stack_factory  # noqa: E402
+from rag_demo.serving.pool import PipelinePool, stack_factory  # noqa: E402
+from rag_demo.web.page import MODEL_CONCURRENCY, build_app, launch  # noqa: E402
 
 
 def _env_float(name: str) -> float | None:
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def budget_from_args(args: argparse.Namespace):
     """The library's Budget with the given flags (or environment variables) applied."""
-    from rag_demo.budget import Budget
+    from rag_demo.serving.budget import Budget
 
     given = {
         "max_seconds": args.max_seconds,
@@ -84,13 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     corpus_fn = None
     if args.corpus_file:
-        from rag_demo.corpus import load_documents
+        from rag_demo.knowledge.corpus import load_documents
 
         files = list(args.corpus_file)
         corpus_fn = lambda: load_documents(files, name="Demo documents")  # noqa: E731
     knowledge = None
     try:
-        from rag_demo.knowledge import knowledge_paths, load_knowledge
+        from rag_demo.knowledge.hf_format import knowledge_paths, load_knowledge
 
         paths = knowledge_paths(args.knowledge_dataset, args.knowledge_index)
         if paths and args.corpus_file:

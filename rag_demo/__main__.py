@@ -1,6 +1,6 @@
 """`python -m rag_demo`: the command line (see cli.py)."""
 import sys
 
-from .cli import main
+from rag_demo.cli import main
 
 sys.exit(main())

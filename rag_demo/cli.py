@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ANSWER_STYLES, GENERATOR_DTYPES, INDEX_KINDS, QUESTION_POSITIONS, READER_FIELDS, check_mode, check_question, MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_ECHO_RETRIES, MAX_CONTEXT_CONTRAST, MAX_LENGTH_PENALTY, MAX_WORKED_EXAMPLES, MODES, SEQUENCE_DECODINGS, STACKS, RagSettings, StackSpec
+from rag_demo.config import GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, StackSpec, check_mode, check_question
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 
@@ -49,11 +49,11 @@ def _corpus(args):
     if getattr(args, "corpus_file", None):
         if name != "vital":
             raise ValueError(f"--corpus {name} and --corpus-file both choose the corpus: pass one of them.")
-        from .corpus import load_documents
+        from rag_demo.knowledge.corpus import load_documents
 
         return load_documents(args.corpus_file)
     if name == "factbook":
-        from .factbook import load_factbook
+        from rag_demo.knowledge.factbook import load_factbook
 
         return load_factbook(cache_dir=_spec(args).cache_dir)
     return None
@@ -62,7 +62,7 @@ def _corpus(args):
 def _knowledge(args):
     """The knowledge dataset given with --knowledge-dataset/--knowledge-index (read before any
     model loads, so a bad one fails at once), or None."""
-    from .knowledge import knowledge_paths, load_knowledge
+    from rag_demo.knowledge.hf_format import knowledge_paths, load_knowledge
 
     paths = knowledge_paths(getattr(args, "knowledge_dataset", None), getattr(args, "knowledge_index", None))
     if paths is None:
@@ -101,67 +101,32 @@ def _add_knowledge(p: argparse.ArgumentParser) -> None:
                    "(dataset.get_index('embeddings').save(path))")
 
 
-def _switch(p: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
-    """A true / false reader setting; its help ends with the default."""
-    p.add_argument(flag, default=str(default).lower(), choices=("true", "false"), help=f"{help}default {str(default).lower()}")
+def add_settings(p: argparse.ArgumentParser) -> None:
+    """--preset and one flag per knob, generated from their declarations (rag_demo/config.py). A
+    flag left out takes the preset's value; the preset defaults to the stack's (offline: aided)."""
+    p.add_argument("--preset", choices=list(PRESETS), help="; ".join(f"{k}: {v}" for k, v in PRESETS.items())
+                   + " (default: the stack's, offline aided, paper paper)")
+    for spec in KNOBS.values():
+        values = f"{', '.join(spec.choices)}" if spec.kind == "choice" else "true or false" if spec.kind == "bool" \
+            else f"{spec.lo:g} to {spec.hi:g}"
+        default = (f"{spec.aided}" if spec.aided == spec.paper else f"aided {spec.aided}, paper {spec.paper}")
+        p.add_argument(spec.flag, dest=spec.name, metavar=spec.name.upper(), type=_number if spec.kind in ("int", "float")
+                       else str, help=f"{spec.help} {values} (default {default})")
 
 
-def _add_reader_settings(p: argparse.ArgumentParser) -> None:
-    """The reader's RagSettings (#11), each defaulting to RagSettings' own default."""
-    d = RagSettings()
-    p.add_argument("--answer-style", default=d.answer_style,
-                   help=f"{' or '.join(ANSWER_STYLES)}: a phrase of a few words, stopped at the end of the line, or a "
-                   f"full sentence (default {d.answer_style})")
-    p.add_argument("--prior-temperature", type=float, default=d.prior_temperature,
-                   help=f"p(z|x) = softmax((scores + W * log p_G(question | passage)) / T): above 1 flatter, below 1 sharper (default {d.prior_temperature:g})")
-    p.add_argument("--worked-examples", type=int, default=d.worked_examples,
-                   help="how many worked examples (invented passages, answered in the answer style) come before "
-                   f"the question, 0-{MAX_WORKED_EXAMPLES} (default {d.worked_examples})")
-    p.add_argument("--question-weight", type=float, default=d.question_weight,
-                   help="p(z|x) = softmax((scores + W * log p_G(question | passage)) / T): the generator's vote on which "
-                   f"passage to read, 0 = the retriever alone (default {d.question_weight:g})")
-    p.add_argument("--question-position", default=d.question_position,
-                   help=f"{' or '.join(QUESTION_POSITIONS)}: the question after the passage, or before and after "
-                   f"(default {d.question_position})")
-    p.add_argument("--passage-sentences", type=int, default=d.passage_sentences,
-                   help="feed the generator only each passage's N sentences closest to the question; 0 = the "
-                   f"whole passage (default {d.passage_sentences})")
-    _switch(p, "--extractive", d.extractive,
-            "true: answers copy a span of the passages (decoding may only continue one); ")
-    p.add_argument("--copy-min-prior", type=float, default=d.copy_min_prior,
-                   help="RAG-Token's extractive copies come only from passages with p(z|x) at least this (the most "
-                   f"likely always), 0-1; 0 = any of the K (default {d.copy_min_prior:g})")
-    p.add_argument("--echo-retries", type=int, default=d.echo_retries,
-                   help="an answer that only repeats words of the question is decoded again with its first token "
-                   f"banned, up to N times, 0-{MAX_ECHO_RETRIES}; 0 = keep it (default {d.echo_retries})")
-    _switch(p, "--echo-subjects", d.echo_subjects,
-            "true: an answer that opens by naming what the question is about (a retrieved passage's "
-            "title the question names) is retried like an echo; ")
-    _switch(p, "--recase-question", d.recase_question,
-            "true: a question typed in lower case reaches the generator cased as the retrieved passages "
-            "write its words; ")
-    _switch(p, "--token-drafts", d.token_drafts,
-            "true: RAG-Token also ranks each passage's own drafts by its exact log p(y|x), not only its beams; ")
-    _switch(p, "--title-candidates", d.title_candidates,
-            "true: with short answers each passage's title also competes as an answer of its doc; ")
-    p.add_argument("--context-contrast", type=float, default=d.context_contrast,
-                   help="context-aware decoding: choose each token by (1+A) log p(with passages) - A log p(without), "
-                   f"0-{MAX_CONTEXT_CONTRAST:g}; 0 = off (default {d.context_contrast:g})")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty,
-                   help="beam search ranks finished answers by summed log-prob / length^L, 0-"
-                   f"{MAX_LENGTH_PENALTY:g}; 0 = the summed log-prob (default {d.length_penalty:g})")
-    p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
-                   help=f"passage tokens fed to the generator per doc, 16-1024 (default {d.max_doc_tokens})")
+def _number(text: str) -> int | float | str:
+    """A number flag's text as a number ("2.5" -> 2.5), or as it is for the settings to refuse by name."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
-def _add_decoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decoding", default=RagSettings.sequence_decoding,
-                   help=f"RAG-Sequence decoding: {' or '.join(SEQUENCE_DECODINGS)} (default {RagSettings.sequence_decoding})")
-
-
-def reader_settings(args) -> dict:
-    """The reader settings of parsed arguments, as RagSettings keyword arguments."""
-    return {name: getattr(args, name) for name in READER_FIELDS}
+def settings_from_args(args) -> RagSettings:
+    """The settings of parsed arguments: the preset (or the stack's), then every knob given."""
+    return RagSettings.for_stack(args.stack, preset=args.preset, **{n: getattr(args, n) for n in KNOBS})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,12 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question")
     ask.add_argument("question", nargs="?", default=EXAMPLE)
     ask.add_argument("--mode", default="all", help=f"one of {', '.join(MODES)}, or all (default)")
-    ask.add_argument("--k", type=int, default=RagSettings.k, help=f"passages to retrieve, 1-{MAX_K} (default 5)")
-    ask.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
-    ask.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help=f"1-{MAX_NEW_TOKENS}")
-    _add_decoding(ask)
     ask.add_argument("--json", action="store_true", help="print the Answer(s) as JSON")
-    _add_reader_settings(ask)
+    add_settings(ask)
     _add_common(ask)
     _add_knowledge(ask)
     index = sub.add_parser("index", help="build (or load) the index of a built-in corpus (--corpus)")
@@ -187,17 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--qa", default="assets/qa_dev.jsonl", help='JSONL, one {"question": ..., "answers": [...]} per line')
     ev.add_argument("--modes", default="closed-book,sequence,token", help="comma-separated modes (default: all three)")
     ev.add_argument("--retrievers", default="dense,bm25", help="whose passages the RAG modes read: dense, bm25 or both")
-    ev.add_argument("--k", type=int, default=RagSettings.k, help=f"passages per answer, 1-{MAX_K} (default 5)")
     ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
     ev.add_argument("--sample", type=int, help="evaluate a random sample of N questions (deterministic: see --seed)")
     ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
     ev.add_argument("--labels", help='JSONL of {"id", "answerable"}: evaluate only the questions labelled answerable '
                     "(applied before --sample)")
-    ev.add_argument("--beams", type=int, default=RagSettings.num_beams, help=f"beam size, 1 (greedy) to {MAX_BEAMS}")
-    ev.add_argument("--max-new-tokens", type=int, default=RagSettings.max_new_tokens, help="default 32")
-    _add_decoding(ev)
     ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
-    _add_reader_settings(ev)
+    ev.add_argument("--compare", nargs="+", metavar="LABEL=PATH", help="instead of evaluating: compare saved reports "
+                    "question by question (the first is the baseline): scores, the paired difference given retrieval "
+                    "with its 95%% interval, and how many answers are identical")
+    add_settings(ev)
     _add_common(ev)
     _add_knowledge(ev)
     be = sub.add_parser("bench", help="latency per stage, memory, index throughput, cold start, reference ratios")
@@ -207,20 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
-    _add_decoding(be)
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")
     be.add_argument("--scale-n", type=int, default=1_000_000, help="vectors for --scale (default 1,000,000)")
     be.add_argument("--scale-dims", default="384,768", help="comma-separated vector widths for --scale (default 384,768)")
-    _add_reader_settings(be)
+    add_settings(be)
     _add_common(be)
     return parser
 
 
 def format_answer(a) -> str:
     """Human-readable rendering: answer, passages, attribution table."""
-    from .pipeline import MODE_TITLES
+    from rag_demo.config import MODE_TITLES
 
     t = a.timings
     lines = [
@@ -250,12 +209,11 @@ def format_answer(a) -> str:
 
 
 def cmd_ask(args) -> int:
-    from .pipeline import RagPipeline
+    from rag_demo.pipeline import RagPipeline
 
     modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [check_mode(args.mode)]
     check_question(args.question)  # fail before loading models, not after
-    settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding, **reader_settings(args))
+    settings = settings_from_args(args)
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
     knowledge = _knowledge(args)
@@ -272,9 +230,9 @@ def cmd_ask(args) -> int:
 
 
 def cmd_index(args) -> int:
-    from .pipeline import RagPipeline
+    from rag_demo.pipeline import RagPipeline
 
-    from .knowledge import check_export_dir, export_knowledge
+    from rag_demo.knowledge.hf_format import check_export_dir, export_knowledge
 
     if args.export:
         check_export_dir(args.export)  # before the models load
@@ -289,9 +247,20 @@ def cmd_index(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import (evaluate, format_report, keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items,
+    if args.compare:
+        from rag_demo.measure.compare import compare_reports, differing, load_report
+
+        runs = [load_report(x) for x in args.compare]
+        print(compare_reports(runs))
+        diffs = differing(runs)
+        if diffs:
+            print(f"\nAnswers that differ ({len(diffs)}):")
+            for q, row, texts in diffs:
+                print(f"- {row}: {q!r}: " + " | ".join(repr(x) for x in texts))
+        return 0
+    from rag_demo.measure.evaluate import (evaluate, format_report, keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items,
                            save_report)
-    from .pipeline import RagPipeline
+    from rag_demo.pipeline import RagPipeline
 
     if args.limit is not None and args.sample is not None:
         raise ValueError("--limit and --sample both choose questions: pass one of them.")
@@ -299,8 +268,7 @@ def cmd_eval(args) -> int:
     items = qa.items if args.labels is None else keep_answerable(qa.items, args.labels)
     items = items if args.sample is None else sample_items(items, args.sample, args.seed)
     modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
-    settings = RagSettings(k=args.k, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                           sequence_decoding=args.decoding, **reader_settings(args))
+    settings = settings_from_args(args)
     pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
                             rebuild_index=args.rebuild_index, knowledge=_knowledge(args))
     partial = Path(args.out).with_suffix(".partial.json")
@@ -315,7 +283,7 @@ def cmd_eval(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.scale:
-        from .scale import run_scale
+        from rag_demo.measure.scale import run_scale
 
         try:
             dims = [int(d) for d in args.scale_dims.split(",") if d.strip()]
@@ -327,7 +295,7 @@ def cmd_bench(args) -> int:
         out = args.out if args.out != "artifacts/bench.json" else "artifacts/bench_scale.json"
         run_scale(args.scale_n, dims, say=_progress, out=out, cache_dir=_spec(args).cache_dir)
         return 0
-    from .bench import run_bench
+    from rag_demo.measure.bench import run_bench
 
     return run_bench(args, _spec(args), _progress)
 

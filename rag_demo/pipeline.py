@@ -16,25 +16,54 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
-from .ann import expected_recall, settings_for
-from .budget import Budget, Cost, CostModel, RunControl, model_dims
-from .config import MODE_TITLES, RagSettings, StackSpec, check_mode, check_question  # noqa: F401 - MODE_TITLES re-exported
-from .corpus import Corpus, Passage, load_vital_articles
-from .engine import Generation, Partial, closed_book, rag_sequence, rag_token
-from .echo import copies_example, echoes_question, names_question_subject, says_nothing
-from .truecase import recase
-from .focus import focus_passages
-from .generators import DECODER_ONLY, EXAMPLE_NAMES, SharedPrefill
-from .marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
-from .index import IndexInfo, PassageIndex, load_or_build_index
-from .knowledge import Knowledge
-from .stacks import LoadedStack, load_stack
+from rag_demo.config import RagSettings, StackSpec, check_mode, check_question
+from rag_demo.knowledge.ann import expected_recall, settings_for
+from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
+from rag_demo.knowledge.hf_format import Knowledge
+from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_or_build_index
+from rag_demo.models.cost import Cost, CostModel, model_dims
+from rag_demo.models.generators import SharedPrefill
+from rag_demo.models.stacks import LoadedStack, load_stack
+from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
+from rag_demo.rag.hooks import PAPER
+from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
+from rag_demo.reader.aided import AidedReader, prompt
+from rag_demo.reader.focus import focus_passages
+from rag_demo.reader.truecase import recase
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
+
+
+@dataclass
+class RunControl:
+    """How one request runs among others (all optional)."""
+
+    deadline: float | None = None  # time.monotonic() after which decoding stops ("time_limit")
+    priority: int = 0  # at each step the lowest waiting number goes first: 0 cheap, 1 expensive
+    cancelled: Callable[[], bool] | None = None  # polled between steps; True stops decoding ("cancelled")
+    gate: Any = None  # a serving StepGate: one model step at a time across requests
+    # streaming: called with each answer as it grows (RagPipeline.partial_answer's dict, after
+    # every decoding step); it only reads, it must not raise
+    on_partial: Callable[[dict], None] | None = None
+    # called with (mode, Answer) as soon as each mode's answer is final, while RagPipeline.answer_modes
+    # goes on with the others (the app shows each card, and moves its progress bar, as it is done)
+    on_answer: Callable[[str, Any], None] | None = None
+
+    def stop_reason(self) -> str | None:
+        """Why decoding must stop now, or None."""
+        if self.cancelled is not None and self.cancelled():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "time_limit"
+        return None
+
+    def wrap(self, gen):
+        """The generator, its model calls taken through the gate (unchanged without a gate)."""
+        return gen if self.gate is None else self.gate.gated(gen, self.priority)
 
 
 @dataclass
@@ -83,6 +112,9 @@ class Answer:
     passage_drop: list[float | None] = field(default_factory=list)
     # the question as the generator read it (RagSettings.recase_question); "" when as typed
     read_question: str = ""
+    # what ran: the preset ("paper" or "aided", and its title), every knob, the aids that were on,
+    # the knobs changed from the preset (RagSettings.to_dict)
+    settings: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -104,7 +136,7 @@ class RagPipeline:
                  index_info: IndexInfo | None = None):
         self.stack = stack
         self.index = index
-        self.settings = settings or RagSettings()
+        self.settings = settings or RagSettings.for_stack(stack.name)
         self.index_info = index_info
         self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
 
@@ -186,10 +218,10 @@ class RagPipeline:
         q = check_question(question)
         modes = [check_mode(m) for m in modes]
         s = (settings or self.settings).merged(**overrides)
-        self._check_k(s.k)
+        self._check_k(s.decoding.k)
         out = {}
         for group in self.modes_by_encoder(modes):
-            r = self.retrieve(q, group[0], s.k)
+            r = self.retrieve(q, group[0], s.decoding.k)
             out.update(self.answer_from_modes(q, group, r.passages, r.scores, s, timings=r.timings, control=control))
         if "closed-book" in modes:
             out["closed-book"] = self._closed_book(q, s, control)
@@ -219,7 +251,7 @@ class RagPipeline:
         (k defaults to the pipeline's settings) with their scores q(x)·d(z)."""
         q = check_question(question)
         mm = self.stack.modes[check_mode(mode)]
-        k = self.settings.k if k is None else k
+        k = self.settings.decoding.k if k is None else k
         self._check_k(k)
         t0 = time.perf_counter()
         qv = mm.question_encoder.encode_questions([q])  # step 1: encode (1, D)
@@ -259,8 +291,7 @@ class RagPipeline:
         fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
         pairs = [(p.title, p.text) for p in passages]
         # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
-        qg = recase(q, pairs) if s.recase_question else q
-        subjects = pairs if s.echo_subjects else []  # echo.names_question_subject
+        qg = recase(q, pairs) if s.aids.recase_question else q
         out = {}
         for mode in modes:
             mm = self.stack.modes[mode]
@@ -272,32 +303,23 @@ class RagPipeline:
             if key not in fed_for:
                 t0 = time.perf_counter()
                 fed, kept = passages, [[] for _ in passages]
-                if s.passage_sentences:
+                if s.aids.passage_sentences:
                     qv = mm.question_encoder.encode_questions([q])[0]  # (D,)
-                    fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.passage_sentences)
+                    fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.aids.passage_sentences)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
             fed, kept, focus_s = fed_for[key]
-            # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior enters
-            # in the engine (engine.prefill_and_prior), which may add the reader's vote, then divides by T
+            # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior is made
+            # from them in the engine (rag.engine.prefill), where a reader aid may add the generator's vote
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
-            prompts = [gen.prompt(qg, p, s.max_doc_tokens, s.answer_style, s.question_position, s.worked_examples)
-                       for p in fed]
-            tail = gen.common_question_tail(prompts, qg) if s.question_weight else None
-            spans = None
-            if s.extractive and gen.kind == DECODER_ONLY:  # the token ids an answer may copy
-                spans = [gen.span_ids(p, s.max_doc_tokens) for p in fed]
-            titles = None  # RagSettings.title_candidates: each passage's title as an answer of its doc
-            if s.title_candidates and s.answer_style == "short" and gen.kind == DECODER_ONLY:
-                titles = [gen.title_answer_ids(p.title) for p in fed]
+            prompts = [prompt(gen, qg, p, s.decoding, s.aids) for p in fed]
             run = rag_token if mode == "token" else rag_sequence
-            # context-aware decoding's "without passages" (RagSettings.context_contrast; greedy only, the engine decides)
-            contrast_prompt = _closed_book_prompt(gen, qg, s) if s.context_contrast else None
+            reader = AidedReader(s.aids, s.decoding, gen, qg, fed, prompts, pairs) if s.aids_on() else PAPER
 
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
                 prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
                 return [
                     RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
-                                 read_sentences=kept[i] if s.passage_sentences else None,
+                                 read_sentences=kept[i] if s.aids.passage_sentences else None,
                                  question_logprob=None if question_lp is None else float(question_lp[i]))
                     for i, p in enumerate(passages)
                 ]
@@ -305,14 +327,12 @@ class RagPipeline:
             emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
             if emit is not None:
                 control.on_partial(self.reading(q, mode, len(passages)))
-            echo = _echo_check(gen, qg, s, subjects, [f"{p.title} {p.text}" for p in fed])
-            g = run(gen, prompts, logits, s, control=control, spans=spans, question_tail=tail, titles=titles,
-                    on_partial=emit, echo=echo, contrast_prompt=contrast_prompt)  # steps 3 and 4
+            g = run(_gated(gen, control), prompts, logits, s.decoding, reader, _stop(control), emit)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
-            if s.passage_sentences:
+            if s.aids.passage_sentences:
                 t["focus"] = focus_s
-            out[mode] = self._answer(q, mode, gen, g, docs, t, qg)
+            out[mode] = self._answer(q, mode, gen, g, docs, t, s, qg)
             if control is not None and control.on_answer is not None:
                 control.on_answer(mode, out[mode])
         return out
@@ -322,10 +342,11 @@ class RagPipeline:
         emit = self._emitter(q, gen, control, lambda part: [])
         if emit is not None:
             control.on_partial(self.reading(q, "closed-book", 0))
-        qg = recase(q) if s.recase_question else q  # no passages: only the first letter and "?"
-        g = closed_book(gen, _closed_book_prompt(gen, qg, s), s,
-                        control, on_partial=emit, echo=_echo_check(gen, qg, s))
-        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, qg)
+        qg = recase(q) if s.aids.recase_question else q  # no passages: only the first letter and "?"
+        cb = prompt(gen, qg, None, s.decoding, s.aids)
+        reader = AidedReader(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True) if s.aids_on() else PAPER
+        g = closed_book(_gated(gen, control), cb, s.decoding, reader, _stop(control), emit)
+        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg)
 
     def _emitter(self, q: str, gen, control: RunControl | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
@@ -368,7 +389,8 @@ class RagPipeline:
             "stack": self.stack.name, "corpus": self.index.corpus.name,
         }
 
-    def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict, read_q: str = "") -> Answer:
+    def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict, s: RagSettings,
+                read_q: str = "") -> Answer:
         shown = [i for i, t in enumerate(g.tokens) if not gen.is_special(t)]
         pieces = gen.token_pieces(g.tokens)
         post = g.posteriors[shown] if g.posteriors is not None else None  # (T', K)
@@ -391,7 +413,7 @@ class RagPipeline:
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=_ranked_candidates(gen, g),
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
-            read_question="" if read_q == q else read_q,
+            read_question="" if read_q == q else read_q, settings=s.to_dict(),
         )
 
     @staticmethod
@@ -433,32 +455,31 @@ class RagPipeline:
         whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once."""
         q = check_question(question)
         s = (settings or self.settings).merged(**overrides)
-        q = recase(q) if s.recase_question else q  # "?" added: what the generator reads, passages aside
-        k = min(s.k, len(self.index))
+        q = recase(q) if s.aids.recase_question else q  # "?" added: what the generator reads, passages aside
+        k = min(s.decoding.k, len(self.index))
         seconds, peak, per_mode = 0.0, 0, {}
-        longest = Passage("estimate", "Title", "word " * (4 * s.max_doc_tokens))
+        longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
         lengths: dict[tuple[int, bool], int] = {}  # (generator, with a passage) -> prompt tokens
         for mode in [check_mode(m) for m in modes]:
             gen = self.stack.modes[mode].generator
             key = (id(gen), mode != "closed-book")
             if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
                 doc = longest if key[1] else None
-                lengths[key] = len(gen.prompt(q, doc, s.max_doc_tokens, s.answer_style, s.question_position,
-                                              s.worked_examples))  # the longest a passage can make it
+                lengths[key] = len(prompt(gen, q, doc, s.decoding, s.aids))  # the longest a passage can make it
             prompt_tokens = lengths[key]
             drafts = "none"
-            if mode == "token" and s.token_drafts and not s.context_contrast:
-                # the same generator answering RAG-Sequence in this request drafts for both (engine._doc_drafts)
+            if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+                # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
                 shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
                 drafts = "shared" if shared else "own"
-            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.num_beams, s.max_new_tokens, prompt_tokens,
-                                               thorough=s.sequence_decoding == "thorough", drafts=drafts)
+            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
+                                               thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts)
             per_mode[mode] = sec
             seconds += sec
             peak = max(peak, byt)
         return Cost(seconds, peak, per_mode)
 
-    def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Budget,
+    def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Any,
                      **overrides) -> Cost:
         """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
         asked, what it would cost and what to change."""
@@ -471,12 +492,12 @@ class RagPipeline:
         if cost.peak_bytes > budget.max_request_bytes:
             over.append(f"{cost.peak_bytes / 2**30:.1f} GB of memory (limit {budget.max_request_bytes / 2**30:.1f} GB)")
         if over:
-            asked = (f"K={s.k}, beams={s.num_beams}, max new tokens={s.max_new_tokens}, "
-                     f"RAG-Sequence {s.sequence_decoding}, modes {', '.join(modes)}")
+            asked = (f"K={s.decoding.k}, beams={s.decoding.num_beams}, max new tokens={s.decoding.max_new_tokens}, "
+                     f"RAG-Sequence {s.decoding.sequence_decoding}, modes {', '.join(modes)}")
             raise ValueError(
                 f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
                 + ("lower K, the beam size or max new tokens, or use fast RAG-Sequence decoding."
-                   if "sequence" in modes and s.sequence_decoding == "thorough" else
+                   if "sequence" in modes and s.decoding.sequence_decoding == "thorough" else
                    "lower K, the beam size or max new tokens.")
             )
         return cost
@@ -488,11 +509,21 @@ class RagPipeline:
         t0 = time.perf_counter()
         if progress:
             progress("Warming up: one question in every mode ...")
-        self.answer_modes(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.k, len(self.index)))
+        self.answer_modes(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.decoding.k, len(self.index)))
         if progress:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
         return time.perf_counter() - t0
+
+
+def _gated(gen, control: RunControl | None):
+    """The generator with its model calls taken through the request's step gate, if it has one."""
+    return gen if control is None else control.wrap(gen)
+
+
+def _stop(control: RunControl | None):
+    """The engine's stop check of this request (None: it runs to its end)."""
+    return None if control is None else control.stop_reason
 
 
 def _ranked_candidates(gen, g: Generation) -> list[dict]:
@@ -507,24 +538,3 @@ def _ranked_candidates(gen, g: Generation) -> list[dict]:
             seen.add(text.strip())
             out.append({"text": text, "logprob": lp, **({"upper_bound": True} if bounded else {})})
     return out
-
-
-def _closed_book_prompt(gen, q: str, s: RagSettings) -> list[int]:
-    """The question without passages, as the closed-book mode asks it (and context contrast's second term)."""
-    return gen.prompt(q, None, s.max_doc_tokens, s.answer_style, examples=s.worked_examples)
-
-
-def _echo_check(gen, q: str, s: RagSettings, subjects: Sequence[tuple[str, str]] = (),
-                read: Sequence[str] = ()) -> Callable[[list[int]], bool]:
-    """The engine's echo test for this question (RagSettings.echo_retries): the answer's text
-    only repeats words of the question, names nothing (echo.says_nothing), names a worked
-    example's invented name that no passage read holds (echo.copies_example; the prompt's first
-    s.worked_examples examples, decoder-only), or (subjects (title, text) given:
-    RagSettings.echo_subjects) only names a retrieved passage's subject that the question names."""
-    names = [n for ex in EXAMPLE_NAMES[: s.worked_examples] for n in ex] if gen.kind == DECODER_ONLY else []
-
-    def echo(tokens: list[int]) -> bool:
-        text = gen.decode(tokens)
-        return (echoes_question(text, q) or says_nothing(text) or copies_example(text, names, read)
-                or names_question_subject(text, q, subjects))
-    return echo

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rag_demo.session import VITAL_EXAMPLES  # noqa: E402 - torch-free
+from rag_demo.web.session_view import VITAL_EXAMPLES  # noqa: E402 - torch-free
 
 QUESTIONS = VITAL_EXAMPLES + ("What is Mars?", "Who devised pointillism?")  # the app's examples + 2
 

@@ -35,7 +35,7 @@ def rss_mb() -> float:
 
 def make(n: int, cache_dir: Path) -> None:
     """Write the N-passage corpus to the Arrow cache and as a pickled list."""
-    from rag_demo.corpus import Corpus, Passage, cached_corpus, load_vital_articles
+    from rag_demo.knowledge.corpus import Corpus, Passage, cached_corpus, load_vital_articles
 
     base = list(load_vital_articles().passages)
 
@@ -54,7 +54,7 @@ def measure(kind: str, n: int, cache_dir: Path) -> dict:
     """Run in a fresh process: load the corpus one way, read 5 passages."""
     import random
 
-    from rag_demo.corpus import Corpus, cached_corpus
+    from rag_demo.knowledge.corpus import Corpus, cached_corpus
 
     import datasets  # noqa: F401  (imported before the baseline: both ways pay for it alike)
 
@@ -99,7 +99,7 @@ def report(n: int, cache: Path) -> None:
                              capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     arrow_mb = sum(f.stat().st_size for f in cache.rglob("*.arrow")) / 2**20
-    from rag_demo.evaluate import _cpu_name
+    from rag_demo.measure.evaluate import _cpu_name
 
     print(f"{n:,} passages ({arrow_mb:,.0f} MB of Arrow on disk); {_cpu_name()}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")

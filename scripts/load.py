@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from rag_demo.memory import peak_rss_bytes, rss_bytes  # noqa: E402 - torch-free
-from rag_demo.session import VITAL_EXAMPLES  # noqa: E402 - torch-free
+from rag_demo.serving.memory import peak_rss_bytes, rss_bytes  # noqa: E402 - torch-free
+from rag_demo.web.session_view import VITAL_EXAMPLES  # noqa: E402 - torch-free
 
 CHEAP = {"k": 5, "num_beams": 1, "max_new_tokens": 32, "sequence_decoding": "thorough"}  # the defaults
 EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}

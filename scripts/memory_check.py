@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_one(config: str, requests: int, threads: int) -> None:
-    from rag_demo import memory
+    from rag_demo.serving import memory
 
     if config == "tuned":
         memory.limit_arenas(2)
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.session import VITAL_EXAMPLES
+    from rag_demo.web.session_view import VITAL_EXAMPLES
 
     pipe = RagPipeline.load()
     for mode in ("sequence", "token", "closed-book"):

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import torch
-from rag_demo import generators as G
+from rag_demo.models import generators as G
 from rag_demo.config import RagSettings, StackSpec
-from rag_demo.stacks import load_stack
-from rag_demo.corpus import load_vital_articles
-from rag_demo.bm25 import BM25Retriever
-from rag_demo import evaluate as ev
+from rag_demo.models.stacks import load_stack
+from rag_demo.knowledge.corpus import load_vital_articles
+from rag_demo.knowledge.bm25 import BM25Retriever
+from rag_demo.measure import evaluate as ev
 from rag_demo.pipeline import RagPipeline
 
 ap = argparse.ArgumentParser()

@@ -5,7 +5,7 @@ which is what greedy decoding with those stop tokens would give; not RAG-Sequenc
 rescoring would change)."""
 import json, sys, re
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from rag_demo import evaluate as ev
+from rag_demo.measure import evaluate as ev
 def cut(text, how):
     if how == "as generated": return text
     t = text.split("\n")[0]

@@ -30,9 +30,9 @@ import re
 import torch
 
 from rag_demo.config import StackSpec
-from rag_demo.corpus import load_vital_articles
-from rag_demo.evaluate import contains_answer, exact_match
-from rag_demo.stacks import load_smollm
+from rag_demo.knowledge.corpus import load_vital_articles
+from rag_demo.measure.evaluate import contains_answer, exact_match
+from rag_demo.models.stacks import load_smollm
 
 ROWS = ("sequence|dense", "token|dense")
 CHANNEL_SYSTEM = "Write the question that the answer answers, using the passage."

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import sys
 
-import rag_demo.engine as engine
-from rag_demo.evaluate import has_answer
+import rag_demo.rag.engine as engine
+from rag_demo.measure.evaluate import has_answer
 from rag_demo.pipeline import RagPipeline
 
 

@@ -16,7 +16,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def tiny_ckpts(tmp_path_factory):
     """Random DPR+BART RAG checkpoints (Hub format) with n_docs=3: token, sequence, ctx encoder."""
-    from rag_demo.random_models import make_random_rag_checkpoints
+    from rag_demo.models.random_models import make_random_rag_checkpoints
 
     return make_random_rag_checkpoints(tmp_path_factory.mktemp("tiny_rag"), size="tiny", seed=0, n_docs=3)
 
@@ -52,7 +52,7 @@ def stop_process():
 @pytest.fixture(scope="module")
 def minilm():
     """The real all-MiniLM-L6-v2 encoder (offline stack's retriever), one per test module."""
-    from rag_demo.encoders import MiniLMEncoder
+    from rag_demo.models.encoders import MiniLMEncoder
 
     return MiniLMEncoder()
 
@@ -65,7 +65,7 @@ def smollm_tokenizer_folder():
     from pathlib import Path
 
     from rag_demo.config import StackSpec
-    from rag_demo.stacks import converted_smollm_dir, load_smollm, smollm_location
+    from rag_demo.models.stacks import converted_smollm_dir, load_smollm, smollm_location
 
     where, gguf = smollm_location(StackSpec())
     if gguf is None:
@@ -85,9 +85,9 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
     import torch
 
     from rag_demo.config import RagSettings, StackSpec
-    from rag_demo.corpus import corpus_from_documents
+    from rag_demo.knowledge.corpus import corpus_from_documents
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.random_models import fixture_passages
+    from rag_demo.models.random_models import fixture_passages
 
     spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
                      ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
@@ -102,7 +102,7 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gen(smollm_tokenizer_folder):
     """A tiny random Llama with SmolLM2's real tokenizer (2 layers, 1 KV head), one per test module."""
-    from rag_demo.random_models import tiny_smollm_generator
+    from rag_demo.models.random_models import tiny_smollm_generator
 
     return tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1)
 
@@ -113,10 +113,10 @@ def three_passage_pipe(minilm, tmp_path_factory):
     "doc 0", "doc 1", ...), the MiniLM retriever, and `gen` for every mode, cached in a fresh folder."""
     def make(gen, passages, settings):
         from rag_demo.config import StackSpec
-        from rag_demo.corpus import corpus_from_documents
-        from rag_demo.index import load_or_build_index
+        from rag_demo.knowledge.corpus import corpus_from_documents
+        from rag_demo.knowledge.index import load_or_build_index
         from rag_demo.pipeline import RagPipeline
-        from rag_demo.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
+        from rag_demo.models.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
 
         spec = StackSpec(cache_dir=tmp_path_factory.mktemp("cache"))
         stack = LoadedStack(spec, minilm, {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_demo import ann, scale
-from rag_demo.ann import AnnSettings, Searcher, build
+from rag_demo.knowledge import ann
+from rag_demo.measure import scale
+from rag_demo.knowledge.ann import AnnSettings, Searcher, build
 
 
 def _clustered(n: int, d: int, centres: int = 50, spread: float = 0.35, seed: int = 0) -> np.ndarray:
@@ -193,13 +194,13 @@ class WordsEncoder:
 
 @pytest.fixture(scope="module")
 def small_vital():
-    from rag_demo.corpus import load_vital_articles
+    from rag_demo.knowledge.corpus import load_vital_articles
 
     return load_vital_articles(limit=260), WordsEncoder()  # ~320 passages: enough to train ivfpq
 
 
 def test_each_kind_is_cached_apart_and_answers_like_flat(small_vital, tmp_path):
-    from rag_demo.index import cache_key, load_or_build_index
+    from rag_demo.knowledge.index import cache_key, load_or_build_index
 
     corpus, enc = small_vital
     assert len(corpus) >= 300
@@ -225,10 +226,10 @@ def test_each_kind_is_cached_apart_and_answers_like_flat(small_vital, tmp_path):
 def test_an_index_made_elsewhere_is_searched_as_it_was_saved(data):
     import faiss
 
-    from rag_demo.index import PassageIndex
+    from rag_demo.knowledge.index import PassageIndex
 
     x, _, _ = data
-    from rag_demo.corpus import Corpus, Passage
+    from rag_demo.knowledge.corpus import Corpus, Passage
 
     corpus = Corpus("c", [Passage(id=str(i), title="t", text="x") for i in range(len(x))])
     h = faiss.IndexHNSWFlat(32, 8, faiss.METRIC_INNER_PRODUCT)

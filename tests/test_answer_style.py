@@ -9,32 +9,13 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
-from rag_demo import engine  # noqa: E402
-from rag_demo.config import ANSWER_STYLES, RagSettings  # noqa: E402
-from rag_demo.corpus import Passage  # noqa: E402
-from rag_demo.marginalize import doc_log_prior, rag_sequence_logprob, rag_token_logprob  # noqa: E402
+from rag_demo.rag import engine  # noqa: E402
+from rag_demo.config import RagSettings  # noqa: E402
+from rag_demo.knowledge.corpus import Passage  # noqa: E402
+from rag_demo.rag.marginalize import doc_log_prior, rag_sequence_logprob, rag_token_logprob  # noqa: E402
 
 DOC = Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel.")
 Q = "What is the capital of Veltrania?"
-
-
-def test_answer_style_default_and_validation():
-    assert RagSettings().answer_style in ANSWER_STYLES and set(ANSWER_STYLES) == {"short", "sentence"}
-    assert RagSettings(answer_style="sentence").answer_style == "sentence"
-    with pytest.raises(ValueError, match=r"answer_style='long' is unknown: use one of short, sentence"):
-        RagSettings(answer_style="long")
-    with pytest.raises(ValueError, match=r"answer_style='Short' is unknown"):
-        RagSettings().merged(answer_style="Short")
-
-
-def test_cli_takes_answer_style_and_rejects_a_bad_one(capsys):
-    from rag_demo.cli import build_parser, main
-
-    for cmd in (["ask", "Q?"], ["eval"], ["bench"]):
-        assert build_parser().parse_args(cmd + ["--answer-style", "sentence"]).answer_style == "sentence"
-        assert build_parser().parse_args(cmd).answer_style == RagSettings.answer_style
-    assert main(["eval", "--qa", "assets/qa_dev.jsonl", "--answer-style", "essay"]) == 2
-    assert "answer_style='essay' is unknown" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- SmolLM2's prompts and stop ids
@@ -43,13 +24,13 @@ def test_cli_takes_answer_style_and_rejects_a_bad_one(capsys):
 @pytest.fixture(scope="module")
 def smol_tiny(smollm_tokenizer_folder):
     """SmolLM2's real tokenizer and chat template on a tiny random Llama (random_models)."""
-    from rag_demo.random_models import tiny_smollm_generator
+    from rag_demo.models.random_models import tiny_smollm_generator
 
     return tiny_smollm_generator(smollm_tokenizer_folder, layers=1, kv_heads=2)
 
 
 def test_short_style_changes_the_prompt(smol_tiny):
-    from rag_demo import generators as G
+    from rag_demo.models import generators as G
 
     short, sentence = smol_tiny.messages(Q, DOC, 192, "short"), smol_tiny.messages(Q, DOC, 192, "sentence")
     assert short[0]["content"] == G.SHORT_SYSTEM_PROMPT and sentence[0]["content"] == G.SYSTEM_PROMPT
@@ -129,7 +110,8 @@ def test_short_style_ends_generation_at_the_newline_and_scores_it(smol_tiny):
     nl = smol_tiny.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
     saved = _force_next(smol_tiny, nl)
     try:
-        s_short, s_sent = RagSettings(answer_style="short", max_new_tokens=6, num_beams=1), RagSettings(answer_style="sentence", max_new_tokens=6, num_beams=1)
+        s_short = RagSettings(preset="paper", answer_style="short", max_new_tokens=6).decoding
+        s_sent = RagSettings(preset="paper", answer_style="sentence", max_new_tokens=6).decoding
         cb_short = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "short"), s_short)
         cb_sent = engine.closed_book(smol_tiny, smol_tiny.prompt(Q, None, 192, "sentence"), s_sent)
         assert cb_short.tokens == [nl] and cb_sent.tokens == [nl] * 6
@@ -156,7 +138,7 @@ def test_short_style_ends_generation_at_the_newline_and_scores_it(smol_tiny):
 
 @pytest.fixture(scope="module")
 def tiny_bart(tiny_ckpts):
-    from rag_demo.stacks import load_rag_checkpoint
+    from rag_demo.models.stacks import load_rag_checkpoint
 
     _, gen = load_rag_checkpoint(str(tiny_ckpts["rag_token"]), "token")
     return gen
@@ -171,7 +153,7 @@ def test_a_stop_token_ends_every_mode_and_the_score_stays_exact(tiny_bart, monke
     prompts = [gen.prompt(Q, d, 64) for d in (DOC, Passage(id="p2", title="Other", text="Something else."))]
     scores = torch.tensor([1.0, 0.2])
     prior = doc_log_prior(scores)
-    s = RagSettings(max_new_tokens=8, answer_style="sentence", num_beams=1)
+    s = RagSettings(preset="paper", max_new_tokens=8, answer_style="sentence").decoding
     bias = gen.model.final_logits_bias.clone()
     gen.model.final_logits_bias[..., gen.eos_token_ids[0]] = -1e4  # the random model would stop at once
     try:

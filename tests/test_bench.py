@@ -10,10 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 import pytest  # noqa: E402
 
-from rag_demo import bench  # noqa: E402
-from rag_demo.corpus import Passage  # noqa: E402
-from rag_demo.random_models import fixture_passages  # noqa: E402
-from rag_demo.reference import compare_with_transformers, paired_times  # noqa: E402
+from rag_demo.measure import bench  # noqa: E402
+from rag_demo.knowledge.corpus import Passage  # noqa: E402
+from rag_demo.models.random_models import fixture_passages  # noqa: E402
+from rag_demo.measure.reference import compare_with_transformers, paired_times  # noqa: E402
 
 
 def test_reference_comparison_gives_same_outputs_on_tiny_models(tiny_ckpts):

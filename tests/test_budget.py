@@ -9,12 +9,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from rag_demo.budget import Budget, CostModel, ModelDims, RunControl, StepGate
+from rag_demo.models.cost import CostModel, ModelDims
+from rag_demo.pipeline import RunControl
+from rag_demo.serving.budget import Budget, StepGate
 from rag_demo.config import RagSettings, StackSpec
-from rag_demo.corpus import corpus_from_documents
-from rag_demo.decoding import score_candidates, score_pairs
+from rag_demo.knowledge.corpus import corpus_from_documents
+from rag_demo.rag.decoding import score_candidates, score_pairs
 from rag_demo.pipeline import RagPipeline
-from rag_demo.random_models import fixture_passages
+from rag_demo.models.random_models import fixture_passages
 
 MODES = ["sequence", "token", "closed-book"]
 
@@ -81,23 +83,16 @@ def test_check_budget_refuses_with_what_was_asked_and_what_to_change(pipe):
     assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(heavy_seconds=ok.seconds / 2)).heavy
 
 
-def test_budget_and_settings_reject_bad_values():
+def test_budget_rejects_bad_limits():
     with pytest.raises(ValueError, match="max_seconds"):
         Budget(max_seconds=0)
-    with pytest.raises(ValueError, match=r"k=2.5 is not a whole number"):
-        RagSettings(k=2.5)
-    with pytest.raises(ValueError, match=r"k='abc' is not a number"):
-        RagSettings(k="abc")
-    with pytest.raises(ValueError, match="num_beams=True is not a number"):
-        RagSettings(num_beams=True)
-    assert RagSettings(k=3.0, max_new_tokens="8").k == 3  # whole numbers in any spelling are fine
 
 
 def test_calibrate_measures_positive_constants(pipe):
     """Calibration measures, and keeps each constant within CALIBRATION_RANGE of the default: the
     tiny model is far faster than SmolLM2 (its measured constants fall below the range and are
     held at its floor), and an overloaded machine could not push a constant above the ceiling."""
-    from rag_demo.budget import CALIBRATION_RANGE
+    from rag_demo.models.cost import CALIBRATION_RANGE
 
     default = CostModel()
     cm = default.calibrate(pipe.stack.modes["token"].generator, prompt_tokens=20, rows=3, steps=2)
@@ -278,7 +273,7 @@ def test_greedy_drops_finished_rows_and_keeps_their_answers():
     """Two groups (docs) decoded greedily over a 3-token vocabulary {A=0, B=1, EOS=2}: group 0
     says EOS at once, group 1 says A, A, EOS. After step 1 only group 1's row is advanced, and
     both answers come out whole: [EOS] and [A, A, EOS]."""
-    from rag_demo.decoding import Rows, greedy
+    from rag_demo.rag.decoding import Rows, greedy
 
     L = torch.log(torch.tensor([0.1, 0.1, 0.8])), torch.log(torch.tensor([0.7, 0.2, 0.1]))  # EOS-ish, A-ish
     script = {0: [L[0]], 1: [L[1], L[1], L[0]]}  # group -> its next-token log-probs at steps 0, 1, 2
@@ -309,7 +304,7 @@ def test_kv_cache_grows_in_place_and_matches_concatenation(pipe):
     DynamicCache: identical next-token log-probs (same kernels on the same values: 1e-6)."""
     from transformers.cache_utils import DynamicCache
 
-    from rag_demo.generators import GrowingLayer
+    from rag_demo.models.generators import GrowingLayer
 
     gen = pipe.stack.modes["token"].generator
     prompts = [gen.prompt("who painted it", p, 64) for p in pipe.index.corpus.passages[:2]]

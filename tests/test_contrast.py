@@ -1,4 +1,4 @@
-"""Context-aware decoding (RagSettings.context_contrast, decoding.Contrast).
+"""Context-aware decoding (ReaderAids.context_contrast, rag_demo/reader/contrast.py).
 
 The choice rule on hand-made distributions; validation; then the engine on a tiny random Llama
 with SmolLM2's real tokenizer: every step's choice is the argmax of (1 + a) log p(with passages)
@@ -17,9 +17,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.config import RagSettings  # noqa: E402
-from rag_demo.decoding import CONTRAST_PLAUSIBLE, NEG, Contrast, score_candidates  # noqa: E402
-from rag_demo.engine import rag_sequence, rag_token  # noqa: E402
-from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+from rag_demo.rag.decoding import NEG, score_candidates  # noqa: E402
+from rag_demo.reader.contrast import CONTRAST_PLAUSIBLE, Contrast  # noqa: E402
+from rag_demo.rag.engine import rag_sequence, rag_token  # noqa: E402
+from rag_demo.rag.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+from test_echo import _run  # noqa: E402
 from test_echo import PASSAGES, QUESTION, SCORES, _prompts  # noqa: E402  (the same three passages and question)
 
 
@@ -42,34 +44,13 @@ def test_the_choice_rule_on_a_worked_example():
     assert int(Contrast(None, None, without, alpha=1.0, ends=[1]).pick(with_p).argmax()) == 1  # not its favourite
 
 
-@pytest.mark.parametrize("bad, message", [
-    (-0.5, r"context_contrast=-0.5 is out of range: use 0 \(off: the paper's decoding\) to 4"),
-    (4.5, r"context_contrast=4.5 is out of range"),
-    ("lots", r"context_contrast='lots' is not a number"),
-    (True, r"context_contrast=True is out of range"),
-])
-def test_context_contrast_rejects_bad_values_by_name(bad, message):
-    with pytest.raises(ValueError, match=message):
-        RagSettings(context_contrast=bad)
-    with pytest.raises(ValueError, match=message):
-        RagSettings().merged(context_contrast=bad)
-    assert RagSettings(context_contrast="0.5").context_contrast == 0.5
-
-
-def test_the_cli_passes_it_to_the_settings():
-    from rag_demo.cli import build_parser, reader_settings
-
-    args = build_parser().parse_args(["ask", "Who?", "--context-contrast", "1.5"])
-    assert reader_settings(args)["context_contrast"] == 1.5
-
-
 def _closed(gen):
-    return gen.prompt(QUESTION, None, 64, "short", examples=0)
+    return gen.prompt(QUESTION, None, 64, "short", examples=())
 
 
 def _settings(a, n=6):
-    return RagSettings(k=3, max_new_tokens=n, num_beams=1, answer_style="short", question_weight=0, worked_examples=0,
-                       echo_retries=0, context_contrast=a)
+    """The paper's algorithm, greedy, with context contrast `a` the one aid on."""
+    return RagSettings(preset="paper", k=3, max_new_tokens=n, answer_style="short", context_contrast=a)
 
 
 def _full_lp(gen, prompts, tokens):
@@ -93,8 +74,8 @@ def _contrasted(with_p, without, a, ends):
 
 def test_rag_token_chooses_by_the_contrast_and_keeps_exact_scores(gen):
     a = 4.0
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0.0))
-    out = rag_token(gen, _prompts(gen), SCORES, _settings(a), contrast_prompt=_closed(gen))
+    base = _run(rag_token, gen, _settings(0.0))
+    out = _run(rag_token, gen, _settings(a))
     assert out.tokens != base.tokens, "a strong contrast changed nothing: the test would check nothing"
     prior = doc_log_prior(SCORES)  # (K,)
     docs = _full_lp(gen, _prompts(gen), out.tokens)  # (K, T, V)
@@ -110,8 +91,8 @@ def test_rag_token_chooses_by_the_contrast_and_keeps_exact_scores(gen):
 
 def test_rag_sequence_contrasts_each_docs_own_search(gen):
     a = 4.0
-    base = rag_sequence(gen, _prompts(gen), SCORES, _settings(0.0))
-    out = rag_sequence(gen, _prompts(gen), SCORES, _settings(a), contrast_prompt=_closed(gen))
+    base = _run(rag_sequence, gen, _settings(0.0))
+    out = _run(rag_sequence, gen, _settings(a))
     assert [c[0] for c in out.candidates] != [c[0] for c in base.candidates]
     for z, prompt in enumerate(_prompts(gen)):  # each doc's draft, replayed step by step
         tokens: list[int] = []
@@ -125,12 +106,12 @@ def test_rag_sequence_contrasts_each_docs_own_search(gen):
 
 
 def test_zero_or_beam_search_ignore_the_prompt(gen):
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0.0))
-    off = rag_token(gen, _prompts(gen), SCORES, _settings(0.0), contrast_prompt=_closed(gen))
+    base = _run(rag_token, gen, _settings(0.0))
+    off = _run(rag_token, gen, _settings(0.0))
     assert off.tokens == base.tokens
     beams = _settings(2.0).merged(num_beams=2)
-    b0 = rag_token(gen, _prompts(gen), SCORES, beams.merged(context_contrast=0))
-    b1 = rag_token(gen, _prompts(gen), SCORES, beams, contrast_prompt=_closed(gen))
+    b0 = _run(rag_token, gen, beams.merged(context_contrast=0))
+    b1 = _run(rag_token, gen, beams)
     assert b1.tokens == b0.tokens
 
 
@@ -140,15 +121,15 @@ def test_the_pipeline_hands_the_engine_the_closed_book_prompt(tiny_offline, monk
     seen = []
     real = P.rag_token
 
-    def spy(*args, **kw):
-        seen.append(kw.get("contrast_prompt"))
-        return real(*args, **kw)
+    def spy(gen, prompts, scores, d, reader, *args, **kw):
+        seen.append(getattr(reader, "contrast_prompt", None))
+        return real(gen, prompts, scores, d, reader, *args, **kw)
 
     monkeypatch.setattr(P, "rag_token", spy)
     tiny_offline.answer(QUESTION, "token", context_contrast=0)
     tiny_offline.answer(QUESTION, "token", context_contrast=1.0)
     gen = tiny_offline.stack.modes["token"].generator
-    assert seen == [None, gen.prompt(QUESTION, None, 64, "short", examples=0)]
+    assert seen == [None, gen.prompt(QUESTION, None, 64, "short", examples=())]
 
 
 @pytest.fixture(scope="module")

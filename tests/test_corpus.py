@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_demo.corpus import (
+from rag_demo.knowledge.corpus import (
     MAX_UPLOAD_BYTES,
     VITAL_ARTICLES_NAME,
     Corpus,
@@ -365,7 +365,7 @@ def test_a_corpus_is_an_arrow_table_read_as_passages():
 
 
 def test_vital_articles_are_split_once_then_memory_mapped_from_the_cache(tmp_path, vital, monkeypatch):
-    import rag_demo.corpus as C
+    import rag_demo.knowledge.corpus as C
 
     built = []
     real = C.corpus_from_documents

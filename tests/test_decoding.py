@@ -1,4 +1,4 @@
-"""Decoding specification: greedy and beam search (rag_demo.decoding) on lookup-table generators,
+"""Decoding specification: greedy and beam search (rag_demo.rag.decoding) on lookup-table generators,
 every expected answer worked out by hand.
 
 The generator is a table p(next token | doc, prefix) over the vocabulary {A, B, EOS} (the pad
@@ -79,11 +79,15 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
-from rag_demo import engine
-from rag_demo.config import RagSettings
-from rag_demo.decoding import Hyp, Rows, SpanConstraint, StopRule, _strip, search
-from rag_demo.generators import Generator, Span, _joined
-from rag_demo.marginalize import doc_log_prior
+from rag_demo.config import Decoding, RagSettings
+from rag_demo.models.stopping import StopRule
+from rag_demo.rag import engine
+from rag_demo.rag.decoding import Hyp, Rows, _strip, search
+from rag_demo.rag.hooks import PAPER
+from rag_demo.reader.drafts import rank_by_rag_token
+from rag_demo.reader.spans import SpanConstraint
+from rag_demo.models.generators import Generator, Span, _joined
+from rag_demo.rag.marginalize import doc_log_prior
 
 A, B, EOS, PAD = 0, 1, 2, 3
 NAMES = {A: "A", B: "B", EOS: "EOS", PAD: "PAD"}
@@ -148,7 +152,7 @@ class TableGenerator(Generator):
         assert abs(sum(p) - 1) < 1e-12, (doc, prefix)  # a table row is a distribution (exact decimals)
         return torch.tensor(p, dtype=torch.float64).log().float()  # (V,)
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, TableState]:
+    def prefill(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> tuple[torch.Tensor, TableState]:
         """One row per prompt; a prompt is [doc] -> first-step log-probs (R, V) and the state."""
         docs = [p[0] for p in prompts]
         return torch.stack([self._lp(d, ()) for d in docs]), TableState(docs, [()] * len(docs))
@@ -182,17 +186,18 @@ def run(table, docs=(0,), num_beams=1, max_new_tokens=5, length_penalty=1.0, pri
     """Search `table` the way the engine does -> (hypotheses per group, the generator).
     prior None: one group per doc (RAG-Sequence, closed-book); else one RAG-Token group over all docs."""
     gen = TableGenerator(table)
+    gen.pad_token_id = pad
     lp, state = gen.prefill([[d] for d in docs])  # (K, V)
-    if prior is None:
-        rows, groups = Rows(gen, state, per_beam=1, prior=None), len(docs)
-    else:
-        rows, groups = Rows(gen, state, per_beam=len(docs), prior=prior), 1
-    allowed = None
+    procs = []
     if spans is not None:  # extractive: each group copies from its own doc's span, RAG-Token from all
-        allowed = SpanConstraint(spans, [[z] for z in range(len(docs))] if prior is None else [list(range(len(docs)))],
-                                 [EOS])
-    hyps = search(rows, lp, groups, num_beams, max_new_tokens, eos if isinstance(eos, StopRule) else list(eos), pad,
-                  length_penalty, allowed=allowed)
+        procs = [SpanConstraint(spans, [[z] for z in range(len(docs))] if prior is None else [list(range(len(docs)))],
+                                [EOS])]
+    if prior is None:
+        rows, groups = Rows(gen, state, per_beam=1, prior=None, processors=procs), len(docs)
+    else:
+        rows, groups = Rows(gen, state, per_beam=len(docs), prior=prior, processors=procs), 1
+    d = Decoding(num_beams=num_beams, max_new_tokens=max_new_tokens, length_penalty=length_penalty)
+    hyps = search(rows, lp, groups, d, eos if isinstance(eos, StopRule) else list(eos))
     return hyps, gen
 
 
@@ -421,9 +426,11 @@ def test_beam_search_cut_by_a_stop_has_no_phantom_eos(pad):
     EOS: the answers are [A] and [B], not [A, EOS], and the scores count step 1 only. Without
     the stop the same search finishes [B, EOS] (ln .36) first."""
     gen = TableGenerator(S)
+    gen.pad_token_id = pad
     lp, state = gen.prefill([[0]])  # (1, V)
     rows = Rows(gen, state, per_beam=1, prior=None)
-    (hyps,) = search(rows, lp, 1, 2, 5, [EOS], pad, 1.0, stop=lambda: "time_limit")
+    (hyps,) = search(rows, lp, 1, Decoding(num_beams=2, max_new_tokens=5, length_penalty=1.0), [EOS],
+                     stop=lambda: "time_limit")
     assert toks(hyps) == [["A"], ["B"]] and rows.stopped == "time_limit"
     assert lp_close(hyps[0].logprob, ln(.5)) and lp_close(hyps[1].logprob, ln(.4))
     (free,), _ = run(S, num_beams=2, pad=pad)
@@ -492,7 +499,7 @@ def test_rag_token_beam_search_is_beam_search_over_the_mixed_distribution():
 
 def test_rag_token_ranking_leaves_candidates_behind_once_they_cannot_win():
     """Table F, RAG-Token log p(y|x) = sum_i ln sum_z p(z|x) q_zi of the candidates [A, EOS] and
-    [B, EOS] (engine.rank_by_rag_token: docs read in order of p(z|x), bounds after each).
+    [B, EOS] (reader.drafts.rank_by_rag_token: docs read in order of p(z|x), bounds after each).
 
     Prior [.9, .05, .05]. After doc 0 (.9): [A, EOS] has per-token mass .9*.6 = .54, .9*.9 = .81,
     lower bound ln(.54 * .81) = ln .4374; [B, EOS] .9*.3 = .27, .9*.5 = .45, and with the .1 of
@@ -509,7 +516,7 @@ def test_rag_token_ranking_leaves_candidates_behind_once_they_cannot_win():
     for prior, want, read_b in cases:
         gen = TableGenerator(F)
         lp, state = gen.prefill([[0], [1], [2]])  # (K, V)
-        win, doc_lp, scores, bounded = engine.rank_by_rag_token(gen, state, lp, [[A, EOS], [B, EOS]],
+        win, doc_lp, scores, bounded = rank_by_rag_token(gen, state, lp, [[A, EOS], [B, EOS]],
                                                                 torch.tensor(prior).log())
         assert win == 0 and all(lp_close(a, b) for a, b in zip(scores, want)), (prior, scores)
         assert bounded == ({1} if read_b == {0} else set())
@@ -537,9 +544,9 @@ def test_rag_sequence_fast_uses_only_producing_docs():
     """
     gen = TableGenerator(F)
     prompts, scores = [[0], [1], [2]], torch.log(torch.tensor([.2, .3, .5]))  # prior = softmax(scores)
-    fast = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1, sequence_decoding="fast"))
-    thorough = engine.rag_sequence(gen, prompts, scores, RagSettings(k=3, max_new_tokens=4, num_beams=1,
-                                                                     sequence_decoding="thorough"))
+    paper = RagSettings(preset="paper", k=3, max_new_tokens=4)
+    fast = engine.rag_sequence(gen, prompts, scores, paper.merged(sequence_decoding="fast").decoding, PAPER)
+    thorough = engine.rag_sequence(gen, prompts, scores, paper.merged(sequence_decoding="thorough").decoding, PAPER)
     assert [c for c, _ in fast.candidates] == [c for c, _ in thorough.candidates] == [[A, EOS], [B, EOS]]
     assert lp_close(fast.candidates[0][1], ln(.2 * .54)) and lp_close(fast.candidates[1][1], ln(.3 * .4 + .5 * .42))
     assert lp_close(thorough.candidates[0][1], ln(.432)) and lp_close(thorough.candidates[1][1], ln(.36))
@@ -559,12 +566,12 @@ def test_span_constraint_allows_what_continues_a_copied_span():
     token after either A that has a successor (B), or an end; after [A, B] its successor A, or an
     end; after a prefix that occurs nowhere only an end."""
     c = SpanConstraint([[A, B, A]], [[0]], [EOS])
-    assert c(0, []) == [A, B]
-    assert c(0, [A]) == [B, EOS]
-    assert c(0, [A, B]) == [A, EOS]
-    assert c(0, [A, B, A]) == [EOS] and c(0, [B, B]) == [EOS]
+    assert c.allowed(0, []) == [A, B]
+    assert c.allowed(0, [A]) == [B, EOS]
+    assert c.allowed(0, [A, B]) == [A, EOS]
+    assert c.allowed(0, [A, B, A]) == [EOS] and c.allowed(0, [B, B]) == [EOS]
     two = SpanConstraint([[A], [B, A]], [[0], [1], [0, 1]], [EOS])
-    assert two(0, []) == [A] and two(1, []) == [A, B] and two(2, [B]) == [A, EOS]
+    assert two.allowed(0, []) == [A] and two.allowed(1, []) == [A, B] and two.allowed(2, [B]) == [A, EOS]
     m = two.mask([0, 1], [[], [B]], 3)  # (2, V)
     assert m[0].tolist() == [0.0, -1e9, -1e9] and m[1].tolist() == [0.0, -1e9, 0.0]
 
@@ -602,16 +609,16 @@ def test_span_constraint_copies_whole_words_and_whole_numbers():
                           " people"])
     c = SpanConstraint([span], [[0]], [EOS])
     ids = lambda *pieces: sorted(v[p] for p in pieces)  # noqa: E731
-    assert c(0, []) == ids(" of", " ", "6", " and", " people")  # " million" belongs to 68.5
-    assert c(0, [v[" "], v["6"]]) == ids("3", "8")
-    assert c(0, [v[" "], v["6"], v["3"]]) == ids("2")
-    assert c(0, [v[" "], v["6"], v["3"], v["2"]]) == ids(",")
-    assert c(0, [v[" "], v["6"], v["8"], v["."]]) == ids("5")
-    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"]]) == ids(" million")
-    assert c(0, [v[" "], v["6"], v["8"], v["."], v["5"], v[" million"]]) == [EOS] + ids(" people")
-    assert c(0, [v["6"], v["3"], v["2"], v[","], v["7"], v["0"], v["2"]]) == [EOS] + ids(" and")
-    assert c(0, [v[" people"]]) == [EOS]  # the passage's end ends a word
-    assert c(0, [v["3"]]) == [EOS]  # not a place a copy may open: it matches nothing, only an end is left
+    assert c.allowed(0, []) == ids(" of", " ", "6", " and", " people")  # " million" belongs to 68.5
+    assert c.allowed(0, [v[" "], v["6"]]) == ids("3", "8")
+    assert c.allowed(0, [v[" "], v["6"], v["3"]]) == ids("2")
+    assert c.allowed(0, [v[" "], v["6"], v["3"], v["2"]]) == ids(",")
+    assert c.allowed(0, [v[" "], v["6"], v["8"], v["."]]) == ids("5")
+    assert c.allowed(0, [v[" "], v["6"], v["8"], v["."], v["5"]]) == ids(" million")
+    assert c.allowed(0, [v[" "], v["6"], v["8"], v["."], v["5"], v[" million"]]) == [EOS] + ids(" people")
+    assert c.allowed(0, [v["6"], v["3"], v["2"], v[","], v["7"], v["0"], v["2"]]) == [EOS] + ids(" and")
+    assert c.allowed(0, [v[" people"]]) == [EOS]  # the passage's end ends a word
+    assert c.allowed(0, [v["3"]]) == [EOS]  # not a place a copy may open: it matches nothing, only an end is left
 
 
 def test_extractive_greedy_picks_only_copyable_tokens_and_scores_them_unchanged():

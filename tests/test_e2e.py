@@ -42,7 +42,7 @@ def test_answer_and_support_for_both_modes(pipe, question, articles, entity):
 
 
 def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe):
-    from rag_demo.stacks import resolve_dtype
+    from rag_demo.models.stacks import resolve_dtype
 
     gen = pipe.stack.modes["token"].generator
     assert next(gen.model.parameters()).dtype is resolve_dtype("auto")
@@ -61,8 +61,8 @@ def test_index_is_cached_after_first_load(pipe):
 
 def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path):
     from rag_demo.config import StackSpec
-    from rag_demo.corpus import Passage
-    from rag_demo.stacks import CONVERTED_MARKER, converted_smollm_dir, load_smollm, smollm_location
+    from rag_demo.knowledge.corpus import Passage
+    from rag_demo.models.stacks import CONVERTED_MARKER, converted_smollm_dir, load_smollm, smollm_location
 
     spec = StackSpec(cache_dir=tmp_path, generator_dtype="float32")
     where, gguf = smollm_location(spec)

@@ -1,4 +1,4 @@
-"""Answers that only repeat the question (RagSettings.echo_retries, rag_demo/echo.py).
+"""Answers that only repeat the question (ReaderAids.echo_retries: rag_demo/reader/echo.py, retries.py).
 
 The text test on worked examples; validation; then the engine on a tiny random Llama with
 SmolLM2's real tokenizer, where an echo is whatever a stand-in predicate says it is (a random
@@ -17,10 +17,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.config import RagSettings  # noqa: E402
-from rag_demo.decoding import score_candidates  # noqa: E402
-from rag_demo.echo import copies_example, echoes_question, names_question_subject, says_nothing  # noqa: E402
-from rag_demo.engine import closed_book, rag_sequence, rag_token  # noqa: E402
-from rag_demo.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+from rag_demo.rag.decoding import score_candidates  # noqa: E402
+from rag_demo.reader.echo import copies_example, echoes_question, names_question_subject, says_nothing  # noqa: E402
+from rag_demo.rag.engine import closed_book, rag_sequence, rag_token  # noqa: E402
+from rag_demo.rag.marginalize import doc_log_prior, rag_token_logprob  # noqa: E402
+from aids import aided  # noqa: E402
 
 
 @pytest.mark.parametrize("answer, question, echo", [
@@ -59,28 +60,6 @@ def test_names_question_subject_worked_examples(answer, question, passages, name
     assert names_question_subject(answer, question, passages) is named
 
 
-def test_echo_subjects_is_a_validated_setting():
-    assert RagSettings().echo_subjects in (True, False)
-    assert RagSettings(echo_subjects="true").echo_subjects is True
-    assert RagSettings().merged(echo_subjects="False").echo_subjects is False
-    with pytest.raises(ValueError, match=r"echo_subjects='maybe' is not true or false: pass True or False"):
-        RagSettings(echo_subjects="maybe")
-
-
-@pytest.mark.parametrize("bad, message", [
-    (-1, r"echo_retries=-1 is out of range: use 0 \(keep answers that repeat the question\) to 5"),
-    (6, r"echo_retries=6 is out of range"),
-    (2.5, r"echo_retries=2.5 is not a whole number"),
-    (True, r"echo_retries=True is not a number"),
-])
-def test_echo_retries_rejects_bad_values_by_name(bad, message):
-    with pytest.raises(ValueError, match=message):
-        RagSettings(echo_retries=bad)
-    with pytest.raises(ValueError, match=message):
-        RagSettings().merged(echo_retries=bad)
-    assert RagSettings(echo_retries="3").echo_retries == 3
-
-
 PASSAGES = ["Alexander Fleming discovered penicillin in 1928.",
             "Mount Kilimanjaro is the highest mountain in Africa.",
             "Hamlet is a tragedy by William Shakespeare."]
@@ -88,13 +67,22 @@ QUESTION = "Who discovered penicillin?"
 
 
 def _prompts(gen):
-    from rag_demo.corpus import Passage
+    from rag_demo.knowledge.corpus import Passage
 
-    return [gen.prompt(QUESTION, Passage(f"d{i}#0", f"doc {i}", p), 64, "short", examples=0)
+    return [gen.prompt(QUESTION, Passage(f"d{i}#0", f"doc {i}", p), 64, "short", examples=())
             for i, p in enumerate(PASSAGES)]
 
 
 SCORES = torch.tensor([2.0, 1.0, 0.5])  # (K,) retriever logits
+
+
+def _run(mode, gen, s, rejects=None):
+    """A RAG mode over the three passages, with the aids `s` switches on (rejects: a stand-in echo test)."""
+    return mode(gen, _prompts(gen), SCORES, s.decoding, aided(gen, s, _prompts(gen), QUESTION, rejects=rejects))
+
+
+def _closed_book(gen, prompt, s, rejects=None):
+    return closed_book(gen, prompt, s.decoding, aided(gen, s, [prompt], QUESTION, rejects=rejects, closed_book=True))
 
 
 class Echo:
@@ -116,14 +104,14 @@ class Echo:
 
 def _settings(retries, drafts=False):
     """Greedy; RAG-Token's own search alone unless `drafts` (each doc's drafts are RAG-Sequence's, tested below)."""
-    return RagSettings(k=3, max_new_tokens=5, num_beams=1, answer_style="short", question_weight=0, worked_examples=0,
-                       echo_retries=retries, token_drafts=drafts)
+    return RagSettings(preset="paper", k=3, max_new_tokens=5, answer_style="short", echo_retries=retries,
+                       token_drafts=drafts)
 
 
 def test_rag_token_retries_an_echo_with_its_first_token_banned_and_exact_scores(gen):
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
+    base = _run(rag_token, gen, _settings(0))
     echo = Echo(firsts=[base.tokens[0]])
-    out = rag_token(gen, _prompts(gen), SCORES, _settings(3), echo=echo)
+    out = _run(rag_token, gen, _settings(3), echo)
     assert out.tokens[0] != base.tokens[0] and not echo.says(out.tokens)
     # the new first token is the mixture's best once the banned one is gone
     first_lp, state = gen.prefill(_prompts(gen))  # (K, V)
@@ -138,9 +126,9 @@ def test_rag_token_retries_an_echo_with_its_first_token_banned_and_exact_scores(
 
 
 def test_an_answer_that_echoes_every_time_keeps_the_greedy_one(gen):
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
+    base = _run(rag_token, gen, _settings(0))
     echo = Echo(always=True)
-    out = rag_token(gen, _prompts(gen), SCORES, _settings(2), echo=echo)
+    out = _run(rag_token, gen, _settings(2), echo)
     assert out.tokens == base.tokens and out.logprob == pytest.approx(base.logprob, abs=1e-5)
     firsts = [t[0] for t in echo.seen]
     assert len(echo.seen) == 3 and len(set(firsts)) == 3  # the original, then 2 retries, each a new start
@@ -148,16 +136,16 @@ def test_an_answer_that_echoes_every_time_keeps_the_greedy_one(gen):
 
 def test_zero_retries_never_asks(gen):
     echo = Echo(always=True)
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0))
-    out = rag_token(gen, _prompts(gen), SCORES, _settings(0), echo=echo)
+    base = _run(rag_token, gen, _settings(0))
+    out = _run(rag_token, gen, _settings(0), echo)
     assert echo.seen == [] and out.tokens == base.tokens
 
 
 def test_rag_sequence_retries_each_echoing_doc_on_its_own(gen):
-    base = rag_sequence(gen, _prompts(gen), SCORES, _settings(0))
+    base = _run(rag_sequence, gen, _settings(0))
     drafts = [c[0] for c in base.candidates]
     echo = Echo(firsts=[drafts[0][0]])  # the first doc's draft (and any starting like it) echoes
-    out = rag_sequence(gen, _prompts(gen), SCORES, _settings(1), echo=echo)
+    out = _run(rag_sequence, gen, _settings(1), echo)
     new = [c[0] for c in out.candidates]
     assert all(t[0] != drafts[0][0] for t in new)  # no candidate starts like the echo any more
     assert [t for t in new if t in drafts] == [t for t in drafts if t[0] != drafts[0][0]]  # the others stay
@@ -165,17 +153,17 @@ def test_rag_sequence_retries_each_echoing_doc_on_its_own(gen):
 
 
 def test_closed_book_retries_too(gen):
-    prompt = gen.prompt(QUESTION, None, 64, "short", examples=0)
-    base = closed_book(gen, prompt, _settings(0))
-    out = closed_book(gen, prompt, _settings(1), echo=Echo(firsts=[base.tokens[0]]))
+    prompt = gen.prompt(QUESTION, None, 64, "short", examples=())
+    base = _closed_book(gen, prompt, _settings(0))
+    out = _closed_book(gen, prompt, _settings(1), Echo(firsts=[base.tokens[0]]))
     assert out.tokens[0] != base.tokens[0]
 
 
 def test_beam_search_prefers_a_hypothesis_that_is_not_an_echo(gen):
     s0 = _settings(0).merged(num_beams=3)
-    base = rag_token(gen, _prompts(gen), SCORES, s0)
+    base = _run(rag_token, gen, s0)
     echo = Echo(answers=[base.tokens])
-    out = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=echo)
+    out = _run(rag_token, gen, s0.merged(echo_retries=1), echo)
     finished = list(echo.seen)  # every finished hypothesis was asked about, best first
     assert len(finished) > 1 and finished[0] == base.tokens
     others = [t for t in finished if not echo.says(t)]
@@ -188,10 +176,10 @@ def test_beam_search_whose_every_hypothesis_echoes_is_retried_greedily_without_t
     the group is decoded again greedily with every echoing hypothesis's first token banned."""
     s0 = _settings(0).merged(num_beams=3)
     seen = Echo()  # echoes nothing: records the finished hypotheses
-    base = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=seen)
+    base = _run(rag_token, gen, s0.merged(echo_retries=1), seen)
     firsts = {t[0] for t in seen.seen if t}
     echo = Echo(firsts=firsts)  # every hypothesis of the search echoes
-    out = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=1), echo=echo)
+    out = _run(rag_token, gen, s0.merged(echo_retries=1), echo)
     assert base.tokens[0] in firsts and out.tokens[0] not in firsts
     first_lp, state = gen.prefill(_prompts(gen))  # (K, V)
     prior = doc_log_prior(SCORES)  # (K,)
@@ -201,22 +189,22 @@ def test_beam_search_whose_every_hypothesis_echoes_is_retried_greedily_without_t
     lp, _ = score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)  # (K, 1, T)
     assert out.logprob == pytest.approx(float(rag_token_logprob(lp[:, 0], prior)), abs=1e-5)
     # and when the retry echoes too, the beam's own best stays
-    again = rag_token(gen, _prompts(gen), SCORES, s0.merged(echo_retries=2), echo=Echo(always=True))
+    again = _run(rag_token, gen, s0.merged(echo_retries=2), Echo(always=True))
     assert again.tokens == base.tokens
 
 
 def test_closed_book_beam_search_retries_when_every_hypothesis_echoes(gen):
-    prompt = gen.prompt(QUESTION, None, 64, "short", examples=0)
+    prompt = gen.prompt(QUESTION, None, 64, "short", examples=())
     s0 = _settings(0).merged(num_beams=2)
     seen = Echo()
-    closed_book(gen, prompt, s0.merged(echo_retries=1), echo=seen)
+    _closed_book(gen, prompt, s0.merged(echo_retries=1), seen)
     firsts = {t[0] for t in seen.seen if t}
-    out = closed_book(gen, prompt, s0.merged(echo_retries=1), echo=Echo(firsts=firsts))
+    out = _closed_book(gen, prompt, s0.merged(echo_retries=1), Echo(firsts=firsts))
     assert out.tokens and out.tokens[0] not in firsts
 
 
 def test_the_pipeline_hands_the_engine_its_questions_echo_test(tiny_offline_echo, monkeypatch):
-    import rag_demo.pipeline as P
+    import rag_demo.reader.aided as P
 
     pipe = tiny_offline_echo
     for mode in ("token", "sequence", "closed-book"):
@@ -244,7 +232,7 @@ def test_says_nothing_worked_examples(answer, nothing):
 
 
 def test_the_pipeline_retries_an_answer_that_says_nothing(tiny_offline_echo, monkeypatch):
-    import rag_demo.pipeline as P
+    import rag_demo.reader.aided as P
 
     pipe = tiny_offline_echo
     for mode in ("token", "sequence", "closed-book"):
@@ -271,7 +259,7 @@ def test_the_pipeline_retries_an_answer_that_says_nothing(tiny_offline_echo, mon
     ("Tomasz Kot.", ["Tomasz Kot is a Polish actor."], False),
 ])
 def test_copies_example_worked_examples(answer, passages, copied):
-    from rag_demo.generators import EXAMPLE_NAMES
+    from rag_demo.reader.examples import EXAMPLE_NAMES
 
     names = [n for ex in EXAMPLE_NAMES for n in ex]
     assert copies_example(answer, names, passages) is copied
@@ -281,8 +269,8 @@ def test_copies_example_worked_examples(answer, passages, copied):
 def test_every_example_name_is_its_examples_own():
     """EXAMPLE_NAMES lines up with WORKED_EXAMPLES: each name is words of its own example's text,
     so a new or edited example must bring its names along."""
-    from rag_demo.evaluate import normalize_answer
-    from rag_demo.generators import EXAMPLE_NAMES, WORKED_EXAMPLES
+    from rag_demo.reader.text import normalize_answer
+    from rag_demo.reader.examples import EXAMPLE_NAMES, WORKED_EXAMPLES
 
     assert len(EXAMPLE_NAMES) == len(WORKED_EXAMPLES)
     for names, (title, text, question, span, sentence) in zip(EXAMPLE_NAMES, WORKED_EXAMPLES):
@@ -293,8 +281,8 @@ def test_every_example_name_is_its_examples_own():
 def test_the_pipeline_checks_answers_against_the_examples_it_prompted_with(tiny_offline_echo, monkeypatch):
     """The echo test asks copies_example with the names of the first `worked_examples` examples
     and the passages the generator read (none for closed-book); an answer it flags is retried."""
-    import rag_demo.pipeline as P
-    from rag_demo.generators import EXAMPLE_NAMES
+    import rag_demo.reader.aided as P
+    from rag_demo.reader.examples import EXAMPLE_NAMES
 
     pipe = tiny_offline_echo
     for mode in ("token", "sequence", "closed-book"):
@@ -323,7 +311,7 @@ def tiny_offline_echo(three_passage_pipe, gen):
 
 
 def test_the_pipeline_hands_the_subject_test_its_retrieved_passages_when_asked(tiny_offline_echo, monkeypatch):
-    import rag_demo.pipeline as P
+    import rag_demo.reader.aided as P
 
     pipe = tiny_offline_echo
     for mode in ("token", "sequence"):
@@ -345,12 +333,12 @@ def test_the_pipeline_hands_the_subject_test_its_retrieved_passages_when_asked(t
 def test_rag_token_with_drafts_ranks_an_echo_only_when_every_candidate_is_one(gen):
     """token_drafts: the best-scoring candidate of the pool, declared an echo, loses to the best
     candidate that is not one; declared echoes all, the pool ranks as it would without the test."""
-    base = rag_token(gen, _prompts(gen), SCORES, _settings(0, drafts=True))
+    base = _run(rag_token, gen, _settings(0, drafts=True))
     assert base.decoding.endswith("with each doc's drafts") and len(base.candidates) > 1
     echo = Echo(answers=[base.tokens])
-    out = rag_token(gen, _prompts(gen), SCORES, _settings(1, drafts=True), echo=echo)
+    out = _run(rag_token, gen, _settings(1, drafts=True), echo)
     assert out.tokens != base.tokens and not echo.says(out.tokens)
     exact = [sc for i, (t, sc) in enumerate(out.candidates) if i not in out.bounded]
     assert out.logprob == pytest.approx(max(exact), abs=1e-5) and base.tokens not in [t for t, _ in out.candidates]
-    every = rag_token(gen, _prompts(gen), SCORES, _settings(1, drafts=True), echo=Echo(always=True))
+    every = _run(rag_token, gen, _settings(1, drafts=True), Echo(always=True))
     assert every.tokens == base.tokens and every.logprob == pytest.approx(base.logprob, abs=1e-5)

@@ -12,8 +12,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from rag_demo.corpus import Passage, load_vital_articles
-from rag_demo.encoders import DPRPassageEncoder, DPRQuestionEncoder, MiniLMEncoder, minilm_path
+from rag_demo.knowledge.corpus import Passage, load_vital_articles
+from rag_demo.models.encoders import DPRPassageEncoder, DPRQuestionEncoder, MiniLMEncoder, minilm_path
 
 GRANDE_JATTE = "A Sunday Afternoon on the Island of La Grande Jatte"
 VOCAB = "the a of is in who painted seurat paris capital france city river seine grande jatte island sunday".split()
@@ -114,7 +114,7 @@ def test_minilm_bfloat16_passages_stay_close_to_float32(minilm: MiniLMEncoder, p
 def test_passage_dtype_keys_the_index_cache(minilm: MiniLMEncoder):
     """float32 keeps the fingerprint indexes had before the setting existed; bfloat16 vectors
     get their own key, so an index is never reused across precisions."""
-    from rag_demo.encoders import MAX_TOKENS, folder_fingerprint
+    from rag_demo.models.encoders import MAX_TOKENS, folder_fingerprint
 
     before = folder_fingerprint(minilm_path(), "minilm", "mean-pool+l2", f"max_tokens={MAX_TOKENS}",
                                 "passage={title}: {text}")

@@ -10,8 +10,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
-from rag_demo import evaluate as ev  # noqa: E402
-from rag_demo.corpus import corpus_from_documents  # noqa: E402
+from rag_demo.measure import evaluate as ev  # noqa: E402
+from rag_demo.knowledge.corpus import corpus_from_documents  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_parse_modes_and_retrievers():
 
 def test_dev_set_is_well_formed_and_answerable_from_the_corpus():
     """assets/qa_dev.jsonl: >= 60 varied questions; each has an answer stated in its source article's summary."""
-    from rag_demo.corpus import vital_articles_path
+    from rag_demo.knowledge.corpus import vital_articles_path
 
     items = ev.load_qa(ROOT / "assets" / "qa_dev.jsonl")
     assert len(items) >= 60
@@ -195,7 +195,7 @@ QUESTIONS = [
 def test_bm25_recall_at_k_on_three_passages():
     """BM25 ranks each question's own passage first: recall@1 = 3/3. A question whose answer is
     in no passage never counts."""
-    from rag_demo.bm25 import BM25Retriever
+    from rag_demo.knowledge.bm25 import BM25Retriever
 
     corpus = corpus_from_documents("three", DOCS)
     bm25 = BM25Retriever(corpus)
@@ -212,7 +212,7 @@ def test_bm25_recall_at_k_on_three_passages():
 
 
 def test_bm25_question_without_words_does_not_crash():
-    from rag_demo.bm25 import BM25Retriever
+    from rag_demo.knowledge.bm25 import BM25Retriever
 
     bm25 = BM25Retriever(corpus_from_documents("three", DOCS))
     scores, passages = bm25.search(["?!", "xyzzy qwerty"], 2)
@@ -321,7 +321,7 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
             assert row["docs"][0]["posterior"] in (None, pytest.approx(1.0))  # None: no shown token
     text = ev.format_report(report)
     assert "given retrieval" in text and "| RAG-Token | BM25 (bm25s, k1=1.5, b=0.75) | B | 1 |" in text
-    assert report["settings"]["answer_style"] == RagSettings().answer_style
+    assert report["settings"]["answer_style"] == RagSettings().decoding.answer_style
 
 
 def test_sample_items_is_deterministic_and_validated():
@@ -418,8 +418,8 @@ def test_machine_info_names_the_cpu_family_and_its_bfloat16():
     Zen 5 (bfloat16), so the family / model numbers and native bfloat16 support are part of it."""
     from pathlib import Path
 
-    from rag_demo.evaluate import machine_info
-    from rag_demo.stacks import cpu_has_native_bf16
+    from rag_demo.measure.evaluate import machine_info
+    from rag_demo.models.stacks import cpu_has_native_bf16
 
     name = machine_info()["processor"]
     assert name.endswith(", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16"), name

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from rag_demo import factbook
-from rag_demo.corpus import Corpus
-from rag_demo.factbook import FACTBOOK_NAME, clean, entity_documents, field_text, load_factbook, slug
+from rag_demo.knowledge import factbook
+from rag_demo.knowledge.corpus import Corpus
+from rag_demo.knowledge.factbook import FACTBOOK_NAME, clean, entity_documents, field_text, load_factbook, slug
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_fields_html_years_and_missing_values():
 
 
 def test_an_entity_without_a_name_is_a_value_error_naming_it():
-    with pytest.raises(ValueError, match="'zz' has no name: add it to rag_demo.factbook.NAMES"):
+    with pytest.raises(ValueError, match="'zz' has no name: add it to rag_demo.knowledge.factbook.NAMES"):
         entity_documents("zz", {"Geography": {"Location": {"text": "somewhere"}}})
 
 

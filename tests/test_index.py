@@ -10,9 +10,9 @@ import faiss
 import numpy as np
 import pytest
 
-from rag_demo.corpus import Corpus, corpus_from_documents
-from rag_demo.encoders import MiniLMEncoder
-from rag_demo.index import PassageIndex, build_index, cache_key, load_or_build_index
+from rag_demo.knowledge.corpus import Corpus, corpus_from_documents
+from rag_demo.models.encoders import MiniLMEncoder
+from rag_demo.knowledge.index import PassageIndex, build_index, cache_key, load_or_build_index
 
 DOCS = [
     ("Seine", "The Seine is a river that flows through Paris into the English Channel.", None),
@@ -177,7 +177,7 @@ def test_damaged_cache_is_rebuilt_not_trusted(
 ):
     built, info = load_or_build_index(corpus, encoder, tmp_path)
     damage(info.path)
-    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+    with caplog.at_level(logging.WARNING, logger="rag_demo.knowledge.index"):
         rebuilt, info2 = load_or_build_index(corpus, encoder, tmp_path)
     assert info2.source == "built"
     assert any("unusable" in r.message and "rebuilding" in r.message for r in caplog.records)
@@ -224,7 +224,7 @@ def test_meta_for_another_corpus_is_stale(corpus: Corpus, encoder: MiniLMEncoder
     _, info = load_or_build_index(corpus, encoder, tmp_path)
     meta = json.loads((info.path / "meta.json").read_text())
     (info.path / "meta.json").write_text(json.dumps({**meta, "n": 4}))
-    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+    with caplog.at_level(logging.WARNING, logger="rag_demo.knowledge.index"):
         assert load_or_build_index(corpus, encoder, tmp_path)[1].source == "built"
     assert "'n': 4" in caplog.text
 
@@ -232,7 +232,7 @@ def test_meta_for_another_corpus_is_stale(corpus: Corpus, encoder: MiniLMEncoder
 def test_unwritable_cache_still_returns_an_index(corpus: Corpus, encoder: MiniLMEncoder, tmp_path: Path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
-    with caplog.at_level(logging.WARNING, logger="rag_demo.index"):
+    with caplog.at_level(logging.WARNING, logger="rag_demo.knowledge.index"):
         index, info = load_or_build_index(corpus, encoder, blocker)
     assert info.source == "built" and len(index) == 3
     assert "could not write the index cache" in caplog.text
@@ -262,7 +262,7 @@ def _record(encoder, monkeypatch, seen: list[str]) -> None:
 @pytest.fixture
 def interrupted(corpus, encoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cached build of the 3 passages, one chunk a passage, interrupted after 2: its checkpoint folder."""
-    import rag_demo.index as index_module
+    import rag_demo.knowledge.index as index_module
 
     monkeypatch.setattr(index_module, "RESUME_CHUNK", 1)
     seen: list[str] = []

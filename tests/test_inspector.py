@@ -6,15 +6,14 @@ greedy choice must be the mixture's top token, and the tables greedy records whi
 must equal a separate teacher-forced pass over the finished answer."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 
 from rag_demo.config import RagSettings
-from rag_demo.engine import INSPECT_TOP, inspect_answer
-from rag_demo.marginalize import doc_log_prior
+from rag_demo.rag.engine import INSPECT_TOP, inspect_answer
+from rag_demo.rag.marginalize import doc_log_prior
 
 Q = "who painted the starry night"
 
@@ -55,9 +54,9 @@ def test_rag_token_inspector_agrees_with_the_heatmap_and_the_choice(pipe, beams)
 def test_greedy_records_what_a_teacher_forced_pass_computes(pipe):
     """The tables greedy records while decoding equal inspect_answer's teacher-forced pass over
     the finished answer from a fresh prefill (float32, same numbers in another order: 1e-4)."""
-    from rag_demo.engine import rag_token
+    from rag_demo.rag.engine import rag_token
 
-    s = RagSettings(k=3, max_new_tokens=8, num_beams=1)
+    s = RagSettings(preset="paper", k=3, max_new_tokens=8).decoding
     gen = pipe.stack.modes["token"].generator
     r = pipe.retrieve(Q, "token", 3)
     prompts = [gen.prompt(Q, p, s.max_doc_tokens) for p in r.passages]
@@ -114,15 +113,15 @@ def test_passage_drop_is_the_answers_log_prob_lost_without_each_passage(pipe, mo
 
 
 def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe):
-    """The page's "answer without it" (ui._answer_without, library calls only): the new answers
+    """The page's "answer without it" (handlers._answer_without, library calls only): the new answers
     are those of the remaining passages, the change is Answer.passage_drop's."""
-    from rag_demo import ui
+    from rag_demo.web import handlers, render
 
     out = pipe.answer_modes(Q, ["sequence", "token", "closed-book"])
-    raw = {"question": Q, "settings": dataclasses.asdict(pipe.settings),
+    raw = {"question": Q, "settings": pipe.settings.to_dict(),
            "answers": {m: a.to_dict() for m, a in out.items()}}
     docs = raw["answers"]["token"]["docs"]
-    res = ui._answer_without(pipe, raw, docs[0]["id"])
+    res = handlers._answer_without(pipe, raw, docs[0]["id"])
     assert list(res["modes"]) == ["sequence", "token"] and res["dropped"]["rank"] == 1 and res["k"] == 3
     for m in ("sequence", "token"):  # the paper stack: each mode has its own question encoder and ranking
         mine = raw["answers"][m]["docs"]
@@ -134,14 +133,14 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
         assert x["after"] == again.text and x["before"] == out[m].text
         assert x["drop"] == pytest.approx(out[m].passage_drop[z])
         assert [d["id"] for d in x["answer"]["docs"]] == [d["id"] for d in keep]
-    html = ui.render_without(res)
+    html = render.render_without(res)
     assert html.count("<tr data-mode=") == 2 and "How faithful" in html and "renormalised over the other 2" in html
     for bad, msg in ((None, "no answer yet"), ({**raw, "answers": {"closed-book": raw["answers"]["closed-book"]}},
                                                 "not among")):
         with pytest.raises(ValueError, match=msg):
-            ui._answer_without(pipe, bad, docs[0]["id"])
+            handlers._answer_without(pipe, bad, docs[0]["id"])
     with pytest.raises(ValueError, match="not among"):
-        ui._answer_without(pipe, raw, "no-such#0")
+        handlers._answer_without(pipe, raw, "no-such#0")
     one = {**raw, "answers": {"token": pipe.answer(Q, "token", k=1).to_dict()}}
     with pytest.raises(ValueError, match="only one passage"):
-        ui._answer_without(pipe, one, one["answers"]["token"]["docs"][0]["id"])
+        handlers._answer_without(pipe, one, one["answers"]["token"]["docs"][0]["id"])

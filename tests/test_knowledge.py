@@ -19,12 +19,12 @@ import faiss
 import numpy as np
 import pytest
 
-from rag_demo.corpus import Passage, corpus_from_documents
-from rag_demo.encoders import DPRPassageEncoder
-from rag_demo.index import PassageIndex, build_index
-from rag_demo.knowledge import DATASET_DIR, INDEX_FILE, export_knowledge, knowledge_paths, load_knowledge
-from rag_demo.random_models import fixture_passages
-from rag_demo.stacks import load_rag_checkpoint
+from rag_demo.knowledge.corpus import Passage, corpus_from_documents
+from rag_demo.models.encoders import DPRPassageEncoder
+from rag_demo.knowledge.index import PassageIndex, build_index
+from rag_demo.knowledge.hf_format import DATASET_DIR, INDEX_FILE, export_knowledge, knowledge_paths, load_knowledge
+from rag_demo.models.random_models import fixture_passages
+from rag_demo.models.stacks import load_rag_checkpoint
 
 K = 4
 QUESTIONS = ["who painted the starry night", "what is the capital of france", "when did apollo 11 land on the moon",

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from rag_demo.marginalize import (
+from rag_demo.rag.marginalize import (
     doc_log_prior,
     logprob_without_each,
     rag_sequence_logprob,

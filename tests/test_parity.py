@@ -1,6 +1,6 @@
 """Parity with transformers' RAG classes on the same tiny random DPR+BART weights.
 
-Our engine (rag_demo.engine) against `RagTokenForGeneration` / `RagSequenceForGeneration`,
+Our engine (rag_demo.rag.engine) against `RagTokenForGeneration` / `RagSequenceForGeneration`,
 fed identical context ids and doc scores from a small FAISS index built here with our
 retrieval stack. To make end-of-sequence reachable within a few steps on random weights,
 some cases raise BART's `final_logits_bias` for EOS in both models alike.
@@ -11,19 +11,30 @@ import pytest
 import torch
 from transformers import RagSequenceForGeneration, RagTokenForGeneration
 
-from rag_demo import engine
-from rag_demo.config import RagSettings
-from rag_demo.corpus import corpus_from_documents
-from rag_demo.decoding import Rows, search
-from rag_demo.encoders import DPRPassageEncoder
-from rag_demo.index import build_index
-from rag_demo.marginalize import doc_log_prior, rag_sequence_logprob
-from rag_demo.generators import pad_rows
-from rag_demo.random_models import fixture_passages
-from rag_demo.reference import reference_generate, reference_tokens
-from rag_demo.stacks import load_rag_checkpoint
+from rag_demo.config import Decoding, RagSettings
+from rag_demo.knowledge.corpus import corpus_from_documents
+from rag_demo.rag import engine
+from rag_demo.rag.decoding import Rows, score_candidates, search
+from rag_demo.rag.hooks import PAPER
+from rag_demo.models.encoders import DPRPassageEncoder
+from rag_demo.knowledge.index import build_index
+from rag_demo.rag.marginalize import doc_log_prior, rag_sequence_logprob
+from rag_demo.models.generators import pad_rows
+from rag_demo.models.random_models import fixture_passages
+from rag_demo.measure.reference import reference_generate, reference_tokens
+from rag_demo.models.stacks import load_rag_checkpoint
 
 K = 3
+
+
+def paper(**knobs) -> Decoding:
+    """The paper preset's decoding with these knobs. The parity is the paper's algorithm against
+    transformers': this fails the test if the preset ever switches a reader aid on."""
+    s = RagSettings(preset="paper", **knobs)
+    assert s.aids_on() == [], f"the paper preset has reader aids on: {s.aids_on()}"
+    return s.decoding
+
+
 QUESTIONS = ["who painted the starry night", "what is the capital of france", "when did apollo 11 land on the moon"]
 
 
@@ -65,8 +76,8 @@ def _want(ref, gen, ids, mask, scores, beams: int, max_new_tokens: int, length_p
 def test_rag_token_generate_matches_reference(tiny_ckpts, index, question, beams, eos_bias, length_penalty):
     ref, qenc, gen = _load(tiny_ckpts, "token", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=12, length_penalty=length_penalty)
-    ours = engine.rag_token(gen, prompts, scores[0], s)
+    s = paper(k=K, num_beams=beams, max_new_tokens=12, length_penalty=length_penalty)
+    ours = engine.rag_token(gen, prompts, scores[0], s, PAPER)
     assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 12, length_penalty)
     assert len(ours.tokens) >= 1
 
@@ -82,16 +93,16 @@ def test_padded_contexts_match_reference(tiny_ckpts, index, beams):
     q = QUESTIONS[0]
     prompts, ids, mask, scores = _inputs(qenc, gen, index, q, UNEQUAL)
     assert len(set(map(len, prompts))) == K and not bool(mask.all())
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=12)
-    assert engine.rag_token(gen, prompts, scores[0], s).tokens == _want(ref, gen, ids, mask, scores, beams, 12,
-                                                                         s.length_penalty)
+    s = paper(k=K, num_beams=beams, max_new_tokens=12)
+    assert engine.rag_token(gen, prompts, scores[0], s, PAPER).tokens == _want(ref, gen, ids, mask, scores, beams, 12,
+                                                                                s.length_penalty)
     answer = gen.tokenizer("vincent van gogh painted it")["input_ids"]
     with torch.no_grad():
         loss = ref(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=K,
                    labels=torch.tensor([[gen.decoder_start_token_id] + answer])).loss
     first_lp, state = gen.prefill(prompts)
-    lp, m = engine.score_candidates(gen, state, first_lp, [answer], gen.pad_token_id)  # (K, 1, T)
-    from rag_demo.marginalize import rag_token_logprob
+    lp, m = score_candidates(gen, state, first_lp, [answer], gen.pad_token_id)  # (K, 1, T)
+    from rag_demo.rag.marginalize import rag_token_logprob
 
     # same weights, other code path (our cache and row layout vs the reference's batch): float32
     # reordering, 0 measured on this loss of ~62; 1e-5 relative (~6e-4 here) is still far below
@@ -125,7 +136,7 @@ def test_eos_bias_makes_short_answers(tiny_ckpts, index):
     lens = []
     for q in QUESTIONS:
         prompts, _, _, scores = _inputs(qenc, gen, index, q)
-        out = engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, num_beams=4, max_new_tokens=12))
+        out = engine.rag_token(gen, prompts, scores[0], paper(k=K, num_beams=4, max_new_tokens=12), PAPER)
         lens.append(len(out.tokens))
         assert out.tokens[-1] in gen.eos_token_ids or len(out.tokens) == 12
     assert min(lens) < 12
@@ -141,8 +152,8 @@ def test_rag_token_nll_matches_reference_loss(tiny_ckpts, index, question):
         loss = ref(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, labels=labels,
                    n_docs=K).loss  # (1,) per-sample NLL, no smoothing
     first_lp, state = gen.prefill(prompts)
-    lp, m = engine.score_candidates(gen, state, first_lp, [answer], gen.pad_token_id)  # (K, 1, T)
-    from rag_demo.marginalize import rag_token_logprob
+    lp, m = score_candidates(gen, state, first_lp, [answer], gen.pad_token_id)  # (K, 1, T)
+    from rag_demo.rag.marginalize import rag_token_logprob
 
     ours = rag_token_logprob(lp[:, 0], doc_log_prior(scores[0]), m[0])
     # float32 sums in another order: 3.8e-6 measured on a loss of 61.9 (6e-8 relative); 1e-5
@@ -172,9 +183,9 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
         loss = ref(context_input_ids=ids.repeat(C, 1), context_attention_mask=mask.repeat(C, 1),
                    doc_scores=scores.repeat(C, 1), labels=labels, exclude_bos_score=True, n_docs=K).loss  # (C,)
     first_lp, state = gen.prefill(prompts)
-    lp, m = engine.score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T)
+    lp, m = score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T)
     prior = doc_log_prior(scores[0])
-    from rag_demo.marginalize import rag_sequence_logprob_hf
+    from rag_demo.rag.marginalize import rag_sequence_logprob_hf
 
     lp_c = lp.permute(1, 0, 2)  # (C, K, T)
     hf_style = rag_sequence_logprob_hf(lp_c, prior.expand(C, -1), m, first_is_bos=True)
@@ -195,8 +206,8 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
 def test_rag_sequence_thorough_matches_reference_generate(tiny_ckpts, index, question, beams, eos_bias, length_penalty):
     ref, qenc, gen = _load(tiny_ckpts, "sequence", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
-    s = RagSettings(k=K, num_beams=beams, max_new_tokens=10, sequence_decoding="thorough", length_penalty=length_penalty)
-    ours = engine.rag_sequence(gen, prompts, scores[0], s, hf_compat_score=True)  # ranked by the reference's score
+    s = paper(k=K, num_beams=beams, max_new_tokens=10, sequence_decoding="thorough", length_penalty=length_penalty)
+    ours = engine.rag_sequence(gen, prompts, scores[0], s, PAPER, hf_compat_score=True)  # ranked by the reference's score
     assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 10, length_penalty)
     assert max(ours.candidates, key=lambda c: c[1])[0] == ours.tokens  # the answer is the best-scored candidate
 
@@ -216,23 +227,23 @@ def test_rag_sequence_scores_marginalise_teacher_forced_log_probs(tiny_ckpts, in
     log-probs around -9 (~20 ulps) is far below a missing token's or prior's effect (> 1e-1)."""
     _, qenc, gen = _load(tiny_ckpts, "sequence", 5.0)
     prompts, _, _, scores = _inputs(qenc, gen, index, QUESTIONS[0])
-    s = RagSettings(k=K, num_beams=2, max_new_tokens=10, sequence_decoding="fast")
-    fast = engine.rag_sequence(gen, prompts, scores[0], s)
-    thorough = engine.rag_sequence(gen, prompts, scores[0], RagSettings(k=K, num_beams=2, max_new_tokens=10,
-                                                                        sequence_decoding="thorough"))
+    s = paper(k=K, num_beams=2, max_new_tokens=10, sequence_decoding="fast")
+    fast = engine.rag_sequence(gen, prompts, scores[0], s, PAPER)
+    thorough = engine.rag_sequence(gen, prompts, scores[0], paper(k=K, num_beams=2, max_new_tokens=10,
+                                                                  sequence_decoding="thorough"), PAPER)
     assert fast.decoding.startswith("fast") and thorough.decoding.startswith("thorough")
     # which docs produced which candidate: one beam search per doc, as the engine runs them
     prior = doc_log_prior(scores[0])  # (K,)
     first_lp, state = gen.prefill(prompts)  # (K, V)
     rows = Rows(gen, gen.select(state, torch.arange(K)), per_beam=1, prior=None)
-    groups = search(rows, first_lp, K, 2, 10, gen.eos_token_ids, gen.pad_token_id, s.length_penalty)
+    groups = search(rows, first_lp, K, s, gen.eos_token_ids)
     producers: dict[tuple[int, ...], dict[int, float]] = {}  # candidate -> {doc: its search's log p(y|x,z)}
     for z, hyps in enumerate(groups):
         for h in hyps:
             producers.setdefault(tuple(h.tokens), {})[z] = h.logprob
     cands = [list(c) for c in producers]
     assert [t for t, _ in fast.candidates] == cands and [t for t, _ in thorough.candidates] == cands
-    lp, mask = engine.score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T), (C, T)
+    lp, mask = score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T), (C, T)
     per_doc = (lp * mask).sum(-1)  # (K, C) teacher-forced log p(y|x,z)
     for c, ((toks, fast_sc), (_, thorough_sc)) in enumerate(zip(fast.candidates, thorough.candidates)):
         made_by = producers[tuple(toks)]
@@ -248,9 +259,9 @@ def test_greedy_attribution_equals_teacher_forced_pass(tiny_ckpts, index):
     must equal scoring the final answer under each doc in one teacher-forced pass."""
     _, qenc, gen = _load(tiny_ckpts, "token", 5.0)
     prompts, _, _, scores = _inputs(qenc, gen, index, QUESTIONS[1])
-    out = engine.rag_token(gen, prompts, scores[0], RagSettings(k=K, max_new_tokens=12))
+    out = engine.rag_token(gen, prompts, scores[0], paper(k=K, max_new_tokens=12), PAPER)
     first_lp, state = gen.prefill(prompts)
-    forced = engine.score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
+    forced = score_candidates(gen, state, first_lp, [out.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
     # incremental decoding vs one teacher-forced pass: float32 reordering, 0 measured (< 1e-6 for
     # the padded-batch rows above); 1e-5 leaves margin, a log-prob recorded one step off is > 1e-1 away
     torch.testing.assert_close(out.doc_lp, forced, rtol=1e-5, atol=1e-5)

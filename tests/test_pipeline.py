@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from rag_demo.config import MAX_QUESTION_CHARS, RagSettings, StackSpec
-from rag_demo.corpus import Corpus, corpus_from_documents
+from rag_demo.knowledge.corpus import Corpus, corpus_from_documents
 from rag_demo.pipeline import RagPipeline
-from rag_demo.random_models import fixture_passages
+from rag_demo.models.random_models import fixture_passages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_candidates_come_best_first_one_a_text(pipe):
     token sequences that decode to the same words shown once (the better), which the engine's
     Generation.candidates keeps apart. The table below puts a worse duplicate and a better
     candidate out of order, as the engine may list them."""
-    from rag_demo.engine import Generation
+    from rag_demo.rag.engine import Generation
     from rag_demo.pipeline import _ranked_candidates
     gen = pipe.stack.modes["token"].generator
     a, b = gen.tokenizer.encode(" Paris", add_special_tokens=False), gen.tokenizer.encode(" Rome", add_special_tokens=False)
@@ -88,7 +88,7 @@ def test_per_call_overrides_fall_back_to_settings(pipe):
     a = pipe.answer("what is the capital of france", "token", k=2)
     assert len(a.docs) == 2
     b = pipe.answer("what is the capital of france", "token")
-    assert len(b.docs) == pipe.settings.k == 3
+    assert len(b.docs) == pipe.settings.decoding.k == 3
 
 
 def test_second_load_reuses_cached_index(tiny_ckpts, tmp_path):
@@ -150,8 +150,8 @@ def test_passage_dtype_reaches_the_encoders(tmp_path: Path):
     import torch
 
     from rag_demo.cli import _spec, build_parser
-    from rag_demo.shards import EncoderRef
-    from rag_demo.stacks import resolve_dtype
+    from rag_demo.knowledge.shards import EncoderRef
+    from rag_demo.models.stacks import resolve_dtype
 
     args = build_parser().parse_args(["index", "--passage-dtype", "bfloat16", "--cache-dir", str(tmp_path)])
     assert _spec(args).passage_dtype == "bfloat16"
@@ -165,7 +165,7 @@ def test_passage_dtype_reaches_the_encoders(tmp_path: Path):
 def test_generator_dtype_resolution():
     import torch
 
-    from rag_demo.stacks import cpu_has_native_bf16, resolve_dtype
+    from rag_demo.models.stacks import cpu_has_native_bf16, resolve_dtype
 
     assert resolve_dtype("float32") is torch.float32 and resolve_dtype("bfloat16") is torch.bfloat16
     assert resolve_dtype("auto") is (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
@@ -232,7 +232,7 @@ def test_cli_bad_input_exits_2_with_message(tmp_path):
 def test_hub_probe_is_bounded_even_when_the_lookup_hangs(monkeypatch):
     import socket
 
-    from rag_demo.hub import hub_unavailable_reason
+    from rag_demo.models.hub import hub_unavailable_reason
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     def hanging_lookup(*args, **kwargs):  # a DNS lookup that hangs, then gives up

@@ -10,10 +10,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
-from rag_demo import engine  # noqa: E402
+from rag_demo.rag import engine
+from rag_demo.reader.examples import WORKED_EXAMPLES  # noqa: E402
 from rag_demo.config import RagSettings  # noqa: E402
-from rag_demo.corpus import Passage  # noqa: E402
-from rag_demo.generators import shared_prefix  # noqa: E402
+from rag_demo.knowledge.corpus import Passage  # noqa: E402
+from rag_demo.models.generators import shared_prefix  # noqa: E402
 
 DOCS = [Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel."),
         Passage(id="p2", title="Orlan Vesk", text="Orlan Vesk was an invented painter, born in 1802 in Tarrow."),
@@ -22,7 +23,7 @@ QUESTIONS = ["What is the capital of Veltrania?", "When was Orlan Vesk born?", "
 
 
 def _gen(folder, kept: int):
-    from rag_demo.random_models import tiny_smollm_generator
+    from rag_demo.models.random_models import tiny_smollm_generator
 
     gen = tiny_smollm_generator(folder, layers=2, kv_heads=2, seed=3)
     gen.KEPT_PREFIXES = kept  # an instance attribute: the class default stays
@@ -37,7 +38,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def _prompts(gen, q, examples=2):
-    return [gen.prompt(q, d, 192, "short", examples=examples) for d in DOCS]
+    return [gen.prompt(q, d, 192, "short", examples=WORKED_EXAMPLES[:examples]) for d in DOCS]
 
 
 def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_tokenizer_folder):
@@ -46,7 +47,7 @@ def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_token
     the second question on, only the part after the shared opening runs (the opening is
     hundreds of tokens with worked examples; a question's own prefix part a few)."""
     keep, fresh = _gen(smollm_tokenizer_folder, 4), _gen(smollm_tokenizer_folder, 0)
-    s = RagSettings(max_new_tokens=4, answer_style="short")
+    s = RagSettings(preset="paper", max_new_tokens=4, answer_style="short").decoding
     scores = torch.tensor([3.0, 2.0, 1.0])
     for i, q in enumerate(QUESTIONS):
         prompts = _prompts(keep, q)
@@ -66,7 +67,7 @@ def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_token
             assert ran == 0, (ran, P)
         for mode in (engine.rag_token, engine.rag_sequence):
             assert mode(keep, prompts, scores, s).tokens == mode(fresh, prompts, scores, s).tokens
-        cb = keep.prompt(q, None, 192, "short", examples=2)
+        cb = keep.prompt(q, None, 192, "short", examples=WORKED_EXAMPLES[:2])
         before = keep.prefix_tokens_run
         _same(keep.prefill([cb])[0], fresh.prefill([cb])[0])
         ran = keep.prefix_tokens_run - before  # one row: all but its last token is its "prefix"
@@ -103,7 +104,7 @@ def test_selected_rows_are_an_independent_copy_with_room_to_grow():
     """GrowingLayer.selected copies the chosen rows of its buffer once: the copy reads the same
     keys and values, grows without touching the source, and a layer transformers edited in place
     (no spare buffer) is still copied right."""
-    from rag_demo.generators import GrowingLayer
+    from rag_demo.models.generators import GrowingLayer
 
     torch.manual_seed(0)
     src = GrowingLayer()
@@ -140,9 +141,9 @@ def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokeniz
     after single steps and along a teacher-forced run all equal the plain model's (transformers'
     SDPA, no cache) on each row's whole sequence, whichever of its two ways runs each call
     (EAGER_MAX_QUERIES); and selecting rows copies none of the prefix."""
-    from rag_demo import generators
-    from rag_demo.generators import SharedPrefixLayer
-    from rag_demo.random_models import tiny_smollm_generator
+    from rag_demo.models import generators
+    from rag_demo.models.generators import SharedPrefixLayer
+    from rag_demo.models.random_models import tiny_smollm_generator
 
     monkeypatch.setattr(generators, "EAGER_MAX_QUERIES", eager_max)
 

@@ -23,7 +23,7 @@ from transformers import (  # noqa: E402
     RagTokenizer,
 )
 
-from rag_demo import random_models as rm  # noqa: E402
+from rag_demo.models import random_models as rm  # noqa: E402
 
 N_DOCS = 3
 

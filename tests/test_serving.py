@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_demo.config import MAX_BEAMS, MAX_K, MAX_NEW_TOKENS, MAX_QUESTION_CHARS
-from rag_demo.memory import peak_rss_bytes, rss_bytes
+from rag_demo.config import KNOBS, MAX_QUESTION_CHARS
+from rag_demo.serving.memory import peak_rss_bytes, rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME_LIMIT_S = 30.0  # the app's --time-limit in this test
@@ -60,7 +60,7 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    from rag_demo.budget import Budget
+    from rag_demo.serving.budget import Budget
 
     url, pid, log_path = served
     budget = Budget()  # app.py's defaults (only --time-limit is set here)
@@ -69,7 +69,7 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
     c = Client(url, verbose=False)
     t0 = time.monotonic()
     try:
-        r = c.predict(LONG_QUESTION, MAX_K, MAX_BEAMS, MAX_NEW_TOKENS, "thorough", "offline", api_name="/ask")
+        r = c.predict(LONG_QUESTION, KNOBS["k"].hi, KNOBS["num_beams"].hi, KNOBS["max_new_tokens"].hi, "thorough", "offline", api_name="/ask")
         outcome = "answered"
     except AppError as e:  # a refusal names the cost and what to change
         r, outcome = None, str(e)

@@ -8,13 +8,13 @@ import importlib.util
 import numpy as np
 import pytest
 
-from rag_demo import shards
-from rag_demo.corpus import load_vital_articles
+from rag_demo.knowledge import shards
+from rag_demo.knowledge.corpus import load_vital_articles
 
 
 @pytest.fixture(scope="module")
 def small():
-    from rag_demo.encoders import MiniLMEncoder
+    from rag_demo.models.encoders import MiniLMEncoder
 
     corpus = load_vital_articles(limit=12)  # ~15 passages of real text
     return corpus, MiniLMEncoder().encode_passages(corpus.passages, show_bar=False)  # (N, 384) the builder's

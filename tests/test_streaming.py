@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rag_demo.budget import RunControl
+from rag_demo.pipeline import RunControl
 from rag_demo.config import RagSettings
-from rag_demo.decoding import Rows, Step, search
+from rag_demo.rag.decoding import Rows, Step, search
 
 QUESTION = "who painted the starry night"
 
@@ -119,8 +119,8 @@ def test_greedy_steps_hand_copies_and_the_row_log_probs_of_the_final_hypothesis(
         steps.append(Step([list(t) for t in st.tokens], st.row_lp.clone(), list(st.done)))
         st.row_lp.zero_()  # a listener that writes on what it was handed
 
-    hyp = search(Rows(gen, state, per_beam=3, prior=prior), first, 1, 1, 8, gen.eos_token_ids, gen.pad_token_id,
-                 1.0, on_step=keep)[0][0]
+    greedy = RagSettings(preset="paper", max_new_tokens=8).decoding
+    hyp = search(Rows(gen, state, per_beam=3, prior=prior), first, 1, greedy, gen.eos_token_ids, on_step=keep)[0][0]
     assert len(hyp.tokens) == 8 and len(steps) == 8 and steps[-1].done == [True]
     for t, st in enumerate(steps, start=1):
         assert st.tokens == [hyp.tokens[:t]]
@@ -130,7 +130,7 @@ def test_greedy_steps_hand_copies_and_the_row_log_probs_of_the_final_hypothesis(
 def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pipe):
     """bench.latency answers each question quietly and streamed: the first token comes before
     the streamed answer's end, and the report prints a row per mode (not a timing test)."""
-    from rag_demo import bench
+    from rag_demo.measure import bench
 
     settings = RagSettings(k=3, max_new_tokens=8, num_beams=1)
     lat = bench.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,

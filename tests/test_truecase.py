@@ -1,10 +1,8 @@
 """The question as the generator reads it (truecase.recase, RagSettings.recase_question)."""
 from __future__ import annotations
 
-import pytest
 
-from rag_demo.config import RagSettings
-from rag_demo.truecase import phrase_forms, recase
+from rag_demo.reader.truecase import phrase_forms, recase
 
 EASTMAN = [("George Eastman", "George Eastman was an American entrepreneur who founded the Eastman Kodak "
                               "Company in Rochester. Eastman helped to bring roll film into the mainstream.")]
@@ -46,11 +44,3 @@ def test_first_letter_and_question_mark_without_passages():
     assert recase('who wrote "the raven?"') == 'Who wrote "the raven?"'
     assert recase("  who   wrote  hamlet ") == "Who wrote hamlet?"
 
-
-def test_recase_question_setting_validates_like_the_other_switches():
-    assert RagSettings(recase_question="false").recase_question is False
-    assert RagSettings().recase_question is True
-    with pytest.raises(ValueError, match=r"recase_question='maybe' is not true or false"):
-        RagSettings(recase_question="maybe")
-    with pytest.raises(ValueError, match=r"recase_question='maybe' is not true or false"):
-        RagSettings().merged(recase_question="maybe")

@@ -21,9 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from rag_demo import ui
-from rag_demo.config import ANSWER_STYLES, RagSettings
-from rag_demo.corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, Corpus, Passage
+from rag_demo.serving import admission
+import gradio as gr
+from rag_demo.web import handlers
+from rag_demo.web import page
+from rag_demo.serving.pool import PipelinePool, default_unavailable
+from rag_demo.web import render
+from rag_demo.serving.session import Session
+from rag_demo.web import session_view
+from rag_demo.web import validation
+from rag_demo.config import KNOBS, MODES, RagSettings
+from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, Corpus, Passage
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [
@@ -34,23 +42,28 @@ DOCS = [
     ("Mars", "Mars is the fourth planet from the Sun.", None),
 ]
 SMALL = {"k": 2, "num_beams": 1, "max_new_tokens": 8, "sequence_decoding": "thorough"}
-LEGACY = ("k", "num_beams", "max_new_tokens", "sequence_decoding")  # the settings before the reader's
-DEFAULTS = RagSettings()
-# every setting as the page's widgets send it, in the page's order (the checkbox sends a bool)
-ALL = {**{n: getattr(DEFAULTS, n) for n in LEGACY}, "answer_style": DEFAULTS.answer_style,
-       "prior_temperature": DEFAULTS.prior_temperature, "passage_sentences": DEFAULTS.passage_sentences,
-       "question_position": DEFAULTS.question_position == "both"}
-EDIT = {**{n: ALL[n] for n in LEGACY}, "new_title": "Mars", **ALL}  # /edit_passage's order: title after the four
-# a value of each reader setting that is not its default (the defaults may change), as a widget sends it,
-# and the RagSettings value it must give
-READER = {
-    "answer_style": next((v, v) for v in ANSWER_STYLES if v != DEFAULTS.answer_style),
-    "prior_temperature": next((t, t) for t in (2.5, 0.5) if t != DEFAULTS.prior_temperature),
-    "passage_sentences": next((float(n), n) for n in (2, 3) if n != DEFAULTS.passage_sentences),
-    "question_position": (DEFAULTS.question_position != "both", "after" if DEFAULTS.question_position == "both"
-                          else "both"),
-    "echo_retries": next((float(n), n) for n in (0, 1) if n != DEFAULTS.echo_retries),
-}
+DEFAULTS = RagSettings()  # the aided preset: the offline stack's
+# every control as the page sends it: the preset switch, then each knob in its declaration order
+ALL = {**DEFAULTS.knobs(), "preset": DEFAULTS.preset}
+EDIT = {**dict(list(ALL.items())[:4]), "new_title": "Mars", **ALL}  # /edit_passage: the title after the first four
+
+
+def _other(spec):
+    """(a value of this knob that is not the aided default, as its control sends it; the value it
+    must give): a slider sends a float, a checkbox a bool, a radio its choice."""
+    if spec.kind == "bool":
+        return not spec.aided, not spec.aided
+    if spec.kind == "choice":
+        v = next(c for c in spec.choices if c != spec.aided)
+        return v, v
+    v = spec.lo if spec.aided != spec.lo else spec.hi
+    return float(v), (int(v) if spec.kind == "int" else float(v))
+
+
+# every knob, generated from the declarations: a new knob is tested through the page, the API,
+# the validators and the cost line without a line added here
+READER = {name: _other(spec) for name, spec in KNOBS.items()}
+OLD_CALL = {"k": 1, "num_beams": 1, "max_new_tokens": 8, "sequence_decoding": "fast"}  # /ask's first four, positional
 UNAVAILABLE = "HF_HUB_OFFLINE is set"
 
 
@@ -83,13 +96,13 @@ def answer_dict(mode="token", tokens=("Vincent", " van", " Gogh"), rows=None, do
 
 
 def test_ui_imports_without_torch():
-    code = "import sys, rag_demo.ui; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    code = "import sys, rag_demo.web.page; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
 def test_renderers_pool_session_and_serving_import_neither_gradio_nor_torch():
-    code = ("import sys, rag_demo.render, rag_demo.pool, rag_demo.session, rag_demo.serving; bad = [m for m in ('torch', 'gradio') if m in sys.modules]; "
+    code = ("import sys, rag_demo.web.render, rag_demo.serving.pool, rag_demo.serving.session, rag_demo.serving.admission; bad = [m for m in ('torch', 'gradio') if m in sys.modules]; "
             "assert not bad, bad; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -99,60 +112,42 @@ def test_validators_put_the_library_message_on_the_bad_input_only():
     def bad(results):
         return {i: r["message"] for i, r in enumerate(results) if not r["is_valid"]}
 
-    ok = ui.validate_ask("Who painted The Starry Night?", None, **ALL)
+    ok = validation.validate_ask("Who painted The Starry Night?", None, **ALL)
     assert len(ok) == 2 + len(ALL) and bad(ok) == {}  # question, session, the settings
-    assert list(bad(ui.validate_ask("  ", None, **ALL))) == [0]
-    assert "question is empty" in bad(ui.validate_ask("  ", None, **ALL))[0]
-    assert "over the limit of 1000" in bad(ui.validate_ask("x" * 1001, None, **ALL))[0]
-    settings = bad(ui.validate_ask("What is Mars?", None, **{**ALL, "k": 0}))
+    assert list(bad(validation.validate_ask("  ", None, **ALL))) == [0]
+    assert "question is empty" in bad(validation.validate_ask("  ", None, **ALL))[0]
+    assert "over the limit of 1000" in bad(validation.validate_ask("x" * 1001, None, **ALL))[0]
+    settings = bad(validation.validate_ask("What is Mars?", None, **{**ALL, "k": 0}))
     assert list(settings) == [2] and "k=0 is out of range" in settings[2]  # on K only
 
-    mars = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
-    ok = ui.validate_edit("Mars#0", "Mars is red.", "What is Mars?", mars, **EDIT)
+    mars = Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
+    ok = validation.validate_edit("Mars#0", "Mars is red.", "What is Mars?", mars, **EDIT)
     assert len(ok) == 4 + len(EDIT) and bad(ok) == {}  # pid, text, question, session, settings and title
-    assert "No passage chosen" in bad(ui.validate_edit(None, "x", "What is Mars?", None, **EDIT))[0]
-    assert list(bad(ui.validate_edit("Mars#0", " \n ", "What is Mars?", mars, **EDIT))) == [1]
-    assert list(bad(ui.validate_edit("Mars#0", "x", "", mars, **EDIT))) == [2]
+    assert "No passage chosen" in bad(validation.validate_edit(None, "x", "What is Mars?", None, **EDIT))[0]
+    assert list(bad(validation.validate_edit("Mars#0", " \n ", "What is Mars?", mars, **EDIT))) == [1]
+    assert list(bad(validation.validate_edit("Mars#0", "x", "", mars, **EDIT))) == [2]
     # the results follow the event's inputs: the title (never invalid) sits where the event put it
-    wrong = bad(ui.validate_edit("Mars#0", "x", "What is Mars?", mars, **{**EDIT, "passage_sentences": 99}))
+    wrong = bad(validation.validate_edit("Mars#0", "x", "What is Mars?", mars, **{**EDIT, "passage_sentences": 99}))
     assert list(wrong) == [4 + list(EDIT).index("passage_sentences")]
 
 
-def test_integer_settings_are_never_rounded_silently():
-    assert ui.settings_from_inputs(k=5.0, num_beams="2", max_new_tokens=32.0).k == 5  # what sliders and forms send
-    assert ui.settings_from_inputs(k=5.0, num_beams="2", max_new_tokens=32.0).num_beams == 2
-    assert ui.settings_from_inputs(passage_sentences=3.0).passage_sentences == 3
-    for bad, shown in ((2.5, "k=2.5 is not a whole number"), ("abc", "k='abc' is not a number"),
-                       ("2.5", "k='2.5' is not a whole number")):
-        with pytest.raises(ValueError) as e:
-            ui.settings_from_inputs(k=bad)
-        msg = str(e.value)
-        assert shown in msg and "invalid literal" not in msg, msg
-    with pytest.raises(ValueError, match="max_new_tokens=7.5 is not a whole number"):
-        ui.settings_from_inputs(k=5, max_new_tokens=7.5)
-    with pytest.raises(ValueError, match="passage_sentences=2.5 is not a whole number"):
-        ui.settings_from_inputs(passage_sentences=2.5)
-    bad = [r for r in ui.validate_ask("What is Mars?", None, **{**ALL, "k": 2.5}) if not r["is_valid"]]
-    assert bad and "k=2.5 is not a whole number" in bad[0]["message"]
-
-
 def test_edit_validator_names_a_passage_that_is_not_in_the_last_answer():
-    s = ui.Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
-    ok = ui.validate_edit("Mars#0", "Mars is blue.", "What is Mars?", s, **EDIT)
+    s = Session(last_docs=(("Mars#0", "Mars", "Mars is red."),))
+    ok = validation.validate_edit("Mars#0", "Mars is blue.", "What is Mars?", s, **EDIT)
     assert all(r["is_valid"] for r in ok) and len(ok) == 4 + len(EDIT)
-    bad = ui.validate_edit("Nope#3", "text", "What is Mars?", s, **EDIT)
+    bad = validation.validate_edit("Nope#3", "text", "What is Mars?", s, **EDIT)
     assert [i for i, r in enumerate(bad) if not r["is_valid"]] == [0]
     assert "'Nope#3' is not one of the passages retrieved for your last question" in bad[0]["message"]
-    fresh = ui.validate_edit("Mars#0", "text", "What is Mars?", None, **EDIT)  # nothing asked yet
+    fresh = validation.validate_edit("Mars#0", "text", "What is Mars?", None, **EDIT)  # nothing asked yet
     assert not fresh[0]["is_valid"] and "ask a question" in fresh[0]["message"]
 
 
 def test_question_counter_shows_the_one_limit():
-    assert 'data-n="0"' in ui.render_counter("") and "0 / 1,000 characters" in ui.render_counter("")
-    over = ui.render_counter("x" * 5000)
+    assert 'data-n="0"' in page.render_counter("") and "0 / 1,000 characters" in page.render_counter("")
+    over = page.render_counter("x" * 5000)
     assert "5,000 / 1,000 characters" in over and "rag-over" in over and "shorten" in over
-    assert ui.render_counter("  " + "x" * 1000 + "  ").count("rag-over") == 0  # counts what check_question counts
-    assert "limit = 1000" in ui.COUNTER_JS and ".trim()" in ui.COUNTER_JS
+    assert page.render_counter("  " + "x" * 1000 + "  ").count("rag-over") == 0  # counts what check_question counts
+    assert "limit = 1000" in page.COUNTER_JS and ".trim()" in page.COUNTER_JS
 
 
 def test_upload_validator_reads_the_files_before_the_queue(tmp_path):
@@ -160,38 +155,38 @@ def test_upload_validator_reads_the_files_before_the_queue(tmp_path):
     good.write_text("Mars is the fourth planet from the Sun.")
     binary = tmp_path / "binary.txt"
     binary.write_bytes(bytes(range(256)) * 8)
-    assert all(r["is_valid"] for r in ui.validate_upload([str(good)], None))
-    bad = ui.validate_upload([str(binary)], None)
+    assert all(r["is_valid"] for r in validation.validate_upload([str(good)], None))
+    bad = validation.validate_upload([str(binary)], None)
     assert not bad[0]["is_valid"] and "looks binary" in bad[0]["message"] and bad[1]["is_valid"]
-    assert "No file uploaded" in ui.validate_upload([], None)[0]["message"]
-    assert "over the limit of 20" in ui.validate_upload([str(good)] * 21, None)[0]["message"]
+    assert "No file uploaded" in validation.validate_upload([], None)[0]["message"]
+    assert "over the limit of 20" in validation.validate_upload([str(good)] * 21, None)[0]["message"]
 
 
 def test_answer_card_names_its_question_and_marks_a_cut_answer():
-    card = ui.render_answer(answer_dict(question="Where is the <Taj> Mahal?", stopped="eos"))
+    card = render.render_answer(answer_dict(question="Where is the <Taj> Mahal?", stopped="eos"))
     assert "Q: Where is the &lt;Taj&gt; Mahal?" in card and "rag-cut" not in card
-    cut = ui.render_answer(answer_dict(stopped="max_new_tokens"))
+    cut = render.render_answer(answer_dict(stopped="max_new_tokens"))
     assert 'class="rag-cut"' in cut and "…" in cut and "cut: max new tokens reached" in cut
-    late = ui.render_answer(answer_dict(stopped="time_limit"))
+    late = render.render_answer(answer_dict(stopped="time_limit"))
     assert "cut: time limit reached" in late and "…" in late
-    assert "rag-cut" not in ui.render_answer(answer_dict())  # answers from before Answer.stopped
-    read = ui.render_answer(answer_dict(question="who painted <b>", read_question="Who painted <b>?"))
+    assert "rag-cut" not in render.render_answer(answer_dict())  # answers from before Answer.stopped
+    read = render.render_answer(answer_dict(question="who painted <b>", read_question="Who painted <b>?"))
     assert "Q: who painted &lt;b&gt; <span" in read and "(read as: Who painted &lt;b&gt;?)" in read
-    assert "read as" not in ui.render_answer(answer_dict(question="Who painted it?", read_question=""))
+    assert "read as" not in render.render_answer(answer_dict(question="Who painted it?", read_question=""))
     cands = [{"text": "Vincent van Gogh.", "logprob": -1.25}, {"text": "Gauguin.", "logprob": -3.0}]
-    fast = ui.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="fast, 2 beams"))
+    fast = render.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="fast, 2 beams"))
     assert "Candidates ranked, each counted under the passages that wrote it (2, fast, 2 beams)" in fast
-    thorough = ui.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="thorough, 2 beams"))
+    thorough = render.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="thorough, 2 beams"))
     assert "Candidates rescored (2, thorough, 2 beams)" in thorough and "Candidates ranked" not in thorough
 
 
 def test_tokens_are_coloured_by_their_top_passage():
-    html = ui.render_tokens(answer_dict())
+    html = render.render_tokens(answer_dict())
     assert html.count('<a class="rag-tok') == 3
     # token 1 -> passage 1, token 2 -> passage 2, token 3 -> passage 1 (colours by rank)
     spans = html.split("<a ")[1:]
-    assert ui.PALETTE[0] in spans[0] and 'data-rank="1"' in spans[0]
-    assert ui.PALETTE[1] in spans[1] and 'data-rank="2"' in spans[1]
+    assert render.PALETTE[0] in spans[0] and 'data-rank="1"' in spans[0]
+    assert render.PALETTE[1] in spans[1] and 'data-rank="2"' in spans[1]
     assert 'data-rank="1"' in spans[2]
     assert "The Starry Night" in spans[0] and "p = 0.90" in spans[0]  # hover title names passage + posterior
     assert spans[0].count("<sup>") == 1 and spans[1].count("<sup>") == 1 and spans[2].count("<sup>") == 1
@@ -204,7 +199,7 @@ def test_inspector_has_a_panel_per_token_with_a_row_per_passage():
     ins = [{"p_token": [0.5, 0.05], "top": [[["Vin", 0.5], ["Van", 0.2], ["<b>", 0.1]], [["Mars", 0.6], ["a", 0.1],
                                                                                        ["the", 0.05]]],
             "mix": [["Vin", 0.37], ["Mars", 0.18], ["Van", 0.14]]}] * 3
-    html = ui.render_answer(answer_dict(inspector=ins))
+    html = render.render_answer(answer_dict(inspector=ins))
     assert html.count('class="rag-insp"') == 3 and html.count(" hidden>") == 3  # shown by the page's script
     assert [int(x) for x in re.findall(r'<a class="rag-tok[^>]* data-i="(\d+)"', html)] == [0, 1, 2]
     panel = html.split('class="rag-insp" data-i="1"')[1].split('class="rag-insp" data-i="2"')[0]
@@ -212,13 +207,13 @@ def test_inspector_has_a_panel_per_token_with_a_row_per_passage():
     assert ">0.200</td>" in panel and ">0.800</td>" in panel  # the heatmap row of token 2, as the heatmap has it
     assert "&lt;b&gt;" in panel and "<b>" not in panel.replace("<b>planet</b>", "")  # token text escaped
     assert "The mixture" in panel and "0.37" in panel
-    seq = ui.render_answer(answer_dict(mode="sequence", inspector=[{**i, "mix": None} for i in ins]))
+    seq = render.render_answer(answer_dict(mode="sequence", inspector=[{**i, "mix": None} for i in ins]))
     assert seq.count('class="rag-insp"') == 3 and "The mixture" not in seq and "p(z | x, y_≤i)" in seq
-    assert 'class="rag-insp"' not in ui.render_answer(answer_dict())  # no inspector data: no panels
+    assert 'class="rag-insp"' not in render.render_answer(answer_dict())  # no inspector data: no panels
 
 
 def test_heatmap_has_a_row_per_token_and_a_column_per_passage():
-    html = ui.render_heatmap(answer_dict())
+    html = render.render_heatmap(answer_dict())
     assert 'data-tokens="3" data-docs="2"' in html
     body = html.split("<tbody>")[1]
     assert body.count("<tr>") == 3
@@ -230,7 +225,7 @@ def test_heatmap_has_a_row_per_token_and_a_column_per_passage():
 
 
 def test_answer_card_shows_score_timings_and_escapes_text():
-    card = ui.render_answer(answer_dict(text="<img src=x onerror=alert(1)>", tokens=("<img", " src", "=x")))
+    card = render.render_answer(answer_dict(text="<img src=x onerror=alert(1)>", tokens=("<img", " src", "=x")))
     assert "<img src=x" not in card and "&lt;img src=x onerror=alert(1)&gt;" in card
     assert "log p(y|x) = -1.250" in card
     for stage in ("encode 10 ms", "retrieve 2 ms", "generate 1.50 s", "attribute 100 ms", "total 1.61 s"):
@@ -239,61 +234,61 @@ def test_answer_card_shows_score_timings_and_escapes_text():
 
 
 def test_closed_book_card_has_no_passages_and_says_why():
-    card = ui.render_answer(answer_dict(mode="closed-book", docs=[], rows=[]))
+    card = render.render_answer(answer_dict(mode="closed-book", docs=[], rows=[]))
     assert "Closed-book" in card and "No passages" in card
     assert "rag-heat" not in card and "rag-tok" not in card
 
 
 def test_empty_answer_and_infinite_score_render():
-    card = ui.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None))
+    card = render.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None))
     assert "(empty answer)" in card and "-inf" in card
-    cut = ui.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None, stopped="time_limit"))
+    cut = render.render_answer(answer_dict(text="", tokens=(), rows=[], sequence_logprob=None, stopped="time_limit"))
     assert "(no answer: time limit reached)" in cut and "(empty answer)" not in cut
-    assert ui.render_answer(None, mode="sequence").count("Ask a question") == 1
+    assert render.render_answer(None, mode="sequence").count("Ask a question") == 1
 
 
 def test_passages_table_one_table_when_modes_share_docs():
     answers = {"sequence": answer_dict("sequence"), "token": answer_dict("token"),
                "closed-book": answer_dict("closed-book", docs=[], rows=[])}
-    html = ui.render_passages(answers, edits=("b#0",))
+    html = render.render_passages(answers, edits=("b#0",))
     assert html.count("<table") == 1
     assert html.count("<tr id=") == 2 and 'id="rag-p-all-1"' in html
     assert "RAG-Sequence<br>p(z|x,y)" in html and "RAG-Token<br>mean p(z|x,y_i)" in html
     assert 'href="https://en.wikipedia.org/wiki/The_Starry_Night"' in html  # linked title
     assert "0.800" in html and "0.700" in html  # retrieval score, prior
     assert html.count("edited by you") == 1
-    assert ui.anchors(answers) == {"sequence": "rag-p-all-", "token": "rag-p-all-"}
+    assert render.anchors(answers) == {"sequence": "rag-p-all-", "token": "rag-p-all-"}
 
 
 def test_passages_table_splits_when_modes_retrieved_differently():
     other = [dict(d, id=d["id"] + "x") for d in answer_dict()["docs"]]
     answers = {"sequence": answer_dict("sequence"), "token": answer_dict("token", docs=other)}
-    html = ui.render_passages(answers)
+    html = render.render_passages(answers)
     assert html.count("<table") == 2 and "for RAG-Sequence" in html and "for RAG-Token" in html
-    assert ui.anchors(answers) == {"sequence": "rag-p-sequence-", "token": "rag-p-token-"}
+    assert render.anchors(answers) == {"sequence": "rag-p-sequence-", "token": "rag-p-token-"}
 
 
 def test_heatmap_labels_make_whitespace_visible():
-    assert [ui.show_token(t) for t in ("\n", " ", "", " Gogh", "\t")] == ["↵", "␣", "∅", " Gogh", "⇥"]
-    assert ui.plural(1, "passage") == "1 passage" and ui.plural(11485, "passage") == "11,485 passages"
+    assert [render.show_token(t) for t in ("\n", " ", "", " Gogh", "\t")] == ["↵", "␣", "∅", " Gogh", "⇥"]
+    assert render.plural(1, "passage") == "1 passage" and render.plural(11485, "passage") == "11,485 passages"
 
 
 def test_example_questions():
     vital = Corpus(VITAL_ARTICLES_NAME, [Passage("x#0", "x", "y")])
-    assert ui.example_questions(vital) == list(ui.VITAL_EXAMPLES)
-    assert "Who painted The Starry Night?" in ui.VITAL_EXAMPLES
+    assert session_view.example_questions(vital) == list(session_view.VITAL_EXAMPLES)
+    assert "Who painted The Starry Night?" in session_view.VITAL_EXAMPLES
     up = Corpus("Your documents", [Passage("Mars#0", "Mars", "t"), Passage("Mars#1", "Mars", "u"),
                                    Passage("notes row 3#0", "notes row 3", "v"), Passage("Venus#0", "Venus", "w")])
-    assert ui.example_questions(up) == ["What is Mars?", "What do the documents say about Venus?"]
+    assert session_view.example_questions(up) == ["What is Mars?", "What do the documents say about Venus?"]
 
 
 def test_vital_examples_name_articles_in_the_corpus():
     import json
 
-    from rag_demo.corpus import vital_articles_path
+    from rag_demo.knowledge.corpus import vital_articles_path
 
     titles = {a["title"] for a in json.loads(vital_articles_path().read_text(encoding="utf-8")).values()}
-    for q, title in zip(ui.VITAL_EXAMPLES, ("Germany", "Canada", "Nigeria", "The Starry Night", "Australia", "Hamlet",
+    for q, title in zip(session_view.VITAL_EXAMPLES, ("Germany", "Canada", "Nigeria", "The Starry Night", "Australia", "Hamlet",
                                             "Penicillin", "World Wide Web", "Mona Lisa", "War and Peace", "Taj Mahal"),
                         strict=True):
         assert title in titles, (q, title)
@@ -302,14 +297,14 @@ def test_vital_examples_name_articles_in_the_corpus():
 def test_factbook_examples_are_answered_in_their_countrys_passages():
     """Each Factbook example names a country whose passages hold the answer; the hot-swap ones
     are asked of both corpora (the answers differ: Wikipedia's figures against the CIA's)."""
-    from rag_demo.factbook import FACTBOOK_NAME, load_factbook
+    from rag_demo.knowledge.factbook import FACTBOOK_NAME, load_factbook
 
     fb = load_factbook()
-    assert ui.example_questions(fb) == list(ui.FACTBOOK_EXAMPLES)
-    assert set(ui.HOT_SWAP_EXAMPLES) <= set(ui.VITAL_EXAMPLES) & set(ui.FACTBOOK_EXAMPLES)
+    assert session_view.example_questions(fb) == list(session_view.FACTBOOK_EXAMPLES)
+    assert set(session_view.HOT_SWAP_EXAMPLES) <= set(session_view.VITAL_EXAMPLES) & set(session_view.FACTBOOK_EXAMPLES)
     answers = ("Population: 84,012,284", "Population: 39,187,155", "Population: 244,344,065", "Capital: Canberra.", "Italian (official)",
                "Currency: yen (JPY).", "highest point Mount Everest", "chief of state King CHARLES III")
-    for q, answer in zip(ui.FACTBOOK_EXAMPLES, answers, strict=True):
+    for q, answer in zip(session_view.FACTBOOK_EXAMPLES, answers, strict=True):
         country = re.search(r"(?:of|in) (\w+)\?$", q).group(1)
         text = " ".join(p.text for p in fb.passages if p.title.startswith(f"{country}: "))
         assert answer in text, (q, answer)
@@ -337,7 +332,7 @@ def test_pool_loads_each_stack_once_lazily_and_relays_progress():
         time.sleep(0.3)
         return FakePipe(stack)
 
-    pool = ui.PipelinePool(factory, unavailable=fake_unavailable)
+    pool = PipelinePool(factory, unavailable=fake_unavailable)
     assert pool.loaded("offline") is None and calls == []
     seen, results = [], []
     threads = [threading.Thread(target=lambda: results.append(pool.get("offline", lambda f, m: seen.append(m))))
@@ -351,12 +346,12 @@ def test_pool_loads_each_stack_once_lazily_and_relays_progress():
 
 
 def test_pool_refuses_an_unavailable_stack_at_once():
-    pool = ui.PipelinePool(lambda s, p: FakePipe(s), unavailable=fake_unavailable)
+    pool = PipelinePool(lambda s, p: FakePipe(s), unavailable=fake_unavailable)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="paper stack is unavailable here: HF_HUB_OFFLINE is set"):
         pool.get("paper")
     assert time.perf_counter() - t0 < 1
-    labels = dict((v, k) for k, v in ui.stack_choices(pool))
+    labels = dict((v, k) for k, v in session_view.stack_choices(pool))
     assert "unavailable: HF_HUB_OFFLINE is set" in labels["paper"] and "unavailable" not in labels["offline"]
 
 
@@ -369,10 +364,10 @@ def test_pool_reports_a_failed_load_and_can_retry():
             raise OSError("disk on fire")
         return FakePipe(stack)
 
-    pool = ui.PipelinePool(factory, unavailable=fake_unavailable)
+    pool = PipelinePool(factory, unavailable=fake_unavailable)
     with pytest.raises(ValueError, match="could not be loaded: OSError: disk on fire"):
         pool.get("offline")
-    assert "disk on fire" in ui.render_status(pool, ui.Session())
+    assert "disk on fire" in session_view.render_status(pool, Session())
     assert pool.get("offline").stack.name == "offline"
 
 
@@ -383,15 +378,15 @@ def test_page_load_streams_loading_progress_then_says_what_is_live():
             time.sleep(0.4)
         return FakePipe(stack)
 
-    pool = ui.PipelinePool(factory, unavailable=fake_unavailable)
-    steps = list(ui.Handlers(pool).on_load(None))
+    pool = PipelinePool(factory, unavailable=fake_unavailable)
+    steps = list(handlers.Handlers(pool).on_load(None))
     statuses = [step[0] for step in steps]
     assert len(statuses) >= 3
     assert all("Loading the <b>offline</b> stack" in st and "rag-bar" in st for st in statuses[:-1])
     assert any("step 1" in st or "step 2" in st for st in statuses)
     assert 'data-stack="offline"' in statuses[-1] and "Fake corpus" in statuses[-1] and "1 passage)" in statuses[-1]
     assert steps[-1][1].raw_samples == [["What is Mars?"]]  # examples from the live corpus
-    assert isinstance(steps[-1][-1], ui.Session)
+    assert isinstance(steps[-1][-1], Session)
 
 
 class Ans:
@@ -414,7 +409,7 @@ class AnsweringPipe(FakePipe):
         self.modes_calls = []
 
     def answer(self, q, mode, settings, **kw):
-        self.calls.append((mode, settings.k, kw))
+        self.calls.append((mode, settings.decoding.k, kw))
         self.settings_seen.append(settings)
         return Ans(mode, q)
 
@@ -442,10 +437,10 @@ def ask_all(h, *args, **kwargs):
 
 def test_k_reduced_warning_is_shown_once_per_session_and_corpus(monkeypatch):
     warnings = []
-    monkeypatch.setattr(ui.gr, "Warning", lambda msg, *a, **k: warnings.append(msg))
+    monkeypatch.setattr(gr, "Warning", lambda msg, *a, **k: warnings.append(msg))
     pipe = AnsweringPipe()
-    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-    h = ui.Handlers(pool)
+    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    h = handlers.Handlers(pool)
     s = None
     for _ in range(3):
         out = ask_all(h, "What is Mars?", s, progress=noprogress, k=5, max_new_tokens=8)
@@ -460,21 +455,21 @@ def test_the_three_cards_come_from_one_call_each_shown_when_done():
     """One answer_modes call a question (RAG-Token reuses RAG-Sequence's prefill and drafts), and
     the streamed output carries each card final before the next mode is asked."""
     pipe = AnsweringPipe()
-    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
     finals = []
-    ui._answer_all(pool, pipe, "What is Mars?", ui.RagSettings(k=1),
+    handlers._answer_all(pool, pipe, "What is Mars?", RagSettings(k=1),
                    on_partial=lambda d: finals.append((d["mode"], len(pipe.calls))) if d.get("final") else None)
-    assert pipe.modes_calls == [list(ui.MODES)]
-    assert finals == [(m, i + 1) for i, m in enumerate(ui.MODES)]  # mode i's card before mode i+1 ran
+    assert pipe.modes_calls == [list(MODES)]
+    assert finals == [(m, i + 1) for i, m in enumerate(MODES)]  # mode i's card before mode i+1 ran
 
 
 def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
     popups = []
     for kind in ("Warning", "Info"):
-        monkeypatch.setattr(ui.gr, kind, lambda msg, *a, **k: popups.append(msg))
+        monkeypatch.setattr(gr, kind, lambda msg, *a, **k: popups.append(msg))
     pipe = AnsweringPipe()
-    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-    out = ui.Handlers(pool).choose_stack("paper", None, progress=noprogress)
+    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
+    out = handlers.Handlers(pool).choose_stack("paper", None, progress=noprogress)
     assert popups == []
     assert out[0].count("unavailable here: HF_HUB_OFFLINE is set") == 1 and 'data-stack="offline"' in out[0]
 
@@ -490,18 +485,18 @@ def test_ready_only_after_warm_up():
             warmed.set()
             return 0.5
 
-    pool = ui.PipelinePool(lambda s, p: WarmPipe(s), unavailable=fake_unavailable)
+    pool = PipelinePool(lambda s, p: WarmPipe(s), unavailable=fake_unavailable)
     pool.start("offline")
     deadline = time.monotonic() + 10
     while "every mode" not in pool.progress("offline")[1] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pool.loaded("offline") is None and pool.loading("offline")  # loaded, not yet warm: not ready
-    status = ui.render_status(pool, ui.Session())
+    status = session_view.render_status(pool, Session())
     assert "rag-loading" in status and "data-stack" not in status and "every mode" in status
     release.set()
     pipe = pool.get("offline", timeout=10)
     assert warmed.is_set() and pool.loaded("offline") is pipe
-    assert 'data-stack="offline"' in ui.render_status(pool, ui.Session())
+    assert 'data-stack="offline"' in session_view.render_status(pool, Session())
 
 
 def test_one_expensive_request_at_a_time_so_cheap_ones_always_find_a_slot():
@@ -513,7 +508,7 @@ def test_one_expensive_request_at_a_time_so_cheap_ones_always_find_a_slot():
             return f"about {self.seconds:.0f} s and 0.4 GB"
 
     budget = type("B", (), {"heavy_seconds": 20.0, "time_limit_s": 60.0})()
-    serving = ui.Serving(budget=budget, max_heavy=1)
+    serving = admission.Serving(budget=budget, max_heavy=1)
     with serving.heavy_slot(Cost(True)):
         assert "1 expensive question already running" in serving.heavy_busy()
         with pytest.raises(ValueError, match=r"expensive \(about 40 s and 0.4 GB\).*under about 20 s, or no more than 1.5x the default settings"):
@@ -527,24 +522,26 @@ def test_one_expensive_request_at_a_time_so_cheap_ones_always_find_a_slot():
 
 
 def test_questions_no_costlier_than_the_defaults_are_never_expensive():
-    from rag_demo.budget import Budget, Cost
+    from rag_demo.models.cost import Cost
+    from rag_demo.serving.budget import Budget
 
     class Pipe:
         def check_budget(self, q, modes, settings, budget):
-            secs = 8.0 * settings.k / 5 * settings.max_new_tokens / 32
+            secs = 8.0 * settings.decoding.k / 5 * settings.decoding.max_new_tokens / 32
             return Cost(secs, 1, {}, heavy=secs > budget.heavy_seconds)
 
         def estimate(self, q, modes, settings):
-            return Cost(8.0 * settings.k / 5 * settings.max_new_tokens / 32, 1, {})
+            return Cost(8.0 * settings.decoding.k / 5 * settings.decoding.max_new_tokens / 32, 1, {})
 
-    serving = ui.Serving(budget=Budget(heavy_seconds=6.0))
-    assert serving.check(Pipe(), "q", ui.RagSettings()).heavy is False  # 8 s > 6 s, but it is the default
-    assert serving.check(Pipe(), "q", ui.RagSettings(k=5, max_new_tokens=40)).heavy is False  # within 1.5x
-    assert serving.check(Pipe(), "q", ui.RagSettings(k=20, max_new_tokens=128)).heavy is True
+    serving = admission.Serving(budget=Budget(heavy_seconds=6.0))
+    assert serving.check(Pipe(), "q", RagSettings()).heavy is False  # 8 s > 6 s, but it is the default
+    assert serving.check(Pipe(), "q", RagSettings(k=5, max_new_tokens=40)).heavy is False  # within 1.5x
+    assert serving.check(Pipe(), "q", RagSettings(k=20, max_new_tokens=128)).heavy is True
 
 
 def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budget():
-    from rag_demo.budget import Budget, Cost
+    from rag_demo.models.cost import Cost
+    from rag_demo.serving.budget import Budget
 
     class SlowCpu:  # a warm-up calibrated on a busy CPU: even the defaults look too slow
         def check_budget(self, q, modes, settings, budget):
@@ -553,12 +550,12 @@ def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budge
         def estimate(self, q, modes, settings):
             return Cost(57.0, 1, {})
 
-    serving = ui.Serving(budget=Budget())
-    cost = serving.check(SlowCpu(), "q", ui.RagSettings())
+    serving = admission.Serving(budget=Budget())
+    cost = serving.check(SlowCpu(), "q", RagSettings())
     assert cost.seconds == 57.0 and cost.heavy is False
-    assert serving.check(SlowCpu(), "q", ui.RagSettings(k=2, max_new_tokens=8)).heavy is False
+    assert serving.check(SlowCpu(), "q", RagSettings(k=2, max_new_tokens=8)).heavy is False
     with pytest.raises(ValueError, match="would need about 57 s"):
-        serving.check(SlowCpu(), "q", ui.RagSettings(k=6))
+        serving.check(SlowCpu(), "q", RagSettings(k=6))
 
 
 def test_client_gone_reads_the_queue_jobs_of_the_session():
@@ -571,15 +568,15 @@ def test_client_gone_reads_the_queue_jobs_of_the_session():
 
     q = Q()
     req = type("R", (), {"session_hash": "mine"})()
-    gone = ui.client_gone(lambda: q, req)
+    gone = admission.client_gone(lambda: q, req)
     assert gone() is False  # not running (yet): never cancel what we cannot see
     mine = Ev("mine")
     q.active_jobs = [[mine], [Ev("other", alive=False)]]
     assert gone() is False
     mine.alive = False  # what gradio's queue does when the session's event stream closes
     assert gone() is True
-    assert ui.client_gone(lambda: q, None) is None
-    assert ui.client_gone(lambda: 1 / 0, req)() is False  # gradio internals changed: never cancels
+    assert admission.client_gone(lambda: q, None) is None
+    assert admission.client_gone(lambda: 1 / 0, req)() is False  # gradio internals changed: never cancels
 
 
 def test_gradio_queue_still_marks_dead_jobs_the_way_client_gone_reads_them():
@@ -598,14 +595,14 @@ def test_gradio_queue_still_marks_dead_jobs_the_way_client_gone_reads_them():
 
 def test_default_unavailable_names_the_reason_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert ui.default_unavailable("offline") is None
+    assert default_unavailable("offline") is None
     # the clock is for the probe, not for the first import of torch and transformers it triggers
     # (13 s measured on a loaded 2-core machine)
     import huggingface_hub  # noqa: F401
-    import rag_demo.stacks  # noqa: F401
+    import rag_demo.models.stacks  # noqa: F401
 
     t0 = time.perf_counter()
-    reason = ui.default_unavailable("paper")
+    reason = default_unavailable("paper")
     assert time.perf_counter() - t0 < 5
     # None only if the three paper checkpoints are in the local HF cache
     assert reason is None or "HF_HUB_OFFLINE" in reason
@@ -616,36 +613,27 @@ def test_default_unavailable_names_the_reason_offline(monkeypatch):
 
 def reader_pool(pipe=None):
     pipe = pipe or AnsweringPipe()
-    return pipe, ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-
-
-def test_the_checkbox_sends_a_bool_and_the_api_a_position():
-    assert ui.settings_from_inputs(question_position=True).question_position == "both"
-    assert ui.settings_from_inputs(question_position=False).question_position == "after"
-    assert ui.settings_from_inputs(question_position="both").question_position == "both"  # the /ask API's value
-    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['temperature'\]"):
-        ui.settings_from_inputs(temperature=2.0)
+    return pipe, PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
 
 
 @pytest.mark.parametrize("name", list(READER))
 def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
     """From the widgets' values to RagSettings: settings_from_inputs, the validator's budget check
     (refuse), the page's ask, the edit, the /ask API function and the cost estimate all get it."""
-    monkeypatch.setattr(ui.gr, "Warning", lambda *a, **k: None)
-    monkeypatch.setattr(ui.gr, "Info", lambda *a, **k: None)
+    monkeypatch.setattr(gr, "Warning", lambda *a, **k: None)
+    monkeypatch.setattr(gr, "Info", lambda *a, **k: None)
     sent, expected = READER[name]
     page = {**ALL, name: sent}
-    assert getattr(ui.settings_from_inputs(**ALL), name) == getattr(DEFAULTS, name)
-    built = ui.settings_from_inputs(**page)
-    assert getattr(built, name) == expected
-    assert {f: getattr(built, f) for f in ALL if f != name} == {f: getattr(DEFAULTS, f) for f in ALL if f != name}
+    assert validation.settings_from_inputs(**ALL) == DEFAULTS
+    built = validation.settings_from_inputs(**page)
+    assert built.knobs()[name] == expected and built.changed() == {name: expected}
 
     refused = []
-    ok = ui.validate_ask("What is Mars?", None, lambda q, st, s: refused.append(st), **page)
-    assert all(r["is_valid"] for r in ok) and getattr(refused[0], name) == expected
+    ok = validation.validate_ask("What is Mars?", None, lambda q, st, s: refused.append(st), **page)
+    assert all(r["is_valid"] for r in ok) and refused[0].knobs()[name] == expected
 
     pipe, pool = reader_pool(EditablePipe())
-    h = ui.Handlers(pool)
+    h = handlers.Handlers(pool)
     out = ask_all(h, "What is Mars?", None, progress=noprogress, **page)
     assert out[5]["settings"][name] == expected  # the raw answers say what they ran with
     h.edit_passage("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
@@ -653,16 +641,17 @@ def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
     h.ask("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
     h.ask("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
     runs = [pipe.settings_seen[i:i + 3] for i in range(0, len(pipe.settings_seen), 3)]  # three modes a question
-    assert [[getattr(st, name) for st in run] for run in runs] == [[expected] * 3] * 3 + [[getattr(DEFAULTS, name)] * 3]
+    old = OLD_CALL.get(name, DEFAULTS.knobs()[name])  # the old caller set the first four
+    assert [[st.knobs()[name] for st in run] for run in runs] == [[expected] * 3] * 3 + [[old] * 3]
 
-    from rag_demo.budget import Budget
+    from rag_demo.serving.budget import Budget
 
     cost_pipe, pool = reader_pool(CostPipe())
-    html = ui.Handlers(pool).estimate(None, **page)  # the cost model alone
+    html = handlers.Handlers(pool).estimate(None, **page)  # the cost model alone
     assert 'class="rag-cost"' in html and "rag-over" not in html
-    assert [getattr(st, name) for st in cost_pipe.estimated] == [expected] and cost_pipe.budgeted == []
-    html = ui.Handlers(pool, serving=ui.Serving(budget=Budget())).estimate(None, **page)  # and the budget
-    assert 'class="rag-cost"' in html and [getattr(st, name) for st in cost_pipe.budgeted] == [expected]
+    assert [st.knobs()[name] for st in cost_pipe.estimated] == [expected] and cost_pipe.budgeted == []
+    html = handlers.Handlers(pool, serving=admission.Serving(budget=Budget())).estimate(None, **page)  # and the budget
+    assert 'class="rag-cost"' in html and [st.knobs()[name] for st in cost_pipe.budgeted] == [expected]
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -677,14 +666,14 @@ def test_bad_reader_settings_get_the_library_message(name, value, message):
     import html
     import re
 
-    out = ui.validate_ask("What is Mars?", None, **{**ALL, name: value})
+    out = validation.validate_ask("What is Mars?", None, **{**ALL, name: value})
     bad = {i: r["message"] for i, r in enumerate(out) if not r["is_valid"]}
     assert list(bad) == [2 + list(ALL).index(name)] and message in bad[2 + list(ALL).index(name)]  # on it only
     pipe, pool = reader_pool(CostPipe())
-    h = ui.Handlers(pool)
-    with pytest.raises(ui.gr.Error, match=re.escape(message)):
+    h = handlers.Handlers(pool)
+    with pytest.raises(gr.Error, match=re.escape(message)):
         ask_all(h, "What is Mars?", None, progress=noprogress, **{**ALL, name: value})
-    with pytest.raises(ui.gr.Error, match=re.escape(message)):
+    with pytest.raises(gr.Error, match=re.escape(message)):
         h.ask("What is Mars?", **{name: value})
     assert pipe.calls == []  # nothing ran
     est = h.estimate(None, **{name: value})
@@ -710,7 +699,7 @@ class CostPipe(AnsweringPipe):
 
     @staticmethod
     def cost(modes):
-        from rag_demo.budget import Cost
+        from rag_demo.models.cost import Cost
 
         return Cost(1.0, 2**20, {m: 1.0 / len(modes) for m in modes})
 
@@ -723,41 +712,33 @@ class CostPipe(AnsweringPipe):
         return self.cost(modes)
 
 
-def test_the_settings_accordion_has_the_reader_controls_with_the_library_defaults(monkeypatch):
-    import dataclasses
+def test_the_page_controls_and_the_api_come_from_the_knob_declarations():
+    """One control per declared knob (its range, its label, the aided default), the preset switch
+    next to Ask, every event that builds settings fed all of them, and /ask taking every knob as
+    an optional parameter: nothing of a knob is written twice."""
+    from rag_demo.web import controls
 
-    @dataclasses.dataclass
-    class Changed(RagSettings):  # defaults the library might choose one day: the page must follow
-        answer_style: str = next(v for v in ANSWER_STYLES if v != DEFAULTS.answer_style)
-        prior_temperature: float = 2.0 if DEFAULTS.prior_temperature != 2.0 else 0.5
-        passage_sentences: int = 3 if DEFAULTS.passage_sentences != 3 else 2
-        question_position: str = "after" if DEFAULTS.question_position == "both" else "both"
-        echo_retries: int = 1 if DEFAULTS.echo_retries != 1 else 2
-
-    for settings_cls, d in ((RagSettings, DEFAULTS), (Changed, Changed())):
-        monkeypatch.setattr(ui, "RagSettings", settings_cls)
-        demo = ui.build_app(reader_pool()[1])
-        by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
-        style, temp, sents, both = (by_id[i] for i in ("rag-style", "rag-temperature", "rag-sentences",
-                                                       "rag-question-both"))
-        assert style.value == d.answer_style and [c[1] for c in style.choices] == list(ANSWER_STYLES)
-        assert temp.value == d.prior_temperature and (temp.minimum, temp.maximum, temp.step) == (0.25, 4, 0.25)
-        assert "softmax((score + w · vote) / T)" in temp.info and temp.label == "Retrieval temperature"
-        assert sents.value == d.passage_sentences and (sents.minimum, sents.maximum, sents.step) == (0, 6, 1)
-        assert both.value == (d.question_position == "both") and both.label == "Question before the passage too"
-        echo = by_id["rag-echo"]
-        assert echo.value == d.echo_retries and (echo.minimum, echo.maximum, echo.step) == (0, 5, 1)
-        # every event that builds settings gets all of them, the cost estimate included
-        controls = {by_id[i]._id for i in ("rag-k", "rag-beams", "rag-max-new", "rag-decoding", "rag-style",
-                                           "rag-temperature", "rag-sentences", "rag-question-both", "rag-echo")}
-        for fn_name in ("ask_session", "edit_passage", "estimate"):
-            fns = [f for f in demo.fns.values() if f.name == fn_name]
-            assert fns and all(controls <= {c._id for c in f.inputs} for f in fns), fn_name
-        params = {p["parameter_name"]: p for p in demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]}
-        # the API's defaults are Handlers.ask's signature, read from RagSettings when ui is imported:
-        # they follow the library's real defaults (first round), not a class patched in afterwards
-        for name in READER:
-            assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == getattr(DEFAULTS, name)
+    demo = page.build_app(reader_pool()[1])
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    for name, spec in KNOBS.items():
+        c = by_id[controls.elem_id(name)]
+        assert c.value == DEFAULTS.knobs()[name] and c.label == spec.label, name
+        if spec.kind in ("int", "float"):
+            assert (c.minimum, c.maximum) == (spec.lo, spec.hi), name
+        if spec.kind == "choice":
+            assert [v for _, v in c.choices] == list(spec.choices), name
+    assert [v for _, v in by_id["rag-preset"].choices] == ["paper", "aided"] and by_id["rag-preset"].value == "aided"
+    inputs = {by_id[controls.elem_id(n)]._id for n in KNOBS} | {by_id["rag-preset"]._id}
+    for fn_name in ("ask_session", "edit_passage", "estimate"):
+        fns = [f for f in demo.fns.values() if f.name == fn_name]
+        assert fns and all(inputs <= {c._id for c in f.inputs} for f in fns), fn_name
+    # the preset switch sets every knob to the preset's own value
+    switch = next(f for f in demo.fns.values() if [c._id for c in f.inputs] == [by_id["rag-preset"]._id])
+    assert [c.elem_id for c in switch.outputs] == [controls.elem_id(n) for n in KNOBS]
+    assert switch.fn("paper") == list(RagSettings(preset="paper").knobs().values())
+    params = {p["parameter_name"]: p for p in demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]}
+    for name in [*KNOBS, "preset"]:
+        assert params[name]["parameter_has_default"] and params[name]["parameter_default"] is None, name
 
 
 def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working(free_port):
@@ -767,16 +748,17 @@ def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working
     from gradio_client.exceptions import AppError, ValidationError
 
     pipe, pool = reader_pool(EditablePipe())
-    demo = ui.build_app(pool)
+    demo = page.build_app(pool)
     port = free_port()
-    ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    page.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        reader = {n: getattr(DEFAULTS, n) for n in READER}
+        reader = {n: OLD_CALL.get(n, DEFAULTS.knobs()[n]) for n in READER}
         old = c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask")["settings"]
         assert old["sequence_decoding"] == "fast" and {n: old[n] for n in READER} == reader
         new = c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()})["settings"]
         assert {n: new[n] for n in READER} == {n: v for n, (_, v) in READER.items()}
+        assert c.predict("What is Mars?", api_name="/ask", preset="paper")["settings"]["aids_on"] == []
         with pytest.raises(AppError, match="prior_temperature=30.0 is out of range"):
             c.predict("What is Mars?", api_name="/ask", prior_temperature=30.0)
 
@@ -801,7 +783,7 @@ def test_passage_card_dims_the_sentences_the_generator_did_not_read():
     text = "Alexander Fleming was a <Scottish> physician. He discovered penicillin in 1928. He shared a Nobel Prize."
     docs = answer_dict()["docs"]
     focused = [{**docs[0], "text": text, "read_sentences": [1]}, {**docs[1], "read_sentences": [0]}]
-    html = ui.render_passages({"token": answer_dict("token", docs=focused)})
+    html = render.render_passages({"token": answer_dict("token", docs=focused)})
     first = html.split("<tr id=")[1]
     assert first.count('class="rag-unread"') == 2 and first.count('class="rag-read"') == 1
     assert first.split('class="rag-read">')[1].split("</span>")[0] == "He discovered penicillin in 1928."
@@ -809,11 +791,11 @@ def test_passage_card_dims_the_sentences_the_generator_did_not_read():
     assert 'data-read="1"' in first and "the generator read the 1 highlighted sentence" in first
     second = html.split("<tr id=")[2]  # one sentence, read: nothing dimmed
     assert "rag-unread" not in second and "the generator read the whole passage (1 sentence)" in second
-    css = ui.CSS_PATH.read_text()
+    css = page.CSS_PATH.read_text()
     assert ".rag-unread" in css and "opacity" in css.split(".rag-unread")[1].split("}")[0]
 
     for whole in ([{**focused[0], "read_sentences": None}], [{**docs[0], "text": text}]):
-        plain = ui.render_passages({"token": answer_dict("token", docs=whole, rows=[[1.0]] * 3)})
+        plain = render.render_passages({"token": answer_dict("token", docs=whole, rows=[[1.0]] * 3)})
         assert "rag-read" not in plain and "rag-unread" not in plain and "highlighted" not in plain
         assert '<div class="rag-ptext">Alexander Fleming was a &lt;Scottish&gt; physician. He discovered' in plain
 
@@ -822,13 +804,13 @@ def test_modes_that_read_different_sentences_get_their_own_passage_tables():
     docs = answer_dict()["docs"]
     seq = answer_dict("sequence", docs=[{**d, "read_sentences": [0]} for d in docs])
     tok = answer_dict("token", docs=[{**d, "read_sentences": []} for d in docs])
-    assert ui.render_passages({"sequence": seq, "token": tok}).count("<table") == 2
-    assert ui.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
+    assert render.render_passages({"sequence": seq, "token": tok}).count("<table") == 2
+    assert render.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
 
 
 def test_the_question_before_the_passage_is_costlier_than_the_defaults():
-    assert ui.within_defaults(RagSettings(question_position="after")) is True  # never longer than the default
-    assert ui.within_defaults(RagSettings(question_position="both")) is (DEFAULTS.question_position == "both")
+    assert admission.within_defaults(RagSettings(question_position="after")) is True  # never longer than the default
+    assert admission.within_defaults(RagSettings(question_position="both")) is (DEFAULTS.aids.question_position == "both")
 
 
 
@@ -838,10 +820,10 @@ def test_the_question_before_the_passage_is_costlier_than_the_defaults():
 @pytest.fixture(scope="session")
 def small_pipe():
     from rag_demo.config import RagSettings, StackSpec
-    from rag_demo.corpus import corpus_from_documents
-    from rag_demo.index import build_index
+    from rag_demo.knowledge.corpus import corpus_from_documents
+    from rag_demo.knowledge.index import build_index
     from rag_demo.pipeline import RagPipeline
-    from rag_demo.stacks import load_stack
+    from rag_demo.models.stacks import load_stack
 
     stack = load_stack(StackSpec())
     index = build_index(corpus_from_documents("Test corpus", DOCS), stack.ctx_encoder)
@@ -850,9 +832,9 @@ def small_pipe():
 
 @pytest.fixture(scope="module")
 def app(small_pipe, free_port):
-    demo = ui.build_app(ui.PipelinePool.of(small_pipe, fake_unavailable))
+    demo = page.build_app(PipelinePool.of(small_pipe, fake_unavailable))
     port = free_port()
-    ui.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    page.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield demo, f"http://127.0.0.1:{port}/"
     demo.close()
 
@@ -915,7 +897,7 @@ def test_ask_endpoint_returns_three_answers(app, small_pipe):
         assert isinstance(a["sequence_logprob"], float) and a["sequence_logprob"] <= 0
     cb = r["answers"]["closed-book"]
     assert cb["docs"] == [] and cb["text"].strip()
-    assert small_pipe.settings.k == 2  # the API left the shared pipeline's settings alone
+    assert small_pipe.settings.decoding.k == 2  # the API left the shared pipeline's settings alone
 
 
 @pytest.mark.slow
@@ -1201,12 +1183,12 @@ def test_unavailable_stack_is_refused_without_hanging(app):
 @pytest.mark.slow
 def test_model_group_runs_two_at_a_time_with_one_shared_gate(app):
     demo = app[0]
-    assert demo._queue.max_size == ui.QUEUE_MAX_SIZE
+    assert demo._queue.max_size == page.QUEUE_MAX_SIZE
     model_fns = [f for f in demo.fns.values() if f.name in ("ask_session", "upload", "edit_passage", "ask",
                                                             "choose_corpus")]
     assert len(model_fns) >= 5
     assert {f.concurrency_id for f in model_fns} == {"model"}
-    assert {f.concurrency_limit for f in model_fns} == {ui.MODEL_CONCURRENCY} and ui.MODEL_CONCURRENCY == 2
+    assert {f.concurrency_limit for f in model_fns} == {page.MODEL_CONCURRENCY} and page.MODEL_CONCURRENCY == 2
     serving = demo.rag_serving
     assert serving.gate is not None and serving.budget is not None and serving.max_heavy == 1
     assert serving.queue() is demo._queue  # for "client gone"
@@ -1245,8 +1227,8 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
         return RagPipeline(dataclasses.replace(small_pipe.stack, spec=StackSpec(name=stack)), small_pipe.index,
                            small_pipe.settings)
 
-    pool = ui.PipelinePool(factory, preloaded={"offline": small_pipe}, unavailable=lambda s: None)
-    h = ui.Handlers(pool)
+    pool = PipelinePool(factory, preloaded={"offline": small_pipe}, unavailable=lambda s: None)
+    h = handlers.Handlers(pool)
     doc = write(tmp_path, "zorblax.txt", "The Zorblax Festival is held every spring in the town of Quillmere.")
     s = h.upload([doc], None, progress=noprogress)[-1]
     assert s.corpus == "upload" and s.upload_stack == "offline" and calls == []
@@ -1271,7 +1253,7 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     import dataclasses
 
     from rag_demo.config import StackSpec
-    from rag_demo.factbook import FACTBOOK_NAME, load_factbook
+    from rag_demo.knowledge.factbook import FACTBOOK_NAME, load_factbook
 
     loads, bar = [], []
 
@@ -1281,15 +1263,15 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
 
     stack = dataclasses.replace(small_pipe.stack, spec=StackSpec(cache_dir=tmp_path))  # no cache: built
     pipe = type(small_pipe)(stack, small_pipe.index, small_pipe.settings)
-    pool = ui.PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable,
+    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable,
                            corpora={"factbook": (FACTBOOK_NAME, small_factbook)})
-    h = ui.Handlers(pool)
-    assert ui.corpus_choices(pool, ui.Session()) == [("Test corpus (built in)", "builtin"),
+    h = handlers.Handlers(pool)
+    assert session_view.corpus_choices(pool, Session()) == [("Test corpus (built in)", "builtin"),
                                                      (f"{FACTBOOK_NAME} (built in)", "factbook")]
     out = h.choose_corpus("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
     s = out[-1]
     assert f'data-corpus="{FACTBOOK_NAME}"' in out[0] and out[1].value == "factbook"
-    assert out[2].raw_samples == [[q] for q in ui.FACTBOOK_EXAMPLES]
+    assert out[2].raw_samples == [[q] for q in session_view.FACTBOOK_EXAMPLES]
     assert loads == [1] and (1.0, f"Embedding passages of {FACTBOOK_NAME}: 31/31") in bar  # built, with a bar
     assert s.corpus == "factbook" and s.named_index is pool.corpus_index("offline", "factbook")
     other = h.choose_corpus("factbook", None, progress=noprogress)[-1]
@@ -1305,21 +1287,21 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     again = ask_all(h, "Who painted The Starry Night?", back[-1], progress=noprogress, k=1, max_new_tokens=2,
                     sequence_decoding="fast")
     assert again[5]["answers"]["token"]["docs"][0]["title"] in {d[0] for d in DOCS}
-    with pytest.raises(ui.gr.Error, match="corpus 'nope' is unknown: choose one of builtin, factbook, upload"):
+    with pytest.raises(gr.Error, match="corpus 'nope' is unknown: choose one of builtin, factbook, upload"):
         h.choose_corpus("nope", s, progress=noprogress)
 
 
 def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     with pytest.raises(ValueError, match="build_app takes a PipelinePool, not AnsweringPipe"):
-        ui.build_app(AnsweringPipe())
-    h = ui.Handlers(reader_pool()[1])
+        page.build_app(AnsweringPipe())
+    h = handlers.Handlers(reader_pool()[1])
     for name in ("on_load", "ask_session", "ask", "ask_stream", "upload", "choose_corpus", "choose_stack",
                  "pick_passage", "edit_passage", "without_passage", "reset_edits", "estimate", "validate_ask",
                  "validate_edit"):
         assert callable(getattr(h, name)), name
-    demo = ui.build_app(reader_pool()[1])
+    demo = page.build_app(reader_pool()[1])
     wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
-    assert ui.Handlers.ask_session in wired and ui.Handlers.ask in wired and ui.Handlers.without_passage in wired
+    assert handlers.Handlers.ask_session in wired and handlers.Handlers.ask in wired and handlers.Handlers.without_passage in wired
 
 
 def test_ask_stream_declares_the_arguments_of_ask():
@@ -1327,13 +1309,13 @@ def test_ask_stream_declares_the_arguments_of_ask():
     defaults and types in both, and a streamed call binds them by position or by name."""
     from gradio.utils import get_function_params
 
-    h = ui.Handlers(reader_pool()[1])
+    h = handlers.Handlers(reader_pool()[1])
     params = get_function_params(h.ask_stream)
     assert params == get_function_params(h.ask) and [p[0] for p in params][:3] == ["question", "k", "num_beams"]
     assert inspect.isgeneratorfunction(h.ask_stream)  # gradio streams only a generator function
-    with pytest.raises(ui.gr.Error, match="stack='nope' is unknown"):
+    with pytest.raises(gr.Error, match="stack='nope' is unknown"):
         next(h.ask_stream("Who painted it?", 2, 1, 8, "thorough", "nope"))
-    with pytest.raises(ui.gr.Error, match="stack='nope' is unknown"):
+    with pytest.raises(gr.Error, match="stack='nope' is unknown"):
         next(h.ask_stream("Who painted it?", stack="nope"))
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         next(h.ask_stream("Who painted it?", colour="red"))

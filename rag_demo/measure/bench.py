@@ -1,0 +1,394 @@
+"""Benchmarks behind `python -m rag_demo bench`: a script that measures and prints, not a test.
+
+Owns the speed and memory numbers of the demo, printed as markdown tables and saved as JSON:
+
+1. latency per stage (encode, retrieve, generate, attribute) and end to end, p50 / p95 over
+   N questions of the dev set, per mode, on the loaded stack (offline by default);
+2. RAG-Token's decoding overhead: its generate stage over `model.generate` of the same K
+   left-padded prompts for the same number of tokens (greedy, min = max new tokens);
+3. memory: resident set size after loading, warm (after answering), and peak;
+4. index build throughput (passages/s) on a 1,000-passage subset of the corpus;
+5. the reference side by side (`reference.compare_with_transformers`): our engine vs
+   transformers' `RagTokenForGeneration.generate` and `RagSequenceForGeneration.generate` on
+   the same random weights (tiny, and "base": BERT-base DPR + BART-base, realistic depth), fed
+   the same context ids, mask and doc scores; outputs must be equal token for token;
+6. cold start to first answer, in a fresh process: with the cached index, and without one
+   (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it).
+
+Every timing is wall clock on a shared machine: the load average is printed next to them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rag_demo.config import KNOBS, RagSettings
+from rag_demo.models.generators import pad_rows
+from rag_demo.measure.reference import compare_with_transformers, reference_cases
+
+STAGES = ("encode", "retrieve", "generate", "attribute", "total")
+THROUGHPUT_PASSAGES = 1000
+
+TARGETS = {  # name -> (limit, unit, direction): "max" passes when measured <= limit, "min" when >= limit
+    "RAG-Token p50": (1.5, "s", "max"),  # #11 (2.5 s before it)
+    "RAG-Sequence p50": (2.5, "s", "max"),  # #11 asks it of thorough decoding: bench --decoding thorough
+    "RAG-Token time to first token p50": (0.8, "s", "max"),  # #12
+    "RAG-Token streamed / quiet generate p50": (1.05, "x", "max"),  # #12: streaming costs <= 5%
+    "retrieval p50": (0.050, "s", "max"),
+    "warm app RSS": (3.0, "GB", "max"),
+    "index build throughput": (150.0, "passages/s", "min"),  # #13
+    "cold start without a cache": (120.0, "s", "max"),  # #13
+    "RAG-Token / plain batched generate": (1.15, "x", "max"),
+    "engine / transformers RAG (base)": (1.0, "x", "max"),
+}
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def streamed_ratio(rec: dict) -> float:
+    """Median over questions of a mode's generate time with a streaming listener / without."""
+    return statistics.median(b / a for a, b in zip(rec["generate"], rec["generate_streamed"]) if a > 0)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated q-th percentile (q in [0, 100]), as numpy's default."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (psutil, else /proc/self/statm)."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except ImportError:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def load_avg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _ms(s: float) -> str:
+    return f"{1000 * s:.0f}"
+
+
+# ---------------------------------------------------------------- 1-2 latency per stage
+
+
+def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
+    """Answer with a streaming listener (RunControl.on_partial); -> (seconds from the call to the
+    first partial answer holding a token, or None if none came; the Answer)."""
+    from rag_demo.pipeline import RunControl
+
+    first: list[float] = []
+
+    def listen(d: dict) -> None:
+        if not first and (d["token_ids"] or any(x["text"] for x in d["drafts"])):
+            first.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    a = pipe.answer(question, mode, settings, control=RunControl(on_partial=listen))
+    return (first[0] - t0 if first else None), a
+
+
+def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
+            say: Callable[[str], None]) -> dict:
+    """{mode: {stage: [seconds per question]}, "tokens": [...], "ttft": [...], "generate_streamed":
+    [...]}; one warm-up answer per mode first. Each question is answered twice in a row, quietly
+    (the stage timings) and streamed (time to first token, and the generate time with a listener:
+    the cost of streaming, paired question by question)."""
+    out = {}
+    for mode in modes:
+        pipe.answer(questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
+        rec = {s: [] for s in STAGES}
+        rec.update(tokens=[], ttft=[], generate_streamed=[])
+        for i, q in enumerate(questions, 1):
+            a = pipe.answer(q, mode, settings)
+            for s in STAGES:
+                rec[s].append(a.timings.get(s, 0.0))
+            rec["tokens"].append(len(a.token_ids))
+            ttft, b = streamed(pipe, q, mode, settings)
+            rec["ttft"].append(ttft if ttft is not None else b.timings["total"])
+            rec["generate_streamed"].append(b.timings["generate"])
+            say(f"{mode}: {i}/{len(questions)}  total {a.timings['total']:.1f} s, {len(a.token_ids)} tokens, "
+                f"first token {rec['ttft'][-1]:.2f} s  (load {load_avg()})")
+        out[mode] = rec
+    return out
+
+
+@torch.inference_mode()
+def plain_generate(gen, prompts: list[list[int]], n_tokens: int) -> float:
+    """Seconds for `model.generate` of the prompts as one batch, exactly `n_tokens` new tokens, greedy.
+    Decoder-only prompts are left-padded, encoder-decoder ones right-padded (as the engine does)."""
+    ids, mask = pad_rows(prompts, gen.pad_token_id, left=gen.kind == "decoder-only")  # (K, S)
+    t0 = time.perf_counter()
+    gen.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                       do_sample=False, num_beams=1, pad_token_id=gen.pad_token_id)
+    return time.perf_counter() - t0
+
+
+def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Callable[[str], None]) -> dict:
+    """RAG-Token generate time vs plain batched generation of the same K prompts, same length."""
+    from rag_demo.rag.engine import rag_token
+    from rag_demo.rag.hooks import PAPER
+    from rag_demo.reader.aided import AidedReader, prompt
+
+    mm = pipe.stack.modes["token"]
+    gen = mm.generator
+    rows = []
+    for i, q in enumerate(questions):
+        r = pipe.retrieve(q, "token", settings.decoding.k)
+        docs, scores = r.passages, r.scores
+        prompts = [prompt(gen, q, p, settings.decoding, settings.aids) for p in docs]
+        reader = AidedReader(settings.aids, settings.decoding, gen, q, docs, prompts) if settings.aids_on() else PAPER
+        g = rag_token(gen, prompts, scores * mm.score_scale, settings.decoding, reader)
+        n = len(g.tokens)
+        plain = plain_generate(gen, prompts, n)
+        if i == 0:  # the first pair warms both paths up; measure again
+            g = rag_token(gen, prompts, scores * mm.score_scale, settings.decoding, reader)
+            plain = plain_generate(gen, prompts, n)
+        rows.append({"tokens": n, "rag_generate": g.timings["generate"], "rag_attribute": g.timings["attribute"],
+                     "plain": plain})
+        say(f"token vs plain generate: {i + 1}/{len(questions)}  {g.timings['generate']:.2f} s vs {plain:.2f} s "
+            f"({n} tokens)")
+    ratio = [r["rag_generate"] / r["plain"] for r in rows]
+    ratio_all = [(r["rag_generate"] + r["rag_attribute"]) / r["plain"] for r in rows]
+    return {"rows": rows, "ratio_p50": statistics.median(ratio), "ratio_with_attribution_p50": statistics.median(ratio_all)}
+
+
+# ---------------------------------------------------------------- 4 index throughput
+
+
+def index_throughput(pipe, n: int = THROUGHPUT_PASSAGES) -> dict:
+    """Embed + index the first n passages of the pipeline's corpus (no cache): passages/s."""
+    from rag_demo.knowledge.corpus import Corpus
+    from rag_demo.knowledge.index import build_index
+
+    sub = Corpus(f"first {n}", pipe.index.corpus.passages[:n])
+    t0 = time.perf_counter()
+    build_index(sub, pipe.stack.ctx_encoder)
+    dt = time.perf_counter() - t0
+    return {"passages": len(sub), "seconds": dt, "passages_per_s": len(sub) / dt,
+            "encoder": pipe.stack.ctx_encoder.name}
+
+
+# ---------------------------------------------------------------- 6 cold start
+
+
+def cold_start(question: str, cache_dir: Path | None, extra: list[str], timeout: float = 3600) -> dict:
+    """Wall seconds for a fresh `python -m rag_demo ask QUESTION --mode token --json` to print its answer."""
+    cmd = [sys.executable, "-m", "rag_demo", "ask", question, "--mode", "token", "--json", *extra]
+    if cache_dir is not None:
+        cmd += ["--cache-dir", str(cache_dir)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=Path(__file__).resolve().parents[2])
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"cold start failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    answer = json.loads(proc.stdout)["token"]["text"]
+    return {"seconds": dt, "answer": answer, "load_avg_after": load_avg()}
+
+
+# ---------------------------------------------------------------- report
+
+
+def _p(xs: list[float]) -> str:
+    return f"{_ms(percentile(xs, 50))} / {_ms(percentile(xs, 95))}"
+
+
+def latency_heading(r: dict) -> str:
+    """The latency table's heading: questions, stack and the decoding the numbers ran with."""
+    n = r["settings"].get("num_beams", 1)
+    return (f"### Latency per stage, ms p50 / p95 over {r['n']} questions (stack {r['stack']}, "
+            f"K={r['settings']['k']}, {'greedy' if n == 1 else f'{n} beams'}, "
+            f"max {r['settings']['max_new_tokens']} new tokens)")
+
+
+# the reference comparison always runs the paper's exact decodings (reference.compare_with_reference)
+REFERENCE_TITLES = {"token": "RAG-Token", "sequence": "RAG-Sequence (thorough)"}
+
+
+def format_results(r: dict) -> str:
+    titles = {"closed-book": "Closed-book", "token": "RAG-Token",
+              "sequence": f"RAG-Sequence ({r['settings'].get('sequence_decoding', 'thorough')})"}
+    lines = [latency_heading(r),
+             "", "| mode | encode | retrieve | generate | attribute | end to end | tokens/answer |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for mode, rec in r["latency"].items():
+        lines.append(f"| {titles[mode]} | " + " | ".join(_p(rec[s]) for s in STAGES)
+                     + f" | {statistics.mean(rec['tokens']):.1f} |")
+    if all("ttft" in rec for rec in r["latency"].values()):
+        lines += ["", "Streaming (each question answered again with a listener): time from the call to the first "
+                      "partial answer holding a token, and the generate stage with the listener against without, "
+                      "p50 of the per-question ratios.", "",
+                  "| mode | time to first token p50 / p95, ms | streamed / quiet generate p50 |", "|---|---:|---:|"]
+        for mode, rec in r["latency"].items():
+            ratio = streamed_ratio(rec)
+            lines.append(f"| {titles[mode]} | {_p(rec['ttft'])} | {ratio:.3f}x |")
+    if r.get("token_overhead"):
+        t = r["token_overhead"]
+        lines += ["", f"RAG-Token generate / plain batched `model.generate` of the same K prompts, same number of "
+                      f"tokens (p50 over {len(t['rows'])} questions): **{t['ratio_p50']:.2f}x** "
+                      f"({t['ratio_with_attribution_p50']:.2f}x with the attribution pass)."]
+    m = r["memory"]
+    lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
+              f"| RSS after loading the stack and index | {_gb(m['rss_loaded'])} |",
+              f"| warm app RSS (after the latency runs) | {_gb(m['rss_warm'])} |",
+              f"| peak RSS (app) | {_gb(m['peak_warm'])} |",
+              f"| peak RSS (whole bench, reference models included) | {_gb(m['peak_end'])} |"]
+    if r.get("throughput"):
+        t = r["throughput"]
+        lines.append(f"| index build throughput ({t['encoder']}, first {t['passages']} passages only) "
+                     f"| {t['passages_per_s']:.0f} passages/s |")
+    for key, label in (("cold_cached", "cold start to first answer, cached index"),
+                       ("cold_uncached", "cold start to first answer, no cache (embeds every passage)")):
+        c = r.get("cold", {}).get(key)
+        lines.append(f"| {label} | {c['seconds']:.1f} s |" if c else f"| {label} | skipped |")
+    if r.get("reference"):
+        lines += ["", "### Our engine vs transformers' RAG classes, same weights and inputs", "",
+                  "| checkpoint | mode | n_docs | questions | same outputs | ours s p50 | transformers s p50 "
+                  "| ours/theirs, median of per-question ratios | same, our generate stage only |",
+                  "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+        for size, modes in r["reference"].items():
+            for mode, x in modes.items():
+                lines.append(f"| random {size} | {REFERENCE_TITLES[mode]} | {x['n_docs']} | {x['n']} | "
+                             f"{'yes' if x['same'] else 'no'} | {x['ours_s_p50']:.3f} | {x['transformers_s_p50']:.3f} "
+                             f"| {x['ratio']:.2f} | {x['ratio_generate_only']:.2f} |")
+        same = all(x["same"] for modes in r["reference"].values() for x in modes.values())
+        lines.append(f"\nsame outputs: {'yes' if same else 'no'}")
+    lines += ["", "### Targets", "", "| target | limit | measured | result |", "|---|---:|---:|---|"]
+    for name, t in r["targets"].items():
+        lines.append(f"| {name} | {t['bound']} {t['limit']:g} {t['unit']} | {t['measured']} | {t['result']} |")
+    mc = r["machine"]
+    lines += ["", f"Machine: {mc['processor']}, {mc['cpus']} CPUs, torch {mc['torch']} ({mc['threads']} threads). "
+                  f"Load average at start {r['load_avg']['start']}, end {r['load_avg']['end']} "
+                  f"(the bench's own {mc['threads']} threads count; well above {mc['threads']} means other jobs "
+                  "shared the cores and the timings are upper bounds)."]
+    return "\n".join(lines)
+
+
+def _targets(r: dict) -> dict:
+    measured = {}
+    lat = r["latency"]
+    if "token" in lat:
+        measured["RAG-Token p50"] = percentile(lat["token"]["total"], 50)
+    if "sequence" in lat:
+        measured["RAG-Sequence p50"] = percentile(lat["sequence"]["total"], 50)
+    if lat.get("token", {}).get("ttft"):
+        measured["RAG-Token time to first token p50"] = percentile(lat["token"]["ttft"], 50)
+        measured["RAG-Token streamed / quiet generate p50"] = streamed_ratio(lat["token"])
+    rag = [m for m in lat if m != "closed-book"]
+    if rag:
+        measured["retrieval p50"] = percentile(lat[rag[0]]["retrieve"], 50)
+    measured["warm app RSS"] = r["memory"]["rss_warm"] / 1e9
+    if r.get("throughput"):
+        measured["index build throughput"] = r["throughput"]["passages_per_s"]
+    if r.get("cold", {}).get("cold_uncached"):
+        measured["cold start without a cache"] = r["cold"]["cold_uncached"]["seconds"]
+    if r.get("token_overhead"):
+        measured["RAG-Token / plain batched generate"] = r["token_overhead"]["ratio_p50"]
+    if r.get("reference", {}).get("base"):
+        measured["engine / transformers RAG (base)"] = max(x["ratio"] for x in r["reference"]["base"].values())
+    out = {}
+    for name, (limit, unit, direction) in TARGETS.items():
+        bound = "<=" if direction == "max" else ">="
+        if name not in measured:
+            out[name] = {"limit": limit, "unit": unit, "bound": bound, "measured": "not run", "result": "-"}
+            continue
+        v = measured[name]
+        shown = f"{v * 1000:.0f} ms" if unit == "s" and limit < 1 else f"{v:.2f} {unit}"
+        ok = v <= limit if direction == "max" else v >= limit
+        out[name] = {"limit": limit, "unit": unit, "bound": bound, "measured": shown, "value": v,
+                     "result": "PASS" if ok else "FAIL"}
+    return out
+
+
+def run_bench(args, spec, say: Callable[[str], None]) -> int:
+    """The `bench` command: see the module docstring for what runs, in that order."""
+    from rag_demo.knowledge.bm25 import BM25Retriever
+    from rag_demo.measure.evaluate import load_qa, machine_info, parse_modes
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.models.random_models import make_random_rag_checkpoints
+
+    if args.n < 1:
+        raise ValueError(f"--n {args.n} is out of range: use 1 or more questions.")
+    questions = [it.question for it in load_qa(args.qa)][: args.n]
+    modes = parse_modes(args.modes)
+    settings = RagSettings.for_stack(spec.name, preset=getattr(args, "preset", None),
+                                     **{n: getattr(args, n, None) for n in KNOBS})
+    r: dict = {"n": len(questions), "settings": settings.to_dict(),
+               "load_avg": {"start": load_avg()}, "machine": machine_info()}
+    pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))
+    r["stack"] = pipe.stack.describe()
+    r["memory"] = {"rss_loaded": rss_bytes()}
+    r["latency"] = latency(pipe, questions, modes, settings, say)
+    if "token" in modes and not args.skip_reference:
+        r["token_overhead"] = token_overhead(pipe, questions[: max(1, min(len(questions), args.reference_n))],
+                                             settings, say)
+    r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes())
+    say("Index build throughput ...")
+    r["throughput"] = index_throughput(pipe)
+    if not args.skip_reference:
+        bm25 = BM25Retriever(pipe.index.corpus)
+        r["reference"] = {}
+        with tempfile.TemporaryDirectory(prefix="rag-bench-ckpt-") as root:
+            for size, n_docs in (("tiny", 3), ("base", settings.decoding.k)):
+                say(f"Reference comparison on random {size} checkpoints (n_docs={n_docs}) ...")
+                paths = make_random_rag_checkpoints(Path(root), size=size, n_docs=n_docs)
+                cases = reference_cases(questions[: args.reference_n], n_docs, bm25)
+                res = compare_with_transformers(paths, cases, settings.decoding.max_new_tokens,
+                                                reps=5 if size == "tiny" else 3, say=say)
+                for x in res.values():
+                    x["rows"] = [{k: v for k, v in row.items() if k not in ("ours", "transformers")} | {
+                        "tokens": len(row["ours"])} for row in x["rows"]]
+                r["reference"][size] = res
+    r["memory"]["peak_end"] = peak_rss_bytes()
+    del pipe
+    r["cold"] = {}
+    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype]
+    if spec.name == "paper":
+        extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
+    say("Cold start with the cached index ...")
+    r["cold"]["cold_cached"] = cold_start(questions[0], Path(spec.cache_dir), extra)
+    if not args.skip_cold_build:
+        say("Cold start without a cache (embeds every passage; minutes) ...")
+        with tempfile.TemporaryDirectory(prefix="rag-bench-cache-") as tmp:
+            r["cold"]["cold_uncached"] = cold_start(questions[0], Path(tmp), extra)
+    r["load_avg"]["end"] = load_avg()
+    r["targets"] = _targets(r)
+    print(format_results(r))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=1, default=str), encoding="utf-8")
+    say(f"Saved {out}")
+    return 0

@@ -1,0 +1,640 @@
+"""Evaluation: answer a QA file with every mode and score answers and retrieval.
+
+Owns the metrics (SQuAD normalisation, exact match, token F1, DPR-style has_answer and
+recall@k), the QA file format and its loader, the evaluation loop behind
+`python -m rag_demo eval`, and its report (markdown tables on stdout, JSON on disk).
+
+QA file: JSON Lines, one object per line, `{"question": str, "answers": [str, ...]}`; other
+fields (type, topic, source) are kept and used to break results down by question type and by
+source.
+
+Reader accuracy given retrieval: each row's EM / F1 / contains also over only the questions
+whose K passages that row read hold a gold answer (has_answer on title + text), with their
+count n. It measures the generator apart from the retriever: an answer the passages do not hold
+is not the reader's fault. Closed-book reads no passages; its given-retrieval numbers are over
+the questions whose dense top K hold an answer, for comparison with the dense RAG rows.
+
+Two retrievers are scored the same way: the stack's dense retriever (FAISS over the
+passage encoder's vectors) and BM25 (bm25.py). For RAG answers from BM25's passages the doc
+prior p(z|x) is the dense question encoder's softmax over those K passages, so the two rows
+differ only in which passages the generator sees.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rag_demo.reader.text import match_tokens, normalize_answer
+from rag_demo.config import MODES, RagSettings
+
+log = logging.getLogger(__name__)
+
+RECALL_KS = (1, 5, 20)
+# The by-source table is printed when sources group the questions (the external file has 3);
+# more distinct values than this (the dev set's per-question article title) stay in the JSON.
+MAX_SOURCES_SHOWN = 12
+RETRIEVERS = ("dense", "bm25")
+
+# ---------------------------------------------------------------- metrics
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    """EM = max over gold answers g of [normalize(prediction) == normalize(g)], 1.0 or 0.0.
+
+    >>> exact_match("The Seurat.", ["Georges Seurat", "Seurat"])
+    1.0
+    """
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)  # both empty: 1, one empty: 0 (SQuAD v2 rule)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, golds: list[str]) -> float:
+    """F1 = max over gold answers g of 2PR/(P+R), where, on normalised whitespace tokens,
+    common = |multiset(pred) ∩ multiset(g)|, P = common/|pred|, R = common/|g|.
+
+    >>> round(f1_score("by Georges Seurat", ["Georges Seurat"]), 4)  # P=2/3, R=1
+    0.8
+    """
+    p = normalize_answer(prediction).split()
+    return max(_f1(p, normalize_answer(g).split()) for g in golds)
+
+
+def _contains(hay: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    return n > 0 and any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
+
+
+def has_answer(text: str, golds: list[str]) -> bool:
+    """True when some gold answer's tokens occur as a contiguous token sequence in `text`
+    (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
+    "19612", nor "art" in "party".
+
+    >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
+    (True, False)
+    """
+    hay = match_tokens(text)
+    return any(_contains(hay, match_tokens(g)) for g in golds)
+
+
+def contains_answer(prediction: str, golds: list[str]) -> float:
+    """A lenient accuracy for chatty generators: 1.0 if has_answer(prediction, golds), else 0.0.
+
+    >>> contains_answer("It was painted by Georges Seurat.", ["Seurat"])
+    1.0
+    """
+    return float(has_answer(prediction, golds))
+
+
+def first_hit(passage_texts: list[str], golds: list[str]) -> int | None:
+    """1-based rank of the first passage that has an answer, or None."""
+    return next((r for r, t in enumerate(passage_texts, 1) if has_answer(t, golds)), None)
+
+
+def recall_at_k(hit_ranks: list[int | None], k: int) -> float:
+    """recall@k = (1/N) * #{questions whose first answer-bearing passage has rank <= k}.
+
+    hit_ranks: per question, `first_hit` over its ranked passages (None = no hit).
+    >>> recall_at_k([1, 3, None, 7], 5)  # 2 of 4 questions have a hit in their top 5
+    0.5
+    """
+    if not hit_ranks:
+        raise ValueError("recall@k of zero questions is undefined: evaluate at least one question.")
+    return sum(r is not None and r <= k for r in hit_ranks) / len(hit_ranks)
+
+
+def passage_text(p) -> str:
+    """What has_answer searches: the title and the text, as the generator sees them."""
+    return f"{p.title}. {p.text}"
+
+
+# ---------------------------------------------------------------- QA files
+
+
+@dataclass
+class QAItem:
+    question: str
+    answers: list[str]
+    meta: dict = field(default_factory=dict)  # any other fields of the line (type, topic, source)
+
+    @property
+    def type(self) -> str:
+        return str(self.meta.get("type", "?"))
+
+
+@dataclass
+class QAFile:
+    """A QA file as read: its usable questions, and what was dropped on the way (shown in the report)."""
+
+    path: str
+    items: list[QAItem]
+    skipped: list[str] = field(default_factory=list)  # "file line N: why", rows with no usable answer
+    dropped: list[str] = field(default_factory=list)  # "file line N: answer '*' ...", answers removed from kept rows
+
+
+def parse_qa_line(line: str, where: str, dropped: list[str] | None = None) -> QAItem | None:
+    """One JSONL line -> QAItem, or a ValueError naming `where` (file:line) and the fix.
+
+    An answer that is empty after normalisation (only punctuation or articles, e.g. '*': no
+    prediction can match it) is dropped and noted in `dropped`; a row left with no answer
+    returns None (the caller skips and counts it)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON ({e.msg}): write one JSON object per line.") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f'{where} is a JSON {type(obj).__name__}, not an object: write {{"question": ..., "answers": [...]}}.')
+    missing = [k for k in ("question", "answers") if k not in obj]
+    if missing:
+        raise ValueError(
+            f'{where} is missing {" and ".join(repr(m) for m in missing)}: each line needs '
+            '{"question": "...", "answers": ["...", ...]}.'
+        )
+    q, answers = obj.pop("question"), obj.pop("answers")
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f'{where}: "question" must be a non-empty string.')
+    if isinstance(answers, str):
+        raise ValueError(f'{where}: "answers" must be a list of strings, e.g. ["{answers}"], not a string.')
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise ValueError(f'{where}: "answers" must be a non-empty list of non-empty strings.')
+    kept = [a for a in answers if normalize_answer(a)]
+    for a in answers:
+        if a not in kept and dropped is not None:
+            dropped.append(f"{where}: answer {a!r} is empty after normalisation (only punctuation or articles); dropped")
+    if not kept:
+        return None
+    return QAItem(q.strip(), kept, obj)
+
+
+def read_qa(path: str | Path, limit: int | None = None) -> QAFile:
+    """Read a QA JSONL file; blank lines are skipped; `limit` keeps the first N usable questions.
+    Rows whose every answer is empty after normalisation are skipped and listed in `skipped`."""
+    path = Path(path)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit!r} is out of range: use a positive number of questions.")
+    if not path.is_file():
+        raise ValueError(f"QA file {path} not found: pass --qa with a JSONL file (e.g. assets/qa_dev.jsonl).")
+    out = QAFile(str(path), [])
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {n}"
+        item = parse_qa_line(line, where, out.dropped)
+        if item is None:
+            out.skipped.append(f"{where}: no answer left after dropping the ones empty after normalisation")
+        else:
+            out.items.append(item)
+    for msg in out.dropped + out.skipped:
+        log.warning(msg)
+    if not out.items:
+        raise ValueError(f"{path} holds no usable questions: write one JSON object per line, each with an answer.")
+    out.items = out.items[:limit]
+    return out
+
+
+def sample_items(items: list[QAItem], n: int, seed: int = 0) -> list[QAItem]:
+    """A deterministic random sample of n questions (same n, seed and file: same questions),
+    kept in file order. QA files are often ordered by source, so the first N are not
+    representative; a sample is.
+
+    >>> [it.question for it in sample_items([QAItem(q, ["a"]) for q in "abcdef"], 3, seed=1)]
+    ['a', 'b', 'e']
+    """
+    if not isinstance(n, int) or not 1 <= n <= len(items):
+        raise ValueError(f"sample={n!r} is out of range: choose 1 to {len(items)} questions (the file's usable rows).")
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
+def keep_answerable(items: list[QAItem], labels_path: str | Path) -> list[QAItem]:
+    """The questions a labels file marks answerable, in file order. The file is JSONL, one
+    {"id": ..., "answerable": true|false} a line, written by a person who read each question's
+    supporting passages (is the answer really stated there, or does the gold string only occur?);
+    it holds ids, never questions. String-matched QA files mix in many questions no passage
+    answers: the labelled subset is the sharper instrument (../shared/data/README.md).
+
+    >>> import tempfile, json; f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+    >>> _ = f.write(json.dumps({"id": "b", "answerable": True}) + "\\n"); f.close()
+    >>> [it.question for it in keep_answerable([QAItem("qa", ["x"], {"id": "a"}), QAItem("qb", ["y"], {"id": "b"})], f.name)]
+    ['qb']
+    """
+    path = Path(labels_path)
+    if not path.is_file():
+        raise ValueError(f"labels file {path} not found: pass --labels with a JSONL file of {{\"id\", \"answerable\"}} rows.")
+    keep, seen = set(), set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ident, ok = row["id"], row["answerable"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f'{path.name} line {n}: write one {{"id": ..., "answerable": true|false}} object a line.') from None
+        if not isinstance(ok, bool):
+            raise ValueError(f'{path.name} line {n}: "answerable" must be true or false, not {ok!r}.')
+        seen.add(str(ident))
+        if ok:
+            keep.add(str(ident))
+    ids = [str(it.meta.get("id")) for it in items]
+    if not seen.intersection(ids):
+        raise ValueError(f"no question of the QA file has an id labelled in {path}: the labels belong to another file.")
+    kept = [it for it, i in zip(items, ids) if i in keep]
+    if not kept:
+        raise ValueError(f"{path} labels no question of the QA file answerable: nothing to evaluate.")
+    return kept
+
+
+def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
+    """The usable questions of a QA file (see `read_qa`)."""
+    return read_qa(path, limit).items
+
+
+def parse_modes(text: str) -> list[str]:
+    """"closed-book,sequence,token" (or "all") -> a list of known modes, in the order given."""
+    modes = list(MODES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"unknown mode(s) {unknown or [text]}: use a comma-separated list of {', '.join(MODES)}, or all.")
+    return list(dict.fromkeys(modes))
+
+
+def parse_retrievers(text: str) -> list[str]:
+    names = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = [r for r in names if r not in RETRIEVERS]
+    if unknown or not names:
+        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of {', '.join(RETRIEVERS)}.")
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def machine_info() -> dict:
+    import os
+
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_name()}
+    try:
+        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def _cpu_name() -> str:
+    """The CPU's model name, with its family / model numbers (an "AMD EPYC" may be Zen 3 or Zen 5)
+    and whether it multiplies bfloat16 natively (which decides the offline models' precision)."""
+    from rag_demo.models.stacks import cpu_has_native_bf16
+
+    name, fields = platform.processor() or "?", {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip():
+                break  # the first processor's block is enough
+    except OSError:
+        pass
+    name = fields.get("model name", name)
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name + (", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16")
+
+
+def evaluate(
+    pipe,
+    items: list[QAItem],
+    modes: list[str],
+    settings: RagSettings,
+    retrievers: list[str] = ("dense", "bm25"),
+    bm25=None,
+    progress: bool = True,
+    say: Callable[[str], None] | None = None,
+    partial_path: str | Path | None = None,
+) -> dict:
+    """Answer every question in every mode (RAG modes once per retriever in `retrievers`),
+    score recall@1/5/20 of both retrievers, EM / F1 / contains per (mode, retriever).
+    With `partial_path`, the report of the questions done so far is rewritten after each one
+    (a long run stopped early still leaves its numbers).
+
+    Returns the report dict that `format_report` prints and the CLI saves as JSON.
+    """
+    from tqdm import tqdm
+
+    from rag_demo.knowledge.bm25 import BM25Retriever
+
+    if not items:
+        raise ValueError("no questions to evaluate: pass a QA file with at least one question.")
+    n_pass = len(pipe.index)
+    if settings.decoding.k > n_pass:
+        raise ValueError(f"k={settings.decoding.k} is more than the {n_pass} passages of the corpus: choose k from 1 to {n_pass}.")
+    if bm25 is None:
+        if say:
+            say(f"Building the BM25 index of {n_pass} passages ...")
+        bm25 = BM25Retriever(pipe.index.corpus)
+    depth = min(max(max(RECALL_KS), settings.decoding.k), n_pass)
+    rag_modes = [m for m in modes if m != "closed-book"]
+    enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses
+    by_encoder = pipe.modes_by_encoder(rag_modes)  # modes that share retrieval (the paper stack has two groups)
+    dense_name = f"dense ({pipe.stack.modes[enc_mode].question_encoder.name})"
+    ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)"}
+    rows = [("closed-book", "-")] if "closed-book" in modes else []
+    rows += [(m, r) for r in retrievers for m in rag_modes]
+    records = []
+    hits: dict[str, list] = {"dense": [], "bm25": []}
+    ret_ms: dict[str, list] = {"dense": [], "bm25": []}
+    bar = tqdm(items, desc="eval", unit="q", file=sys.stderr, disable=not progress)
+    f1_running: dict[str, list] = {}
+    for item in bar:
+        q = item.question
+        rec = {"question": q, "answers": item.answers, **item.meta, "retrieval": {}, "answers_by_row": {}}
+        read_hit: dict[str, bool] = {}  # retriever -> do its top K hold an answer
+        # retrieval, both retrievers, to depth 20
+        dense = pipe.retrieve(q, enc_mode, depth)
+        ret_ms["dense"].append(1000 * (dense.timings["encode"] + dense.timings["retrieve"]))
+        t0 = time.perf_counter()
+        b_scores, b_pass = bm25.search([q], depth)
+        ret_ms["bm25"].append(1000 * (time.perf_counter() - t0))
+        ranked = {"dense": dense.passages, "bm25": b_pass[0]}
+        for r, passages in ranked.items():
+            rank = first_hit([passage_text(p) for p in passages], item.answers)
+            hits[r].append(rank)
+            rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in passages[: settings.decoding.k]]}
+            read_hit[r] = rank is not None and rank <= settings.decoding.k
+        # generation: the RAG modes of one retriever share its K passages (and one prefill)
+        answers = {}
+        if "closed-book" in modes:
+            answers[("closed-book", "-")] = pipe.answer(q, "closed-book", settings)
+        for r in retrievers:
+            for group in by_encoder:
+                if r == "dense" and group[0] == enc_mode:  # the depth-20 search's top K = retrieve(q, mode, K)
+                    passages, scores = dense.passages[: settings.decoding.k], dense.scores[: settings.decoding.k]
+                elif r == "dense":
+                    got = pipe.retrieve(q, group[0], settings.decoding.k)
+                    passages, scores = got.passages, got.scores
+                else:
+                    passages = ranked["bm25"][: settings.decoding.k]
+                    scores = pipe.passage_scores(q, group[0], passages)
+                for mode, a in pipe.answer_from_modes(q, group, passages, scores, settings).items():
+                    answers[(mode, r)] = a
+        for mode, r in rows:
+            a = answers[(mode, r)]
+            key = f"{mode}|{r}"
+            rec["answers_by_row"][key] = {
+                "text": a.text, "em": exact_match(a.text, item.answers), "f1": f1_score(a.text, item.answers),
+                "contains": contains_answer(a.text, item.answers), "seconds": a.timings["total"],
+                "n_tokens": len(a.token_ids), "logprob": a.sequence_logprob,
+                # do the passages this row read hold an answer (closed-book: the dense top K's)
+                "hit": reader_hit(a.docs, item.answers) if a.docs else read_hit.get("dense"),
+                "docs": [{"id": d.id, "title": d.title, "prior": d.prior, "posterior": post}
+                         for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs))],
+                **({"candidates": a.candidates} if a.candidates else {}),
+                **({"drops": a.passage_drop} if a.passage_drop else {}),
+            }
+            f1_running.setdefault(key, []).append(rec["answers_by_row"][key]["f1"])
+        records.append(rec)
+        if partial_path is not None:
+            done = len(records)
+            part = _summarise(pipe, items[:done], modes, retrievers, settings, rows, records,
+                              {r: h[:done] for r, h in hits.items()}, ret_ms, ret_names, depth)
+            save_report({**part, "partial": f"{done} of {len(items)} questions"}, partial_path)
+        bar.set_postfix({k.split("|")[0][:3] + ("/bm25" if k.endswith("bm25") else ""): f"{sum(v) / len(v):.2f}"
+                         for k, v in f1_running.items()}, refresh=False)
+    bar.close()
+    return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
+
+
+def reader_hit(docs, golds: list[str]) -> bool:
+    """True when one of the passages a mode read (title + text) holds a gold answer."""
+    return any(has_answer(passage_text(d), golds) for d in docs)
+
+
+def answer_scores(res: list[dict]) -> dict:
+    """n, EM, F1, contains (means) of per-question answer records."""
+    return {"n": len(res), "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
+            "contains": _mean(x["contains"] for x in res)}
+
+
+def given_retrieval(res: list[dict]) -> dict:
+    """Reader accuracy given retrieval: EM / F1 / contains over the records whose passages hold
+    an answer (`hit`), and their count n.
+
+    >>> r = [{"em": 1, "f1": 1, "contains": 1, "hit": True}, {"em": 0, "f1": 0.5, "contains": 1, "hit": True},
+    ...      {"em": 0, "f1": 0, "contains": 0, "hit": False}]
+    >>> given_retrieval(r)
+    {'n': 2, 'em': 0.5, 'f1': 0.75, 'contains': 1.0}
+    """
+    return answer_scores([x for x in res if x.get("hit")])
+
+
+def faithfulness(res: list[dict]) -> dict:
+    """How faithful the attributions are (Cohen-Wang et al. 2024, "ContextCite": the top-k drop
+    test at k = 1, and leave-one-out agreement), over answer records carrying "drops" (per
+    passage: log p(y|x) minus log p(y|x) without it, `Answer.passage_drop`) and the passages'
+    attribution "posterior" (RAG-Token: mean token posterior; RAG-Sequence: p(z|x,y)).
+
+    top_drop: mean drop when the top-attributed passage is taken away; other_drop: mean over
+    answers of the mean drop when one of the other passages is; agree: how often the
+    top-attributed passage is the one whose removal drops log p(y|x) most. n: answers with at
+    least 2 passages. A faithful attribution has top_drop well above other_drop, agree near 1.
+
+    >>> docs = lambda *p: [{"posterior": x} for x in p]
+    >>> faithfulness([{"drops": [2.0, 0.5, 0.0], "docs": docs(.7, .2, .1)},
+    ...               {"drops": [0.1, 1.0, None], "docs": docs(.6, .3, .1)}])
+    {'n': 2, 'top_drop': 1.05, 'other_drop': 0.625, 'agree': 0.5}
+    """
+    tops, others, agree = [], [], []
+    for x in res:
+        drops, post = x.get("drops") or [], [d.get("posterior") for d in x.get("docs", [])]
+        if len(drops) < 2 or len(post) != len(drops) or any(p is None for p in post):
+            continue
+        top = max(range(len(post)), key=post.__getitem__)
+        if drops[top] is None:
+            continue
+        rest = [d for z, d in enumerate(drops) if z != top and d is not None]
+        tops.append(drops[top])
+        others.append(_mean(rest))
+        agree.append(float(max(range(len(drops)), key=lambda z: -math.inf if drops[z] is None else drops[z]) == top))
+    return {"n": len(tops), "top_drop": _mean(tops), "other_drop": _mean(others), "agree": _mean(agree)}
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth) -> dict:
+    retrieval = {
+        ret_names[r]: {
+            **{f"recall@{k}": recall_at_k(hits[r], min(k, depth)) for k in RECALL_KS},
+            "ms_per_question_p50": statistics.median(ret_ms[r]),
+        }
+        for r in ("dense", "bm25")
+    }
+    generation = []
+    types = sorted({it.type for it in items})
+    sources = sorted({str(it.meta["source"]) for it in items if "source" in it.meta})
+    for mode, r in rows:
+        key = f"{mode}|{r}"
+        res = [rec["answers_by_row"][key] for rec in records]
+        row = {
+            "mode": mode, "retriever": r if r == "-" else ret_names[r],
+            "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
+            "contains": _mean(x["contains"] for x in res), "n": len(res),
+            "given_retrieval": given_retrieval(res),
+            **({"faithfulness": faithfulness(res)} if mode != "closed-book" else {}),
+            "seconds_p50": statistics.median(x["seconds"] for x in res),
+            "tokens_mean": _mean(x["n_tokens"] for x in res),
+            "by_type": {
+                t: {"n": sum(rec.get("type", "?") == t for rec in records),
+                    "f1": _mean(x["f1"] for x, rec in zip(res, records) if rec.get("type", "?") == t),
+                    "contains": _mean(x["contains"] for x, rec in zip(res, records) if rec.get("type", "?") == t)}
+                for t in types
+            },
+            "by_source": {
+                src: {**answer_scores([x for x, rec in zip(res, records) if rec.get("source") == src]),
+                      "given_retrieval": given_retrieval([x for x, rec in zip(res, records) if rec.get("source") == src])}
+                for src in sources
+            },
+        }
+        generation.append(row)
+    return {
+        "n_questions": len(items),
+        "stack": pipe.stack.describe(),
+        "corpus": {"name": pipe.index.corpus.name, "passages": len(pipe.index)},
+        "settings": {**settings.to_dict(), "modes": modes, "retrievers": list(retrievers)},
+        "retrieval": retrieval,
+        "generation": generation,
+        "machine": machine_info(),
+        "questions": records,
+        "notes": [
+            "recall@k: a gold answer's tokens occur contiguously in the title + text of a top-k passage "
+            "(DPR has_answer; punctuation split off, articles dropped).",
+            "EM/F1: SQuAD v1.1 normalisation, max over gold answers. contains: a gold answer's tokens occur "
+            "in the prediction (lenient; for chatty generators).",
+            "BM25 rows: BM25 picks the K passages; p(z|x) is the dense question encoder's softmax over them.",
+            "given retrieval: over the n questions whose K passages that row read hold a gold answer "
+            "(closed-book: the dense top K); measures the reader apart from the retriever.",
+        ],
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}"
+
+
+def format_report(report: dict) -> str:
+    """Markdown: a retrieval table, an answer table, and answer F1 by question type."""
+    s = report["settings"]
+    c = report["corpus"]
+    lines = [
+        f"### Retrieval ({report['n_questions']} questions, {c['name']}, {c['passages']} passages)",
+        "",
+        "| retriever | recall@1 | recall@5 | recall@20 | retrieve p50 (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in report["retrieval"].items():
+        lines.append(f"| {name} | {_pct(r['recall@1'])} | {_pct(r['recall@5'])} | {_pct(r['recall@20'])} "
+                     f"| {r['ms_per_question_p50']:.0f} |")
+    copy_floor = (f" (RAG-Token copying from passages with p(z|x) >= {s['copy_min_prior']:g})"
+                  if s.get("extractive") and s.get("copy_min_prior") else "")
+    lines += [
+        "",
+        f"### Answers (K={s['k']}, {'greedy' if s['num_beams'] == 1 else 'beam=' + str(s['num_beams'])}, "
+        f"max {s['max_new_tokens']} new tokens, RAG-Sequence {s['sequence_decoding']}, "
+        f"{s.get('answer_style', 'sentence')} answers, prior temperature {s.get('prior_temperature', 1.0):g}, "
+        f"question weight {s.get('question_weight', 0.0):g}, {s.get('worked_examples', 0)} worked examples, "
+        f"question {s.get('question_position', 'after')}, "
+        f"{'whole passages' if not s.get('passage_sentences') else str(s['passage_sentences']) + ' sentences a passage'}"
+        f"{', extractive' if s.get('extractive') else ''}"
+        f"{copy_floor}"
+        f"{', echoes retried ' + str(s['echo_retries']) + 'x' if s.get('echo_retries') else ''}"
+        f"{' (and answers naming the question subject)' if s.get('echo_retries') and s.get('echo_subjects') else ''}"
+        f"{', questions recased from the passages' if s.get('recase_question') else ''}"
+        f"{', length penalty ' + format(s['length_penalty'], 'g') if s.get('length_penalty', 1.0) != 1.0 else ''}"
+        f"{', context contrast ' + format(s['context_contrast'], 'g') if s.get('context_contrast') else ''})",
+        "",
+        "| mode | passages from | EM | F1 | contains | given retrieval: n | EM | F1 | contains "
+        "| s/answer p50 | tokens/answer |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    titles = {"closed-book": "Closed-book", "sequence": "RAG-Sequence", "token": "RAG-Token"}
+    for g in report["generation"]:
+        gr = g.get("given_retrieval") or {"n": 0, "em": float("nan"), "f1": float("nan"), "contains": float("nan")}
+        lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {_pct(g['em'])} | {_pct(g['f1'])} "
+                     f"| {_pct(g['contains'])} | {gr['n']} | {_pct(gr['em'])} | {_pct(gr['f1'])} | {_pct(gr['contains'])} "
+                     f"| {g['seconds_p50']:.1f} | {g['tokens_mean']:.1f} |")
+    gens = report["generation"]
+    faithful = [g for g in gens if g.get("faithfulness", {}).get("n")]
+    if faithful:
+        lines += ["", "### Attribution faithfulness: take the top-attributed passage away (ContextCite top-1 drop)",
+                  "", "| mode | passages from | n | drop in log p(y\\|x), top-attributed passage removed "
+                  "| mean drop, another passage removed | top-attributed = largest drop |", "|---|---|---:|---:|---:|---:|"]
+        for g in faithful:
+            f = g["faithfulness"]
+            lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {f['n']} | {f['top_drop']:.2f} "
+                         f"| {f['other_drop']:.2f} | {_pct(f['agree'])} |")
+    if gens:
+        types = list(gens[0]["by_type"])
+        counts = {t: gens[0]["by_type"][t]["n"] for t in types}
+        lines += ["", "### F1 / contains by question type", "",
+                  "| mode | passages from | " + " | ".join(f"{t} (n={counts[t]})" for t in types) + " |",
+                  "|---|---|" + "---:|" * len(types)]
+        for g in gens:
+            cells = " | ".join(f"{_pct(g['by_type'][t]['f1'])} / {_pct(g['by_type'][t]['contains'])}" for t in types)
+            lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {cells} |")
+        sources = list(gens[0].get("by_source") or {})
+        if len(sources) > MAX_SOURCES_SHOWN:  # e.g. a per-question article title: no grouping to show
+            lines += ["", f"(By source: {len(sources)} distinct sources, more than {MAX_SOURCES_SHOWN}; "
+                          "the table is in the JSON report only.)"]
+        elif sources:
+            lines += ["", "### By source: EM / F1 / contains, overall and given retrieval (n)", "",
+                      "| mode | passages from | source | n | EM | F1 | contains | n given | EM | F1 | contains |",
+                      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for g in gens:
+                for src in sources:
+                    b = g["by_source"][src]
+                    gr = b["given_retrieval"]
+                    lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {src} | {b['n']} | {_pct(b['em'])} "
+                                 f"| {_pct(b['f1'])} | {_pct(b['contains'])} | {gr['n']} | {_pct(gr['em'])} "
+                                 f"| {_pct(gr['f1'])} | {_pct(gr['contains'])} |")
+    m = report["machine"]
+    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['threads']} threads), "
+              f"load average at the end {m.get('load_avg', '?')}. Scores in %."]
+    lines += [f"- {n}" for n in report["notes"]]
+    qa = report.get("qa_file")
+    if qa and (qa["skipped"] or qa["dropped"]):
+        lines += ["", f"QA file {qa['path']}: {len(qa['skipped'])} row(s) skipped (no usable answer), "
+                      f"{len(qa['dropped'])} answer(s) dropped (empty after normalisation):"]
+        lines += [f"- {m}" for m in qa["skipped"] + qa["dropped"]]
+    return "\n".join(lines)
+
+
+def save_report(report: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+    return path

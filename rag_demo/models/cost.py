@@ -1,0 +1,145 @@
+"""What a question costs in generator work, estimated before it runs.
+
+`CostModel` prices one mode's answer from K, beams, max new tokens and prompt lengths:
+    prefill   K·S prompt tokens                        x prefill_s_per_token
+    decoding  T steps of R rows (R = K·B, or B)        x (step_s + R·row_s)
+    scoring   rows·T teacher-forced tokens             x score_s_per_token
+(S prompt length, T max new tokens, B beams; thorough RAG-Sequence scores all C ≤ K·B candidates
+under all K docs). `calibrate` measures the constants on this CPU; attention's growth with
+context is not modelled (a 135M model at ≤ 450 tokens spends < 15% of its time there). Memory
+counts the KV caches (rows x tokens x layers x 2 x kv width), their copies while beams are
+reordered, the per-step logits and the scoring chunks. docs/DESIGN.md §10.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+GiB = 2**30
+# A calibrated constant stays within these factors of the default (see CostModel.calibrate).
+CALIBRATION_RANGE = (0.2, 5.0)
+
+
+@dataclass
+class Cost:
+    """An estimate: seconds of generator work and peak extra bytes of one request."""
+
+    seconds: float
+    peak_bytes: int
+    per_mode: dict[str, float] = field(default_factory=dict)  # seconds per mode
+    heavy: bool = False
+
+    def describe(self) -> str:
+        return f"about {_fmt_s(self.seconds)} and {self.peak_bytes / GiB:.1f} GB"
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+
+
+@dataclass
+class ModelDims:
+    """What the cost model needs to know of a generator."""
+
+    layers: int
+    kv_width: int  # key (= value) width per token and layer: kv heads x head dim
+    vocab: int
+    dtype_bytes: int  # of the KV cache
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_width * self.dtype_bytes  # keys and values, every layer
+
+
+def model_dims(gen) -> ModelDims:
+    """ModelDims of a generator adapter (SmolLM2 / Llama-like, or BART's decoder)."""
+    cfg = gen.model.config
+    layers = getattr(cfg, "num_hidden_layers", None) or cfg.decoder_layers
+    heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "decoder_attention_heads", None) or cfg.num_attention_heads
+    hidden = cfg.hidden_size if hasattr(cfg, "hidden_size") else cfg.d_model
+    head_dim = getattr(cfg, "head_dim", None) or hidden // (getattr(cfg, "num_attention_heads", None) or cfg.decoder_attention_heads)
+    dtype_bytes = next(gen.model.parameters()).element_size()
+    if gen.kind == "encoder-decoder":
+        layers *= 2  # self-attention and cross-attention caches
+    return ModelDims(layers, heads * head_dim, gen.vocab_size, dtype_bytes)
+
+
+@dataclass
+class CostModel:
+    """Seconds per unit of generator work on this CPU (see the module docstring). Defaults were
+    measured for SmolLM2-135M in bfloat16 on 2 vCPUs of an AMD EPYC; `calibrate` replaces them
+    with the running machine's numbers at warm-up."""
+
+    prefill_s_per_token: float = 0.0006
+    step_s: float = 0.035  # a decoding step's cost that does not grow with rows (30 layers of small ops)
+    row_s: float = 0.004  # each row of a decoding step
+    score_s_per_token: float = 0.0012  # a teacher-forced token (the vocabulary projection included)
+    calibrated: bool = False
+
+    def request(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
+                thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20,
+                drafts: str = "none") -> tuple[float, int]:
+        """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens).
+        drafts (RAG-Token, RagSettings.token_drafts): "own" decodes each doc's drafts too, "shared"
+        takes RAG-Sequence's (asked in the same request); either way its k·B + B candidates may be
+        scored under all k docs (rank_by_rag_token's worst case)."""
+        S, T, B = prompt_tokens, new_tokens, beams
+        kv = dims.kv_bytes_per_token
+        step_logits = 3 * 4 * dims.vocab  # float32 logits, log-softmax and mixing copies, per row
+        draft_rows, batch = 0, None  # batch: rows scored at once, when not all `scored` rows in one go
+        if mode == "closed-book":
+            rows, prefill_rows, scored = B, 1, 0
+        elif mode == "token" and drafts != "none":
+            rows, prefill_rows, scored = B * k, k, k * (k * B + B)
+            draft_rows, batch = (k * B if drafts == "own" else 0), k * B + B  # one doc's candidates at a time
+        elif mode == "token":
+            rows, prefill_rows, scored = B * k, k, (k if B > 1 else 0)
+        else:
+            cands = k * B if thorough else 1
+            rows, prefill_rows, scored = k * B, k, k * cands
+        seconds = (prefill_rows * S * self.prefill_s_per_token
+                   + T * (self.step_s + rows * self.row_s)
+                   + (T * (self.step_s + draft_rows * self.row_s) if draft_rows else 0.0)
+                   + scored * T * self.score_s_per_token)
+        prefill_state = prefill_rows * S * kv
+        decoding = 2 * rows * (S + T) * kv + rows * step_logits  # a reorder copies the cache before freeing it
+        scoring = (min(batch or scored, scoring_rows) * (S + T) * kv + 4 * logits_chunk) if scored else 0
+        peak = prefill_state + max(decoding, scoring)
+        return seconds, int(peak)
+
+    def calibrate(self, gen, prompt_tokens: int = 160, rows: int = 5, steps: int = 3, repeats: int = 3) -> "CostModel":
+        """Measure this CPU: a prefill of `rows` prompts, decoding steps at 1 and `rows` rows, and
+        a teacher-forced pass; -> a calibrated copy (a few seconds for SmolLM2). Each figure is
+        the fastest of `repeats` (a busy neighbour only ever slows a run down), and each constant
+        stays within CALIBRATION_RANGE of the default: a warm-up on a machine that is briefly
+        overloaded must not make every later request look too expensive to serve."""
+        import torch
+
+        ids = [list(range(100, 100 + prompt_tokens))] * rows
+        targets = torch.full((rows, 16), 300, dtype=torch.long)
+
+        def timed(fn) -> float:
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t)
+            return best
+
+        _, st = gen.prefill(ids)  # untimed: first-call allocations
+        prefill = timed(lambda: gen.prefill(ids)) / (rows * prompt_tokens)
+
+        def step_time(r: int) -> float:
+            state = gen.select(st, torch.arange(r))
+            tok = torch.full((r, 1), 200, dtype=torch.long)
+            gen.advance(state, tok)  # untimed
+            return timed(lambda: [gen.advance(state, tok) for _ in range(steps)]) / steps
+
+        one, many = step_time(1), step_time(rows)
+        row_s = max(1e-5, (many - one) / (rows - 1))
+        step_s = max(1e-4, one - row_s)
+        score = timed(lambda: gen.advance_gather(gen.select(st, torch.arange(rows)), targets, targets)) / (rows * 16)
+        lo, hi = CALIBRATION_RANGE
+        measured = dict(prefill_s_per_token=prefill, step_s=step_s, row_s=row_s, score_s_per_token=score)
+        kept = {k: min(max(v, lo * getattr(self, k)), hi * getattr(self, k)) for k, v in measured.items()}
+        return CostModel(**kept, calibrated=True)

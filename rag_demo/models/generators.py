@@ -1,0 +1,796 @@
+"""Generator adapters: what the RAG engine needs from a language model, for both kinds.
+
+Owns turning (question, doc) into generator input ids, and running the model row-wise with a
+KV cache: `prefill` the K doc-conditioned inputs at once, `advance` every row by one or more
+tokens (one token while decoding, a whole answer when teacher-forcing), and `select` rows
+(beam reordering, or copying a prefilled state to score candidates). Two kinds:
+
+* `EncoderDecoderGenerator`: BART inside the paper's RAG checkpoints. Input
+  `title / text // question` as in transformers' RagRetriever, but the passage is cut
+  to its token budget first so truncation can never cut the question.
+* `DecoderOnlyGenerator`: SmolLM2-135M-Instruct (offline stack). One chat prompt per doc
+  holding that passage and the question; prompts are left-padded.
+
+Every method returns float32 log-probabilities (log_softmax of the logits).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import create_bidirectional_mask
+
+from rag_demo.models import Doc
+from rag_demo.models.stopping import StopRule
+
+# Most float32 logits alive at once when teacher-forcing (advance_gather): 32M x 4 bytes = 128 MB,
+# whatever the number of candidates x docs x tokens being scored.
+LOGITS_CHUNK = 32 * 2**20
+
+ENCODER_DECODER = "encoder-decoder"
+DECODER_ONLY = "decoder-only"
+
+SYSTEM_PROMPT = "Answer the question in a few words, using the passage."
+CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
+# answer_style="short" (RagSettings): ask for a span, as the paper's NQ answers are; the
+# assistant turn is opened with SHORT_ANSWER_CUE (prompt tokens, neither generated nor scored,
+# like BART's decoder start token), so the model's habit "The answer is: X. ..." becomes the
+# span " X"; the answer ends at the first line end or sentence-final period (`stop_token_ids`).
+# SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and
+# without the cue one worked example did not shorten its answers either; with the cue, the two
+# WORKED_EXAMPLES below do (docs/reader_results.md).
+# The closed-book prompt asks the same.
+SHORT_ANSWER_CUE = "The answer is:"
+# Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
+ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})
+SHORT_SYSTEM_PROMPT = (
+    "Answer with the shortest phrase from the passage that answers the question: "
+    "a name, a place, a date or a number, not a sentence."
+)
+SHORT_CLOSED_BOOK_SYSTEM_PROMPT = (
+    "Answer with the shortest phrase that answers the question: a name, a place, a date or a number, not a sentence."
+)
+
+
+@dataclass
+class GenState:
+    """Rows of generator state: one row per (beam, doc) pair, or per candidate x doc."""
+
+    cache: Cache
+    mask: torch.Tensor  # (R, S) encoder mask (enc-dec) or prompt+generated mask (dec-only)
+    encoder_hidden: torch.Tensor | None = None  # (R, S, H) enc-dec only
+    next_pos: torch.Tensor | None = None  # (R,) dec-only: position id of the next token
+    # enc-dec: the cross-attention mask, built from `mask` once per state (None: no padding)
+    cross_mask: torch.Tensor | None = None  # (R, 1, 1, S)
+    # dec-only prefill(score_last=n): log p(prompt token | the prompt before it) of each row's
+    # last n prompt tokens (R, n), read from the prefill's own logits (the question's likelihood
+    # under each passage, RagSettings.question_weight); None when not asked for
+    prompt_lp: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad: int, left: bool = False, min_width: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id lists -> (R, W) ids and (R, W) mask (1 on real tokens), the one place padding is built.
+
+    Right-padded by default (encoder inputs, teacher-forced targets); `left=True` for decoder-only
+    prompts, so every row's last real token sits in the last column. W = max(longest row, min_width).
+    """
+    width = max([len(r) for r in rows] + [min_width])
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (R, W)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (R, W)
+    for r, row in enumerate(rows):
+        cols = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[r, cols] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, cols] = 1
+    return ids, mask
+
+
+# A prefix shorter than this runs with the rest of the prompt: one more model call costs more
+# than recomputing a few tokens per row.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]], keep: int = 1) -> int:
+    """The length of the token prefix every prompt shares, leaving at least `keep` tokens of
+    each prompt after it (0 for one prompt, or when shorter than MIN_SHARED_PREFIX)."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(p) for p in prompts) - keep
+    first = prompts[0]
+    for i in range(max(0, n)):
+        if any(p[i] != first[i] for p in prompts[1:]):
+            n = i
+            break
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+class GrowingLayer(DynamicLayer):
+    """A KV cache layer whose keys and values live in a buffer grown GROW tokens at a time.
+
+    transformers' DynamicLayer concatenates at every step: a new (R, heads, n+1, d) tensor per
+    layer per token, the whole cache copied each time (13% of CPU time in a RAG-Token profile)
+    and the allocator churned. Here a step writes its token into spare room; `keys`/`values`
+    are views of the first n positions, so the model reads exactly what it read before."""
+
+    GROW = 64
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k = self._v = None  # (R, heads, capacity, d) buffers
+        self._n = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, L = self._n, key_states.shape[-2]
+        if self._k is None or n + L > self._k.shape[-2]:  # grow: one copy per GROW tokens
+            shape = (*key_states.shape[:-2], n + L + self.GROW, key_states.shape[-1])
+            k, v = key_states.new_empty(shape), value_states.new_empty(shape)
+            if n:
+                k[..., :n, :], v[..., :n, :] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[..., n: n + L, :] = key_states
+        self._v[..., n: n + L, :] = value_states
+        self._n = n + L
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+        return self.keys, self.values
+
+    def _blank(self) -> "GrowingLayer":
+        """An empty layer of the same kind (SharedPrefixLayer: over the same shared prefix)."""
+        return GrowingLayer()
+
+    def selected(self, rows: torch.Tensor) -> "GrowingLayer":
+        """A new layer holding `rows` (the source is unchanged). One copy: the rows of the whole
+        buffer, spare room included, become the new layer's buffer (index_select then `update`
+        copied every position twice: a fifth of a RAG-Token answer's CPU time went to copies)."""
+        out = self._blank()
+        if not (self.is_initialized and self._n):
+            return out
+        if self._k is None:  # transformers edited the cache in place (_forget_buffer): no spare room
+            out.update(self.keys.index_select(0, rows), self.values.index_select(0, rows))
+            return out
+        out.lazy_initialization(self.keys, self.values)
+        out._k, out._v, out._n = self._k.index_select(0, rows), self._v.index_select(0, rows), self._n  # (R', h, cap, d)
+        out.keys, out.values = out._k[..., : out._n, :], out._v[..., : out._n, :]
+        return out
+
+    def cropped(self, n: int) -> "GrowingLayer":
+        """A new layer holding the first n positions (a copy; the source is unchanged)."""
+        out = GrowingLayer()
+        if self.is_initialized and self._n and n:
+            out.update(self.keys[..., :n, :], self.values[..., :n, :])  # update copies into its own buffer
+        return out
+
+    def _forget_buffer(self) -> None:  # after transformers' own in-place edits (crop, reorder, ...)
+        self._k = self._v = None
+        self._n = 0 if self.keys is None or not self.keys.numel() else self.keys.shape[-2]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        self._forget_buffer()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._forget_buffer()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._forget_buffer()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._forget_buffer()
+
+
+class SharedPrefixLayer(GrowingLayer):
+    """A GrowingLayer for rows that all open with the same prefix: the prefix's keys and values
+    are held once, (1, heads, P, d), and only each row's own positions after it live in the
+    growing buffer, (R, heads, n, d).
+
+    The K doc prompts of a question share ~400 of their ~550 tokens (system prompt, worked
+    examples), so holding them once makes every `selected` copy (beam reorders, teacher-forced
+    chunks) about a third as large, and `shared_prefix_attention` reads them once for all rows.
+    The model sees a cache of P + n positions (get_seq_length, and so its masks); `update`
+    returns only the rows' own keys and values, which is what `shared_prefix_attention` expects:
+    a model using this cache must run with that attention (DecoderOnlyGenerator sets it)."""
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor):
+        super().__init__()
+        self.prefix_k, self.prefix_v = prefix_k, prefix_v  # (1, heads, P, d), never written
+
+    def _blank(self) -> "SharedPrefixLayer":
+        return SharedPrefixLayer(self.prefix_k, self.prefix_v)
+
+    def get_seq_length(self) -> int:
+        return self.prefix_k.shape[-2] + super().get_seq_length()
+
+    def cropped(self, n: int) -> "GrowingLayer":
+        raise ValueError("cropped() of a SharedPrefixLayer: crop the one-row cache the prefix came from instead.")
+
+
+def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            prefix_cache: Cache | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention over a shared prefix plus each row's own positions (SharedPrefixLayer), exact.
+
+    Up to EAGER_MAX_QUERIES queries a row (a decoding step, a teacher-forced answer):
+    softmax_j(q·k_j · scaling) over j in [prefix (P), row's own (n)], the prefix's scores for all R
+    rows from one matmul per key/value head (R·g·L queries against P keys, g = query heads per kv
+    head: grouped-query attention without repeating the keys), the rows' own from a batched
+    matmul; one softmax over both. The prefix holds real tokens every row shares and precedes
+    every query, so it is visible to all of them; the mask (R or 1, 1, L, P + n) applies to the
+    rows' own positions, its last n columns. More queries (a prefill: compute-bound, where SDPA's
+    fused kernel is faster than these matmuls): the prefix joins each row's keys and SDPA runs
+    as usual (it repeats the keys per query head: with many rows and few queries, as when
+    teacher-forcing a dozen candidates, those copies cost more than the attention).
+
+    Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
+    attention unchanged. query (R, H, L, d), key/value (R, Hkv, n, d) -> (R, L, H, d)."""
+    layer = None if prefix_cache is None else prefix_cache.layers[module.layer_idx]
+    if not isinstance(layer, SharedPrefixLayer):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    R, H, L, d = query.shape
+    if L > EAGER_MAX_QUERIES:  # a prefill: compute-bound, where SDPA's fused kernel is faster
+        full_k = torch.cat([layer.prefix_k.expand(R, -1, -1, -1), key], dim=2)  # (R, Hkv, P+n, d)
+        full_v = torch.cat([layer.prefix_v.expand(R, -1, -1, -1), value], dim=2)  # (R, Hkv, P+n, d)
+        return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    pk, pv = layer.prefix_k[0], layer.prefix_v[0]  # (Hkv, P, d)
+    Hkv, P, n = pk.shape[0], pk.shape[1], key.shape[2]
+    g = H // Hkv
+    scaling = d ** -0.5 if scaling is None else scaling
+    q = (query * scaling).reshape(R, Hkv, g * L, d)  # (R, Hkv, gL, d): query head h reads kv head h // g
+    qp = q.transpose(0, 1).reshape(Hkv, R * g * L, d)  # (Hkv, R·gL, d)
+    s_pre = torch.bmm(qp, pk.transpose(1, 2)).view(Hkv, R, g * L, P).transpose(0, 1)  # (R, Hkv, gL, P)
+    s_own = torch.matmul(q, key.transpose(2, 3)).view(R, Hkv, g, L, n)  # (R, Hkv, g, L, n)
+    if attention_mask is not None:
+        m = attention_mask[..., -n:].unsqueeze(2)  # (R|1, 1, 1, L, n)
+        s_own = s_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s_own + m
+    elif L > 1:  # no mask given: causal within the rows' own positions (query i sits at n - L + i)
+        s_own = s_own.masked_fill(~torch.ones(L, n, dtype=torch.bool).tril(n - L), float("-inf"))  # (L, n)
+    scores = torch.cat([s_pre, s_own.view(R, Hkv, g * L, n)], dim=-1)  # (R, Hkv, gL, P+n)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # (R, Hkv, gL, P+n)
+    pp = probs[..., :P].transpose(0, 1).reshape(Hkv, R * g * L, P)  # (Hkv, R·gL, P)
+    out = torch.bmm(pp, pv).view(Hkv, R, g * L, d).transpose(0, 1)  # (R, Hkv, gL, d)
+    out = out + torch.matmul(probs[..., P:], value)  # (R, Hkv, gL, d)
+    return out.reshape(R, H, L, d).transpose(1, 2).contiguous(), None  # (R, L, H, d)
+
+
+SHARED_PREFIX_ATTENTION = "rag_shared_prefix"
+# Queries a row up to which shared_prefix_attention computes attention itself (decoding steps,
+# teacher-forced answers of up to 32 tokens); longer runs (prefills) go to SDPA.
+EAGER_MAX_QUERIES = 32
+
+
+def use_shared_prefix_attention(model) -> None:
+    """Register `shared_prefix_attention` (and SDPA's masks under its name) with transformers and
+    switch `model` to it: SDPA for every cache without a SharedPrefixLayer, so the same numbers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SHARED_PREFIX_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(SHARED_PREFIX_ATTENTION)
+
+
+class _GrowingCache(DynamicCache):
+    """A DynamicCache made of GrowingLayers (an empty one grows a layer per model layer on first use)."""
+
+    def __init__(self, layers: list[GrowingLayer] | None = None):
+        if layers:
+            Cache.__init__(self, layers=layers)
+        else:
+            Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+
+def _select_cache(cache: Cache, rows: torch.Tensor) -> Cache:
+    """A new cache holding `rows` of `cache` (copies: the source is never mutated)."""
+    if isinstance(cache, EncoderDecoderCache):
+        return EncoderDecoderCache(
+            _select_cache(cache.self_attention_cache, rows), _select_cache(cache.cross_attention_cache, rows)
+        )
+    if all(isinstance(layer, GrowingLayer) for layer in cache.layers):
+        return _GrowingCache([layer.selected(rows) for layer in cache.layers])
+    data = [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in cache.layers]
+    return DynamicCache(data)
+
+
+_JOINERS = ".,'-"  # inside a word or number when between two letters or digits: "68.5", "632,702", "U.S."
+# A number's magnitude belongs to it: "242" is not "242 million".
+_MAGNITUDE = re.compile(r"\s+(?:thousand|million|billion|trillion)\b", re.IGNORECASE)
+
+
+def _joined(text: str, p: int) -> bool:
+    """Is character position p (the boundary between text[p-1] and text[p]) inside a word or a
+    number? "Can|berra", "6|3", "68|.5", "68.|5", "632|,702", "68.5| million", "O|'Brien" are;
+    "Paris|, France", "68.5 million| people", "U.S.| dollar", "Dante|'s" (a possessive) are not."""
+    if p <= 0 or p >= len(text):
+        return False
+    a, b = text[p - 1], text[p]
+    possessive = b == "'" and text[p + 1: p + 2] in ("s", "S") and not text[p + 2: p + 3].isalnum()
+    return ((a.isalnum() and b.isalnum())
+            or (a.isalnum() and b in _JOINERS and p + 1 < len(text) and text[p + 1].isalnum() and not possessive)
+            or (a in _JOINERS and p >= 2 and text[p - 2].isalnum() and b.isalnum())
+            or (a.isdigit() and _MAGNITUDE.match(text, p) is not None))
+
+
+class Span(list):
+    """A passage's token ids that an extractive answer may copy (a list, usable wherever one is),
+    with where a copy may start and end: `starts` holds the positions j whose token opens a word,
+    `stops` the positions j such that a copy ending with token j-1 ends a word (len(self)
+    included). None: anywhere. Without them a copy could stop inside a number and splice two:
+    the model starts its remembered "68", the passage offers "63" (of "632,702"), and "63." ends."""
+
+    def __init__(self, ids, starts: frozenset[int] | None = None, stops: frozenset[int] | None = None):
+        super().__init__(ids)
+        self.starts, self.stops = starts, stops
+
+    @classmethod
+    def from_offsets(cls, ids: list[int], text: str, offsets: list[tuple[int, int]]) -> "Span":
+        """ids with their character offsets in `text` (a fast tokenizer's offset_mapping)."""
+        starts = frozenset(j for j, (a, _) in enumerate(offsets) if not _joined(text, a))
+        stops = frozenset(j + 1 for j, (_, b) in enumerate(offsets) if not _joined(text, b))
+        return cls(ids, starts, stops | {len(ids)})
+
+
+class Generator:
+    """Interface shared by both kinds (see module docstring)."""
+
+    kind: str
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    eos_token_ids: list[int]
+    pad_token_id: int
+
+    def prompt(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
+               question_position: str = "after", examples: Sequence[tuple] = ()) -> list[int]:
+        """Input ids for one (question, doc) pair, or the closed-book input (doc None), in
+        answer style `style` (RagSettings.answer_style), after `examples` worked examples
+        (RagSettings.worked_examples; decoder-only), the question placed by
+        `question_position` (RagSettings.question_position)."""
+        raise NotImplementedError
+
+    def stop_token_ids(self, style: str = "sentence") -> list[int]:
+        """The ids that end an answer in `style`: EOS, and for styles that stop early more. A stop
+        token is a generated token: it is kept in the answer's ids and scored like any other."""
+        return self.eos_token_ids
+
+    def prefill(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> tuple[torch.Tensor, GenState]:
+        """Run R prompts; -> next-token log-probs (R, V) and the state after them. score_last=n
+        (decoder-only) also keeps, in state.prompt_lp (R, n), the log-prob of each row's last n
+        prompt tokens given the tokens before them, from the same forward pass."""
+        raise NotImplementedError
+
+    def question_tail(self, prompt: Sequence[int], question: str) -> tuple[int, int] | None:
+        """(n_question, n_after): where the question's tokens sit in `prompt`, counted from its
+        end (prompt[-(n_question + n_after):-n_after]), when the generator predicts them (a
+        decoder-only prompt holds the question after the passage); None when it does not (an
+        encoder reads its input) or they cannot be found as one run of tokens."""
+        return None
+
+    def common_question_tail(self, prompts: Sequence[Sequence[int]], question: str) -> tuple[int, int] | None:
+        """`question_tail` when it is the same in every prompt (the rows are left-padded, so the
+        question's positions then align from the end in all of them), else None."""
+        tails = {self.question_tail(p, question) for p in prompts}
+        return tails.pop() if len(tails) == 1 else None
+
+    @torch.inference_mode()
+    def advance(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> float32 log-probs (R, L, V) of the next tokens."""
+        return _log_softmax(self._logits(self._hidden(state, tokens)))  # (R, L, V)
+
+    @torch.inference_mode()
+    def advance_gather(self, state: GenState, tokens: torch.Tensor, targets: torch.Tensor,
+                       max_logits: int = LOGITS_CHUNK) -> torch.Tensor:
+        """Feed tokens (R, L) to every row, in place; -> log p(targets) (R, L): the log-prob of
+        targets[:, j] as the token after tokens[:, :j+1]. The vocabulary projection runs over
+        slices of positions so at most `max_logits` logits exist at once: teacher-forcing many
+        candidates never builds an (R, L, V) tensor."""
+        hidden = self._hidden(state, tokens)  # (R, L, H)
+        R, L = tokens.shape
+        step = max(1, max_logits // max(1, R * self.vocab_size))  # positions per slice
+        out = []
+        for a in range(0, L, step):
+            logits = self._logits(hidden[:, a: a + step]).float()  # (R, l, V)
+            picked = logits.gather(2, targets[:, a: a + step].unsqueeze(-1)).squeeze(-1)  # (R, l)
+            out.append(picked - torch.logsumexp(logits, dim=-1))  # (R, l) log_softmax, gathered first
+        return torch.cat(out, dim=1)  # (R, L)
+
+    def advance_slices(self, state: GenState, tokens: torch.Tensor, max_logits: int = LOGITS_CHUNK):
+        """Feed tokens (R, L) to every row, in place; yield (a, log-probs (R, l, V)) for positions
+        a..a+l-1, each the next-token distribution after tokens[:, :a+j+1]: the full
+        distributions of a teacher-forced pass, a slice at a time (at most `max_logits` logits)."""
+        hidden = self._hidden(state, tokens)  # (R, L, H)
+        R, L = tokens.shape
+        step = max(1, max_logits // max(1, R * self.vocab_size))  # positions per slice
+        for a in range(0, L, step):
+            yield a, torch.log_softmax(self._logits(hidden[:, a: a + step]).float(), dim=-1)  # (R, l, V)
+
+    def _hidden(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """Run tokens (R, L) through the model with the state's cache (updated in place) -> (R, L, H)."""
+        raise NotImplementedError
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The vocabulary projection of hidden states (..., H) -> logits (..., V)."""
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def select(self, state: GenState, rows: torch.Tensor) -> GenState:
+        """A new state made of `rows` of `state` (a row may repeat); `state` is left as it was."""
+        raise NotImplementedError
+
+    def start_tokens(self) -> list[int]:
+        """Tokens every output begins with that the model did not choose (BART's decoder start)."""
+        return []
+
+    # -- text ---------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+    def token_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The text each token adds (incremental decoding keeps leading spaces right)."""
+        pieces, prev = [], ""
+        for i in range(len(ids)):
+            text = self.tokenizer.decode(list(ids[: i + 1]), skip_special_tokens=True)
+            pieces.append(text[len(prev):] if text.startswith(prev) else self.tokenizer.decode([ids[i]]))
+            prev = text
+        return pieces
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.tokenizer.all_special_ids
+
+    def piece(self, token_id: int) -> str:
+        """One token as text on its own (a special token by its name, e.g. the end of the answer)."""
+        if self.is_special(token_id):
+            return str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
+        return self.tokenizer.decode([int(token_id)])
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+class EncoderDecoderGenerator(Generator):
+    """BART (or any seq2seq LM) as in the paper's RAG checkpoints."""
+
+    kind = ENCODER_DECODER
+
+    def __init__(self, model, tokenizer, name: str = "bart", max_input_tokens: int = 300):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = model.config
+        self.decoder_start_token_id = cfg.decoder_start_token_id
+        self.pad_token_id = cfg.pad_token_id
+        self.eos_token_ids = [cfg.eos_token_id]
+        self.max_input_tokens = max_input_tokens  # the reference's max_combined_length
+
+    def start_tokens(self) -> list[int]:
+        return [self.decoder_start_token_id]
+
+    def prompt(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
+               question_position: str = "after", examples: Sequence[tuple] = ()) -> list[int]:
+        # `style`, `question_position` and `examples` are ignored: BART-NQ was fine-tuned to answer in spans,
+        # with this input format, and its encoder reads the whole input at once.
+        tok = self.tokenizer
+        if doc is None:
+            return tok(question, truncation=True, max_length=self.max_input_tokens)["input_ids"]
+        q_ids = tok(" // " + question, add_special_tokens=False)["input_ids"]
+        budget = max(8, min(max_doc_tokens, self.max_input_tokens - len(q_ids) - 2))
+        doc_ids = tok(f"{doc.title} / {doc.text}", add_special_tokens=False)["input_ids"]
+        if len(doc_ids) > budget:  # cut the passage, never the question
+            doc_ids = doc_ids[:budget]
+        text = (tok.decode(doc_ids) + " // " + question).replace("  ", " ")
+        return tok(text)["input_ids"]
+
+    @torch.inference_mode()
+    def prefill(self, prompts, score_last: int = 0):
+        if score_last:
+            raise ValueError(
+                f"score_last={score_last!r}: an encoder-decoder generator reads its input, it does not predict it; "
+                "use score_last=0 (question_tail is None for this generator)."
+            )
+        ids, mask = pad_rows(prompts, self.pad_token_id)  # (R, S) right-padded
+        return self.prefill_ids(ids, mask)
+
+    @torch.inference_mode()
+    def prefill_ids(self, ids: torch.Tensor, mask: torch.Tensor):
+        """Prefill from already-built input ids (R, S) and mask (R, S)."""
+        hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # (R, S, H)
+        state = GenState(
+            cache=EncoderDecoderCache(_GrowingCache(), DynamicCache()), mask=mask, encoder_hidden=hidden,
+            cross_mask=self._cross_mask(mask, hidden),
+        )
+        start = torch.full((ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long)  # (R, 1)
+        return self.advance(state, start)[:, -1], state  # (R, V)
+
+    def _cross_mask(self, mask: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The encoder padding mask (R, S) as the 4D mask the decoder's cross-attention takes, in
+        the form the model's attention implementation wants (None when nothing is padded).
+        Built once per prefill: given the 2D mask, transformers rebuilds it at every decoding
+        step (~0.1 ms, a tenth of a step of the tiny test models)."""
+        return create_bidirectional_mask(
+            config=self.model.config, inputs_embeds=hidden[:, :1], attention_mask=mask, encoder_hidden_states=hidden
+        )  # (R, 1, 1, S) or None
+
+    @torch.inference_mode()
+    def _hidden(self, state, tokens):
+        out = self.model.model(
+            encoder_outputs=(state.encoder_hidden,),
+            attention_mask=state.cross_mask,  # 4D, or None: the decoder uses it as given
+            decoder_input_ids=tokens,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        state.cache = out.past_key_values
+        return out.last_hidden_state  # (R, L, H)
+
+    def _logits(self, hidden):
+        return self.model.lm_head(hidden) + self.model.final_logits_bias  # (..., V) as BartForConditionalGeneration
+
+    def select(self, state, rows):
+        return GenState(
+            cache=_select_cache(state.cache, rows),
+            mask=state.mask.index_select(0, rows),
+            encoder_hidden=state.encoder_hidden.index_select(0, rows),
+            cross_mask=None if state.cross_mask is None else state.cross_mask.index_select(0, rows),
+        )
+
+
+class DecoderOnlyGenerator(Generator):
+    """A chat LM (SmolLM2-135M-Instruct): the doc goes into the prompt."""
+
+    kind = DECODER_ONLY
+
+    def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct"):
+        self.model = model.eval()
+        use_shared_prefix_attention(self.model)  # prefill shares the prompts' opening: SharedPrefixLayer
+        self.tokenizer = tokenizer
+        self.name = name
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self._kept: list[tuple[tuple[int, ...], _GrowingCache]] = []  # recent prefixes' KV (`_prefix_kv`)
+        self._kept_lock = threading.Lock()
+        self.prefix_tokens_run = 0  # prefix tokens the model actually ran (tests read it)
+
+    def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
+                 question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
+        """The chat turns for one doc (None: closed-book). question_position "both" puts the
+        question before the passage as well as after it (RagSettings.question_position);
+        `examples` (title, passage, question, short answer, sentence answer): worked examples that come
+        first as earlier turns (rag_demo.reader.examples), each asked
+        and answered the way the real question is (closed-book: without their passages)."""
+        short = style == "short"
+        if doc is None:
+            system = SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT
+            user = lambda q, title, text: f"Question: {q}"  # noqa: E731
+        else:
+            system = SHORT_SYSTEM_PROMPT if short else SYSTEM_PROMPT
+            ask = "" if short else "\nAnswer in a few words."
+
+            def user(q, title, text):
+                before = f"Question: {q}\n\n" if question_position == "both" else ""
+                return f"{before}{title}: {text}\n\nQuestion: {q}{ask}"
+
+        turns = [{"role": "system", "content": system}]
+        for title, text, q, span, sentence in examples:
+            answer = f"{SHORT_ANSWER_CUE} {span}." if short else sentence
+            turns += [{"role": "user", "content": user(q, title, text)}, {"role": "assistant", "content": answer}]
+        text = None if doc is None else self._doc_text(doc, max_doc_tokens)
+        turns.append({"role": "user", "content": user(question, None if doc is None else doc.title, text)})
+        return turns
+
+    def stop_token_ids(self, style: str = "sentence") -> list[int]:
+        """short: EOS, every token that ends a line (its text holds a newline with only
+        whitespace after it) and every sentence-final period token ("." alone, or followed by
+        whitespace only), so an answer is one phrase; except a period right after an initial or
+        a title's abbreviation ("U.S. dollar", "J. K. Rowling", "St. Louis": decoding.StopRule),
+        which looks one token back, or after a digit ("68.5 million": a decimal point; a year's
+        final period then leaves the end to the model's end of turn or newline). A period after
+        any other abbreviation ("Inc.") still ends it."""
+        if style != "short":
+            return self.eos_token_ids
+        if not hasattr(self, "_short_rule"):
+            vocab = self.tokenizer.get_vocab()
+            ids = sorted(vocab.values())
+            texts = self.tokenizer.batch_decode([[i] for i in ids])
+            periods = [i for i, t in zip(ids, texts) if t.strip() == "."]
+            line_ends = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
+            initials = [i for i, t in zip(ids, texts)
+                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in ABBREVIATIONS
+                        or (t.strip().isdigit() and t.strip().isascii())]
+            self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)
+        return self._short_rule
+
+    def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after", examples=()):
+        ids = self.tokenizer.apply_chat_template(
+            self.messages(question, doc, max_doc_tokens, style, question_position, examples), add_generation_prompt=True,
+            tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        if style == "short":  # open the answer with the cue; the model writes the span after it
+            ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
+        return list(ids)
+
+    def title_answer_ids(self, title: str) -> list[int]:
+        """A passage's title as a short answer, " Title.", tokenized the way an answer after the cue
+        starts (a space, then words) and ends (the sentence-final period: the short style's stop)."""
+        return self.tokenizer.encode(f" {title.strip().rstrip('.')}.", add_special_tokens=False)
+
+    def span_ids(self, doc: Doc, max_doc_tokens: int) -> Span:
+        """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
+        in the prompt), tokenized as words after a space, the way an answer after the cue starts;
+        with where words start and end (from the tokenizer's character offsets) so a copy takes
+        whole words and whole numbers (a slow tokenizer has no offsets: any token then)."""
+        text = f" {doc.title}: {self._doc_text(doc, max_doc_tokens)}"
+        if not getattr(self.tokenizer, "is_fast", False):
+            return Span(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return Span.from_offsets(enc["input_ids"], text, enc["offset_mapping"])
+
+    def _doc_text(self, doc: Doc, max_doc_tokens: int) -> str:
+        """The passage text the prompt holds: whole, or cut to its first max_doc_tokens tokens."""
+        text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+        return doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+
+    def question_tail(self, prompt, question):
+        """The last run of the question's tokens (tokenized as " question", as it follows
+        "Question:" in `messages`) in the prompt, counted from the end."""
+        q = self.tokenizer(f" {question}", add_special_tokens=False)["input_ids"]
+        ids, n = list(prompt), len(q)
+        for start in range(len(ids) - n - 1, -1, -1):  # at least one token after it (the turn's end)
+            if ids[start:start + n] == q:
+                return n, len(ids) - start - n
+        return None
+
+    # How many recent prefixes' KV caches `_prefix_kv` keeps (0: none). One question's prefix is
+    # ~400 tokens with 4 worked examples (~19 MB of float32 KV for SmolLM2-135M); four cover the
+    # RAG and closed-book prompts of two settings without thrashing.
+    KEPT_PREFIXES = 4
+
+    @torch.inference_mode()
+    def _prefix_kv(self, prefix: tuple[int, ...]) -> "_GrowingCache":
+        """The KV cache of `prefix` as one row (1, heads, P, d), a fresh copy the caller may extend.
+
+        Every question's prompts open the same way (system prompt, worked examples: ~400 of a
+        RAG-Token question's ~550 tokens per row), so the part `prefix` shares with a recently
+        seen prefix is copied from that one's cache, not recomputed: causal attention makes the
+        KV of tokens 0..L-1 depend on those tokens alone, so this is exact (the rest runs as a
+        second chunk: float sums in another order, ~1e-6). Then `prefix` itself is kept."""
+        with self._kept_lock:
+            kept = list(self._kept)
+        best, L = None, 0
+        for key, kv in kept:  # the kept prefix sharing the longest opening with this one
+            n = next((i for i, (a, b) in enumerate(zip(key, prefix)) if a != b), min(len(key), len(prefix)))
+            if n > L:
+                best, L = kv, n
+        if L < MIN_SHARED_PREFIX:
+            best, L = None, 0
+        cache = _GrowingCache() if best is None else _GrowingCache(
+            [layer.cropped(L) for layer in best.layers])  # (1, heads, L, d) copies
+        if L < len(prefix):
+            rest = torch.tensor([list(prefix[L:])])  # (1, P-L)
+            self.model.model(input_ids=rest, position_ids=torch.arange(L, len(prefix)).unsqueeze(0),
+                             past_key_values=cache, use_cache=True)
+            self.prefix_tokens_run += len(prefix) - L
+        if self.KEPT_PREFIXES:
+            keep = _GrowingCache([layer.cropped(len(prefix)) for layer in cache.layers])  # never handed out
+            with self._kept_lock:  # the most recent last; the oldest dropped
+                others = [(k, v) for k, v in self._kept if k != prefix]
+                self._kept = (others + [(prefix, keep)])[-self.KEPT_PREFIXES:]
+        return cache
+
+    @torch.inference_mode()
+    def prefill(self, prompts, score_last: int = 0):
+        """The K doc prompts share their opening (system prompt, chat header, worked examples:
+        `shared_prefix`): that prefix runs once, as one row, its KV cache is held once for every
+        row (SharedPrefixLayer), and only the rest of each prompt runs per row, left-padded after
+        the prefix (the padding
+        is masked out and skipped by the position ids, so every row reads exactly its prompt).
+        The prefix's own KV comes from `_prefix_kv`, which reuses what earlier questions share."""
+        if not 0 <= score_last < min(len(p) for p in prompts):
+            raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
+        P = shared_prefix(prompts, keep=score_last + 1)
+        if len(prompts) == 1 and self.KEPT_PREFIXES:  # one row (closed-book): its opening can be kept too
+            P = max(0, len(prompts[0]) - score_last - 1)
+            P = P if P >= MIN_SHARED_PREFIX else 0
+        cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
+        if P:
+            one = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
+            # held once for all R rows (not a copy in each): each row's cache holds its own positions only
+            cache = _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
+            head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
+        ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
+        mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
+        pos = P + (tail_mask.cumsum(-1) - 1).clamp(min=0)  # (R, W) positions skip the padding
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, prefix_cache=cache,
+            # only the logits needed: the last position's (R, 1, V), and before it the n positions
+            # that predict the last n prompt tokens (left padding: every row's tail is aligned)
+            logits_to_keep=score_last + 1,
+        )
+        state = GenState(cache=out.past_key_values, mask=mask, next_pos=P + tail_mask.sum(-1))
+        if score_last:
+            lp = _log_softmax(out.logits[:, :-1])  # (R, n, V): position j predicts token j+1
+            state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)
+        return _log_softmax(out.logits[:, -1]), state  # (R, V)
+
+    @torch.inference_mode()
+    def _hidden(self, state, tokens):
+        rows, length = tokens.shape
+        state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
+        pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
+        out = self.model.model(
+            input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True,
+            prefix_cache=state.cache,  # shared_prefix_attention reads the shared prefix from it
+        )
+        state.cache = out.past_key_values
+        state.next_pos = state.next_pos + length
+        return out.last_hidden_state  # (R, L, H)
+
+    def _logits(self, hidden):
+        return self.model.lm_head(hidden)  # (..., V)
+
+    def select(self, state, rows):
+        return GenState(
+            cache=_select_cache(state.cache, rows),
+            mask=state.mask.index_select(0, rows),
+            next_pos=state.next_pos.index_select(0, rows),
+        )
+
+
+class SharedPrefill:
+    """A generator whose prefill of the same prompts runs once.
+
+    RAG-Token and RAG-Sequence read the same K prompts with the same generator (offline stack),
+    so a question answered in both modes pays for one prefill, the larger part of its time on a
+    CPU. Every caller gets its own copy of the state (`select` copies), so neither sees the
+    other's decoding, and the log-probs are a copy too: what each mode computes is exactly what
+    it computes alone. Everything else is the wrapped generator's. Use one per question: it keeps
+    every prompt set it was asked for (the K doc prompts, and with RagSettings.context_contrast the
+    closed-book prompt too, which would otherwise push the K prompts out between the two modes).
+    """
+
+    def __init__(self, gen: Generator) -> None:
+        self._gen = gen
+        self._outs: dict[tuple, tuple[torch.Tensor, GenState]] = {}
+        self._made: dict[tuple, object] = {}
+        self.prefills = 0  # how many prefills actually ran (tests read it)
+
+    def shared(self, key: tuple, make):
+        """make() once per key for this question: work both RAG modes would repeat with the same
+        result (each doc's own drafts: engine._doc_drafts, whose key names everything they depend on)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def prefill(self, prompts, score_last: int = 0):
+        key = (score_last, tuple(tuple(p) for p in prompts))
+        if key not in self._outs:
+            self._outs[key] = self._gen.prefill(prompts, score_last=score_last)
+            self.prefills += 1
+        first_lp, state = self._outs[key]  # (R, V), R rows
+        copy = self._gen.select(state, torch.arange(state.rows))
+        copy.prompt_lp = None if state.prompt_lp is None else state.prompt_lp.clone()  # (R, n)
+        return first_lp.clone(), copy

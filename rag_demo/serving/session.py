@@ -1,0 +1,77 @@
+"""Per-session state of the web app: what one browser tab has chosen, and the index it answers from.
+
+Owns `Session` (a frozen dataclass kept in a `gr.State`: the stack, the corpus chosen, an
+upload and its index, an edited copy of the index, the last answer's passages, the warnings
+seen) and the index a session answers from (`active_index`, `session_pipeline`). The shared
+pipelines are never changed: an upload gets its own index, an edit a copy. Imports neither
+torch nor gradio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rag_demo.serving.pool import PipelinePool
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one browser tab (or one gradio_client.Client) has chosen; stored in a gr.State.
+
+    The shared pipelines and their indexes are never changed: an upload gets its own index,
+    an edit makes a copy of the active index (PassageIndex.with_edited_passage).
+    """
+
+    stack: str = "offline"
+    corpus: str = "builtin"  # "builtin" (the stack's corpus), "upload", or a key of pool.corpora() ("factbook")
+    upload: Any = None  # Corpus of this session's uploaded documents
+    upload_index: Any = None  # its PassageIndex under `upload_stack`'s passage encoder
+    upload_stack: str | None = None
+    named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
+    named_stack: str | None = None  # the stack whose passage encoder made `named_index`
+    edited: Any = None  # the active index with this session's edits (None: no edits)
+    edits: tuple[str, ...] = ()  # ids of edited passages
+    last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
+    warned: frozenset[str] = frozenset()  # warnings this session has seen (each is shown once)
+
+
+def active_index(s: Session, base: Any) -> Any:
+    """The index this session answers from: its edited copy, its upload, the other built-in corpus
+    it chose, or the stack's own."""
+    if s.edited is not None:
+        return s.edited
+    if s.corpus == "upload" and s.upload_index is not None:
+        return s.upload_index
+    if s.corpus not in ("builtin", "upload") and s.named_index is not None and s.named_stack == base.stack.name:
+        return s.named_index
+    return base.index
+
+
+def _embed(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
+    """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder."""
+    from rag_demo.knowledge.index import build_index
+
+    def bar(done: int, total: int) -> None:
+        progress((done, total), desc=f"Embedding {total:,} passages", unit="passages")
+
+    progress((0, len(corpus)), desc=f"Embedding {len(corpus):,} passages", unit="passages")
+    with pool.lock:
+        return build_index(corpus, base.stack.ctx_encoder, bar)
+
+
+def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None) -> tuple[Any, Session]:
+    """(pipeline with the session's index, session): re-embeds an upload made under another stack,
+    and gets the shared index of another built-in corpus (built with a progress bar the first time)."""
+    relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
+    base = pool.get(s.stack, relay)
+    if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
+        index = _embed(pool, base, s.upload, progress or (lambda *a, **k: None))
+        s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
+    if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
+        index = pool.corpus_index(s.stack, s.corpus, relay)
+        s = dataclasses.replace(s, named_index=index, named_stack=s.stack)
+    index = active_index(s, base)
+    return (base if index is base.index else base.with_index(index)), s

@@ -1,0 +1,529 @@
+"""The page's event handlers: every button and API endpoint of the app calls one `Handlers` method.
+
+Owns what a click does (answers streamed as they are decoded, uploads, edits, a passage taken
+away) and the named API endpoints (`/ask`, `/ask_stream`). The handlers call the library and
+render its dicts (render.py); they recompute no math and import no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESET_OF_STACK, STACKS, RagSettings, check_question
+from rag_demo.serving.admission import Serving, stream
+from rag_demo.serving.pool import PipelinePool
+from rag_demo.serving.session import Session, _embed, active_index, session_pipeline
+from rag_demo.web.render import (
+    _finite,
+    anchors,
+    esc,
+    fmt_seconds,
+    plural,
+    render_answer,
+    render_partial,
+    render_passages,
+    render_without,
+)
+from rag_demo.web.session_view import corpus_choices, example_questions, passage_choices, render_status, stack_choices
+from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
+
+# /ask's arguments after the question, in their positional order: the order earlier clients call
+# with, then the preset, then every other knob in its declaration order (rag_demo/config.py)
+_FIRST = ("k", "num_beams", "max_new_tokens", "sequence_decoding", "stack", "answer_style", "prior_temperature",
+          "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples", "echo_retries")
+API_ARGUMENTS = (*_FIRST, "preset", *(n for n in KNOBS if n not in _FIRST))
+_TYPES = {"int": int, "float": float, "bool": bool, "choice": str}
+
+
+def _api_signature(returns: Any) -> inspect.Signature:
+    """/ask's signature, generated from the knobs: (self, question, ...API_ARGUMENTS, request); a knob
+    left out (None) takes the preset's value, the preset the stack's (offline: aided, paper: paper)."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("question", P.POSITIONAL_OR_KEYWORD, annotation=str)]
+    for name in API_ARGUMENTS:
+        if name == "stack":
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default="offline", annotation=str))
+        elif name == "preset":
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=None, annotation=str | None))
+        else:
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=None, annotation=_TYPES[KNOBS[name].kind] | None))
+    params.append(P("request", P.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request))
+    return inspect.Signature(params, return_annotation=returns)
+
+
+def _api(returns: Any) -> Callable[[Callable], Callable]:
+    """Give an endpoint method /ask's generated parameters (gr.api reads an endpoint's parameters,
+    defaults and types from its signature and type hints); the method binds its *args / **kwargs
+    with that signature itself."""
+    def declare(fn: Callable) -> Callable:
+        fn.__signature__ = _api_signature(returns)
+        fn.__annotations__ = {p.name: p.annotation for p in fn.__signature__.parameters.values()
+                              if p.annotation is not inspect.Parameter.empty} | {"return": returns}
+        return fn
+    return declare
+
+# The question the settings' cost estimate is computed for (a typical one-sentence question).
+TYPICAL_QUESTION = "Who painted The Starry Night?"
+
+def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, int | None]:
+    """(settings with K at most the corpus size, the K asked for when it was reduced)."""
+    n = len(index)
+    return (settings.merged(k=n), settings.decoding.k) if settings.decoding.k > n else (settings, None)
+
+
+def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None, *,
+                s: Session | None = None, serving: Serving | None = None, request: Any = None,
+                on_partial: Callable[[dict], None] | None = None, stopped: Callable[[], bool] | None = None,
+                ) -> tuple[dict, Session | None]:
+    """The three answers, from one `answer_modes` call (each handed over as its mode is done, so the
+    progress bar can say which runs and each card shows when final: `_run_modes`), as the JSON-able
+    {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}, and the
+    session (which remembers the warnings it has seen).
+
+    Refused before anything runs when over the budget; otherwise runs under one RunControl (one
+    deadline for the three answers, priority from the cost, the shared gate). No lock is held:
+    the gate interleaves this request's model steps with other requests' ones. An expensive
+    request is refused while `serving.max_heavy` others run. on_partial: streaming, each answer's
+    dict as it grows (RunControl.on_partial); stopped: True once the listener has gone (decoding
+    then stops as if cancelled)."""
+    with user_errors():
+        q = check_question(question)
+    settings, asked_k = _fit_k(pipe, pipe.index, settings)
+    if asked_k is not None:
+        n, key = settings.decoding.k, f"k-reduced:{pipe.stack.name}:{pipe.index.corpus.name}:{settings.decoding.k}"
+        if s is None or key not in s.warned:
+            gr.Warning(f"This corpus has only {plural(n, 'passage')}: using K = {n} instead of {asked_k}.")
+            if s is not None:
+                s = dataclasses.replace(s, warned=s.warned | {key})
+    with user_errors():
+        cost = serving.check(pipe, q, settings) if serving else None
+    control = serving.control(cost, request) if serving else None
+    if on_partial is not None or stopped is not None:
+        from rag_demo.pipeline import RunControl
+
+        gone = control.cancelled if control is not None else None
+        cancelled = (lambda: stopped() or bool(gone and gone())) if stopped is not None else gone  # noqa: E731
+        control = dataclasses.replace(control or RunControl(), on_partial=on_partial, cancelled=cancelled)
+    answers = {}
+    with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
+        _run_modes(pipe, q, settings, control, answers, progress)
+    return {
+        "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+        "settings": settings.to_dict(), "answers": answers,
+    }, s
+
+
+def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:
+    from rag_demo.serving import memory
+    from rag_demo.pipeline import RunControl
+
+    def step(i: int) -> None:
+        if progress and i < len(MODES):
+            progress(i / len(MODES), desc=f"{MODE_TITLES[MODES[i]]}: retrieve, generate, attribute")
+
+    def done(mode: str, a: Any) -> None:
+        answers[mode] = _finite(a.to_dict())
+        if control is not None and control.on_partial is not None:  # streaming: this card is final
+            control.on_partial({**answers[mode], "final": True})
+        step(len(answers))
+
+    try:
+        # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
+        # of the K prompts and each passage's drafts (answered one mode at a time, RAG-Token redid
+        # them: 11.2 s -> 7.4 s median a question, docs/DESIGN.md §5); each card is shown as it is done
+        step(0)
+        with user_errors():
+            pipe.answer_modes(q, list(MODES), settings,
+                              control=dataclasses.replace(control or RunControl(), on_answer=done))
+    finally:
+        memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
+
+
+def _answer_without(pipe: Any, raw: dict | None, pid: Any, control: Any = None) -> dict:
+    """Answer the last question again in each RAG mode that read passage `pid`, without it, with
+    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
+    `render_without` shows. ValueError (shown on the page) when there is no answer to compare."""
+    if not raw or not raw.get("answers"):
+        raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
+    settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
+                           **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+    by_ids: dict[tuple[str, ...], list[str]] = {}
+    for m, a in raw["answers"].items():
+        if m != "closed-book" and any(d["id"] == pid for d in a["docs"]):
+            by_ids.setdefault(tuple(d["id"] for d in a["docs"]), []).append(m)
+    if not by_ids:
+        raise ValueError(f"passage {pid!r} is not among the last answer's passages: ask again, then choose one of them.")
+    corpus, out, dropped, k = pipe.index.corpus, {}, None, 0
+    for ids, modes in by_ids.items():
+        docs = raw["answers"][modes[0]]["docs"]
+        if len(docs) < 2:
+            raise ValueError("the last answer read only one passage: with it taken away nothing is left (raise K).")
+        keep = [d for d in docs if d["id"] != pid]
+        try:
+            passages = [corpus.passages[corpus.position(d["id"])] for d in keep]
+        except (KeyError, ValueError):
+            raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
+        new = pipe.answer_from_modes(raw["question"], modes, passages, [d["score"] for d in keep], settings,
+                                     control=control)
+        z = next(i for i, d in enumerate(docs) if d["id"] == pid)
+        dropped, k = docs[z], len(docs)
+        for m in modes:
+            a = raw["answers"][m]
+            drops = a.get("passage_drop") or [None] * len(docs)
+            post = a.get("doc_posterior") or [d["prior"] for d in docs]
+            top = max(range(len(docs)), key=post.__getitem__)
+            most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
+            out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
+                      "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
+                      "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
+                      "answer": new[m].to_dict()}
+    return {"question": raw["question"], "dropped": dropped, "k": k,
+            "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
+
+
+def _ask_outputs(result: dict, s: Session) -> tuple:
+    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, session)."""
+    answers = result["answers"]
+    anc = anchors(answers)
+    docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
+    s = dataclasses.replace(s, last_docs=tuple((d["id"], d["title"], d["text"]) for d in docs))
+    choices = passage_choices(s)
+    return (
+        *(render_answer(answers[m], anc.get(m, "rag-p-all-")) for m in MODES),
+        render_passages(answers, s.edits),
+        result,
+        gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),
+        docs[0]["text"] if docs else "",
+        docs[0]["title"] if docs else "",
+        s,
+    )
+
+
+def _partial_outputs(latest: dict[str, dict]) -> tuple:
+    """The ask outputs while answers grow: the three cards, everything else left as it is."""
+    skip = gr.skip()
+    cards = (render_answer(a) if a and a.get("final") else render_partial(a, m) for m, a in
+             ((m, latest.get(m)) for m in MODES))
+    return (skip, *cards, skip, skip, skip, skip, skip, skip)
+
+
+def _empty_outputs(s: Session) -> tuple:
+    """The same outputs, cleared (after the corpus or the stack changed)."""
+    return (
+        *(render_answer(None, mode=m) for m in MODES),
+        render_passages({}),
+        None,
+        gr.Dropdown(choices=[], value=None),
+        "",
+        "",
+        dataclasses.replace(s, last_docs=()),
+    )
+
+
+def _examples(index: Any) -> gr.Dataset:
+    return gr.Dataset(samples=[[q] for q in example_questions(index.corpus)])
+
+
+def render_budget(budget: Any) -> str:
+    """What the server allows, in a sentence (under the cost estimate)."""
+    if budget is None:
+        return ""
+    return (
+        f'<div class="rag-note">This server refuses a question estimated above {budget.max_seconds:.0f} s or '
+        f"{budget.max_request_bytes / 2**30:.1f} GB, stops any answer after {budget.time_limit_s:.0f} s, and runs "
+        f"questions estimated above {budget.heavy_seconds:.0f} s at low priority (cheaper questions go first at "
+        "every model step).</div>"
+    )
+
+
+def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
+    """The estimated cost of one question with the current settings (all three answers)."""
+    per = " · ".join(f"{MODE_TITLES.get(m, m)} {fmt_seconds(t)}" for m, t in (cost.per_mode or {}).items())
+    verdict = (f'<div class="rag-over">Over this server\'s limit, a question would be refused: {esc(refusal)}</div>'
+               if refusal else '<div class="rag-note">Expensive: runs at low priority.</div>' if cost.heavy else "")
+    return (
+        f'<div class="rag-cost" data-seconds="{cost.seconds:.3f}" data-heavy="{int(bool(cost.heavy))}" '
+        f'data-refused="{int(bool(refusal))}">Estimated cost of one question with these settings (three answers): '
+        f"<b>{esc(cost.describe())}</b>" + (f'<div class="rag-note">{esc(per)}</div>' if per else "")
+        + verdict + render_budget(budget) + "</div>"
+    )
+
+
+class Handlers:
+    """The event handlers behind every button and endpoint; the wiring in `build_app` names
+    them (`h.ask_session`, ...). They hold the stack pool and the serving limits; tests call
+    them directly."""
+
+    def __init__(self, pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None) -> None:
+        self.pool, self.default_stack, self.serving = pool, default_stack, serving
+
+    def fresh(self, s: Session | None) -> Session:
+        return s if isinstance(s, Session) else Session(stack=self.default_stack)
+
+    def refuse(self, question: str, settings: RagSettings, s: Session) -> str | None:
+        """The budget's refusal of this question (None: allowed, or the models are not loaded
+        yet: the handler checks again once they are). Never raises: it runs in a validator."""
+        pipe = self.pool.loaded(self.fresh(s).stack)
+        if self.serving is None or pipe is None:
+            return None
+        try:
+            settings, _ = _fit_k(pipe, active_index(self.fresh(s), pipe), settings)
+            cost = self.serving.check(pipe, check_question(question), settings)
+            busy = self.serving.heavy_busy() if cost is not None and cost.heavy else None
+            if busy:
+                return f"This question is expensive ({cost.describe()}): {busy}"
+        except ValueError as e:
+            return str(e)
+        except Exception:  # noqa: BLE001 - the handler checks again and reports
+            return None
+        return None
+
+    def validate_ask(self, question, s, **settings):
+        return validate_ask(question, s, self.refuse, **settings)
+
+    def validate_edit(self, pid, new_text, question, s, **fields):
+        return validate_edit(pid, new_text, question, s, self.refuse, **fields)
+
+    def estimate(self, s=None, **settings):
+        """The settings accordion's cost line: the estimated time and memory of one question (a
+        typical one) with these settings (by RagSettings field name; left out: the default), and
+        whether the server would refuse it. Cheap: the library's cost model, no model runs."""
+        s = self.fresh(s)
+        pipe = self.pool.loaded(s.stack)
+        if pipe is None or not hasattr(pipe, "estimate"):
+            return ('<div class="rag-cost rag-placeholder">The estimated cost of these settings shows here once '
+                    "the models are ready.</div>")
+        try:
+            settings = settings_from_inputs(**settings)
+            settings, _ = _fit_k(pipe, active_index(s, pipe), settings)
+            cost = pipe.estimate(TYPICAL_QUESTION, list(MODES), settings)
+        except ValueError as e:
+            return f'<div class="rag-cost rag-over">{esc(e)}</div>'
+        refusal = None
+        if self.serving is not None and self.serving.budget is not None:
+            try:
+                cost = self.serving.check(pipe, TYPICAL_QUESTION, settings) or cost  # sets cost.heavy
+            except ValueError as e:
+                refusal = str(e)
+        return render_cost(cost, refusal, self.serving.budget if self.serving else None)
+
+    def on_load(self, s: Session | None):
+        """Stream the default stack's loading progress into the status line, then say what is
+        live and fill the example questions."""
+        s = self.fresh(s)
+        if self.pool.loaded(s.stack) is None and not self.pool.unavailable(s.stack):
+            self.pool.start(s.stack)
+            last = None
+            while self.pool.loading(s.stack):
+                now = render_status(self.pool, s)
+                if now != last:
+                    yield now, gr.skip(), gr.skip(), gr.skip(), s
+                    last = now
+                time.sleep(0.3)
+        try:
+            pipe, s = session_pipeline(self.pool, s)
+        except ValueError as e:
+            yield render_status(self.pool, s, note=str(e)), gr.skip(), gr.skip(), gr.skip(), s
+            return
+        yield (
+            render_status(self.pool, s, pipe),
+            _examples(active_index(s, pipe)),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value=s.corpus),
+            gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
+            s,
+        )
+
+    def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
+        """Answer in all three modes from this session's corpus (upload and edits included),
+        streamed: the cards grow token by token, then the final outputs replace them.
+        `settings`: the settings widgets' values by RagSettings field name (gradio's inputs_kwargs)."""
+        s = self.fresh(s)
+        settings = _settings(**settings)
+        with user_errors():
+            check_question(question)
+            pipe, s = session_pipeline(self.pool, s, progress)
+        yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
+
+        def run(on_partial, stopped):
+            return _answer_all(self.pool, pipe, question, settings, s=s, serving=self.serving, request=request,
+                               on_partial=on_partial, stopped=stopped)
+
+        for kind, value in stream(run):
+            if kind == "partial":
+                yield _partial_outputs(value)
+            else:
+                result, s = value
+                yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
+
+    @_api(dict)
+    def ask(self, *args, **kwargs) -> dict:
+        """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
+        built-in corpus (no session state). Every knob is optional (None: the preset's value);
+        preset: "paper" (the paper's algorithm, every reader aid off) or "aided" (default: the
+        stack's, offline aided). Returns {"question", "stack", "corpus", "settings", "answers":
+        {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict() ("settings" and each
+        answer's "settings" say which preset ran and which aids were on; "stopped" says why it
+        ended). A question over the server's budget gets an error naming its cost and what to
+        change, and nothing runs."""
+        call = _api_signature(dict).bind(self, *args, **kwargs)
+        call.apply_defaults()
+        pipe, settings = self._api_request(call.arguments)
+        return _answer_all(self.pool, pipe, call.arguments["question"], settings, serving=self.serving,
+                           request=call.arguments["request"])[0]
+
+    def _api_request(self, args: dict) -> tuple[Any, RagSettings]:
+        """/ask's and /ask_stream's arguments -> (the stack's pipeline, the validated settings)."""
+        if args["stack"] not in STACKS:
+            raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
+        settings = _settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
+                             **{n: args[n] for n in KNOBS})
+        with user_errors():
+            return self.pool.get(args["stack"]), settings
+
+    @_api(dict)
+    def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
+        """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done": false}
+        while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict, with
+        "partial": true; an answer already finished: its Answer.to_dict() with "final": true), then
+        /ask's final dict with "done": true. Same arguments and budget as /ask."""
+        call = _api_signature(dict).bind(self, *args, **kwargs)
+        call.apply_defaults()
+        question, request = call.arguments["question"], call.arguments["request"]
+        pipe, settings = self._api_request(call.arguments)
+
+        def run(on_partial, stopped):
+            return _answer_all(self.pool, pipe, question, settings, serving=self.serving, request=request,
+                               on_partial=on_partial, stopped=stopped)[0]
+
+        for kind, value in stream(run):
+            if kind == "partial":
+                yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                       "answers": value, "done": False}
+            else:
+                yield {**value, "done": True}
+
+    def upload(self, files, s, progress=gr.Progress()):
+        """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
+        s = self.fresh(s)
+        n_files = len(files) if isinstance(files, list) else 1
+        progress(0.0, desc="Reading and splitting the files")
+        with user_errors():
+            corpus = check_upload(files)
+            base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
+        t0 = time.perf_counter()
+        index = _embed(self.pool, base, corpus, progress)
+        s = dataclasses.replace(
+            s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
+        )
+        gr.Info(f"Indexed {plural(len(corpus), 'passage')} from {plural(n_files, 'file')} in "
+                f"{time.perf_counter() - t0:.1f} s: questions are now answered from your documents.")
+        return (
+            render_status(self.pool, s, base),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value="upload"),
+            _examples(index),
+            *_empty_outputs(s),
+        )
+
+    def choose_corpus(self, choice, s, progress=gr.Progress()):
+        """Switch this session between the stack's built-in corpus, the other built-in corpora (the
+        CIA World Factbook: its index is built, with a progress bar, by the first session that
+        chooses it, then loaded from the disk cache and shared) and its uploaded documents."""
+        s = self.fresh(s)
+        note = ""
+        if choice == "upload" and s.upload is None:
+            note = "No uploaded documents in this session yet: upload files first."
+            choice = "builtin"
+        if choice not in ("builtin", "upload", *self.pool.corpora()):
+            known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
+            raise gr.Error(f"corpus {choice!r} is unknown: choose one of {known}.")
+        if s.edits and choice != s.corpus:
+            note = "Your passage edits were dropped with the corpus switch."
+        s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
+        with user_errors():
+            pipe, s = session_pipeline(self.pool, s, progress)
+        return (
+            render_status(self.pool, s, pipe, note=note),
+            gr.Dropdown(choices=corpus_choices(self.pool, s), value=choice),
+            _examples(active_index(s, pipe)),
+            *_empty_outputs(s),
+        )
+
+    def choose_stack(self, stack, s, progress=gr.Progress()):
+        """Switch this session's stack, loading it once (lazily, with progress). An unavailable
+        stack is refused at once with the reason, said once, in the status line (not a pop-up:
+        a pop-up per event showed the same warning twice), and the session stays where it was."""
+        s = self.fresh(s)
+        if stack not in STACKS:
+            raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
+
+        def stay(note: str = ""):
+            return (render_status(self.pool, s, note=note), gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
+                    gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
+
+        reason = self.pool.unavailable(stack)
+        if reason:
+            return stay(f"The {stack} stack is unavailable here: {reason}. Staying on the {s.stack} stack.")
+        if stack == s.stack:
+            return stay()
+        note = "Your passage edits were dropped with the stack switch (the new retriever re-embeds passages)." \
+            if s.edits else ""
+        try:
+            pipe, new = session_pipeline(self.pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
+        except ValueError as e:
+            return stay(f"{e} Staying on the {s.stack} stack.")
+        return (
+            render_status(self.pool, new, pipe, note=note),
+            gr.Dropdown(choices=stack_choices(self.pool), value=stack),
+            _examples(active_index(new, pipe)),
+            *_empty_outputs(new),
+        )
+
+    def pick_passage(self, pid, s):
+        """Put the chosen passage's text and title into the edit boxes."""
+        return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))
+
+    def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
+                     new_title=None, **settings):
+        """Replace one passage's text (and title, if given) in this session's copy of the index
+        (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
+        s = self.fresh(s)
+        with user_errors():
+            check_passage_chosen(pid, s)
+        settings = _settings(**settings)
+        with user_errors():
+            check_question(question)
+            pipe, s = session_pipeline(self.pool, s, progress)
+            progress(0.0, desc="Re-embedding the edited passage")
+            with self.pool.lock:
+                edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
+        s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
+        pipe = pipe.with_index(edited)
+        result, s = _answer_all(self.pool, pipe, question, settings, progress, s=s, serving=self.serving, request=request)
+        gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
+        return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
+
+    def without_passage(self, pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
+        """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
+        `pid` taken away, and show how the original answer's log-probability changed."""
+        s = self.fresh(s)
+        with user_errors():
+            pipe, s = session_pipeline(self.pool, s, progress)
+            progress(0.1, desc="Answering again without the passage")
+            control = self.serving.control(None, request) if self.serving else None
+            result = _answer_without(pipe, raw, pid, control)  # the session's index: uploads and edits too
+        return render_without(result), s
+
+    def reset_edits(self, s):
+        """Drop this session's passage edits (back to the unedited corpus)."""
+        s = dataclasses.replace(self.fresh(s), edited=None, edits=())
+        return (render_status(self.pool, s), *_empty_outputs(s))
+
+

@@ -1,0 +1,278 @@
+"""The Gradio page: the layout of the Ask and How it works tabs, the wiring of every event to a
+`Handlers` method (handlers.py), and `launch` (theme, CSS, page script, MCP).
+
+Imports no torch. Layout follows gradio's demos: the `with gr.Blocks()` layout, then the event
+wiring. assets/ holds the page's text (intro.html, how_it_works.md) and style.css.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from rag_demo.config import MAX_QUESTION_CHARS, MODES, RagSettings
+from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, supported_extensions
+from rag_demo.serving.admission import Serving
+from rag_demo.serving.pool import PipelinePool
+from rag_demo.serving.session import Session
+from rag_demo.web.controls import preset_switch, preset_values, settings_controls
+from rag_demo.web.handlers import Handlers
+from rag_demo.web.render import render_answer, render_passages, render_without
+from rag_demo.web.session_view import corpus_choices, render_status, stack_choices
+from rag_demo.web.validation import validate_upload
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+CSS_PATH = ASSETS / "style.css"
+DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
+
+QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
+# Model events run two at a time: a cheap question can start while an expensive one runs. They
+# do not compute at the same time: the shared StepGate lets one model step run at a time and at
+# each step gives it to the waiting request with the lowest priority (cheap before expensive).
+MODEL_CONCURRENCY = 2
+QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
+STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
+
+
+
+
+INTRO = (ASSETS / "intro.html").read_text(encoding="utf-8")  # the page's header
+
+HOW_IT_WORKS = (ASSETS / "how_it_works.md").read_text(encoding="utf-8")  # the "How it works" tab
+
+
+def _diagram() -> str:
+    try:
+        svg = DIAGRAM_PATH.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    return f'<div class="rag-diagram">{svg}</div>'
+
+
+# Runs once when the page loads (launch(js=...)): a click on an answer token opens that token's
+# inspector panel in its card (render_inspector) instead of jumping to its passage; a second
+# click, or "close", hides it.
+PAGE_JS = """() => {
+    document.addEventListener('click', (ev) => {
+        const drop = ev.target.closest('button.rag-without-btn');
+        if (drop) {  // "answer without it": hand the passage id to the hidden textbox, then press its button
+            const box = document.querySelector('#rag-without-id textarea, #rag-without-id input');
+            box.value = drop.dataset.id;
+            box.dispatchEvent(new Event('input', {bubbles: true}));
+            setTimeout(() => document.querySelector('#rag-without-go').click(), 100);
+            return;
+        }
+        const close = ev.target.closest('.rag-insp-close');
+        const tok = ev.target.closest('a.rag-tok[data-i]');
+        const card = (close || tok) && (close || tok).closest('.rag-card');
+        if (!card) return;
+        ev.preventDefault();
+        const panels = card.querySelectorAll('.rag-insp');
+        const want = tok ? card.querySelector(`.rag-insp[data-i="${tok.dataset.i}"]`) : null;
+        const open = want && want.hidden;
+        panels.forEach((p) => { p.hidden = true; });
+        card.querySelectorAll('a.rag-tok.rag-active').forEach((t) => t.classList.remove('rag-active'));
+        if (open) { want.hidden = false; tok.classList.add('rag-active'); }
+    });
+}"""
+COUNTER_JS = """(q) => {
+  const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
+  return `<div class="rag-qcount${over ? " rag-over" : ""}" data-n="${n}">${n.toLocaleString("en")} / ${
+    limit.toLocaleString("en")} characters${over ? ": over the limit, shorten the question" : ""}</div>`;
+}""" % MAX_QUESTION_CHARS
+
+
+def render_counter(question: str = "") -> str:
+    """The question box's character counter (the browser updates it with COUNTER_JS as you type;
+    this is the same HTML, for the first render). It counts what check_question counts."""
+    n = len((question or "").strip())
+    over = n > MAX_QUESTION_CHARS
+    return (f'<div class="rag-qcount{" rag-over" if over else ""}" data-n="{n}">{n:,} / {MAX_QUESTION_CHARS:,} '
+            f'characters{": over the limit, shorten the question" if over else ""}</div>')
+
+
+def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: Any = None,
+              model_concurrency: int = MODEL_CONCURRENCY) -> gr.Blocks:
+    """The Blocks app over a stack pool (`PipelinePool.of(...)` makes one from a RagPipeline or
+    a factory). `budget`: the server's limits (a `rag_demo.serving.budget.Budget`; None: the library's
+    defaults). `model_concurrency`: model events that may run at once (their steps still take
+    turns at the shared StepGate). Queue configured; launch with `launch(demo, ...)` (theme and
+    CSS are launch() arguments in gradio 6)."""
+    from rag_demo.serving.budget import Budget, StepGate
+
+    if not isinstance(pool, PipelinePool):
+        raise ValueError(f"build_app takes a PipelinePool, not {type(pool).__name__}: "
+                         "wrap it with PipelinePool.of(...).")
+    if default_stack is None:
+        default_stack = next(iter(pool.loaded_stacks()), "offline")
+    app: dict[str, gr.Blocks] = {}
+    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
+                      queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
+    h = Handlers(pool, default_stack, serving)
+    settings0 = RagSettings.for_stack(default_stack)
+
+    with gr.Blocks(title="RAG demo: retrieve, then generate") as demo:
+        app["demo"] = demo
+        session = gr.State(None, time_to_live=STATE_TTL_S)
+        gr.HTML(INTRO)
+        status = gr.HTML(render_status(pool, Session(stack=default_stack)), elem_id="rag-status")
+        with gr.Tabs():
+            with gr.Tab("Ask", id="ask"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=3):
+                        question = gr.Textbox(
+                            label="Question", placeholder="Who painted The Starry Night?", lines=1,
+                            elem_id="rag-question",  # no max_length: a paste is never cut silently
+                            info=f"One or two sentences, up to {MAX_QUESTION_CHARS:,} characters.",
+                        )
+                        counter = gr.HTML(render_counter(""), elem_id="rag-qcount")
+                        with gr.Row(equal_height=True, elem_id="rag-ask-row"):
+                            ask_btn = gr.Button("Ask", variant="primary", elem_id="rag-ask", scale=1)
+                            preset = preset_switch(settings0.preset)
+                        examples = gr.Dataset(
+                            components=[question], samples=[], label="Example questions (click one to ask it)",
+                            elem_id="rag-examples", samples_per_page=12,
+                        )
+                    with gr.Column(scale=2):
+                        corpus_dd = gr.Dropdown(
+                            choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
+                            label="Corpus (the non-parametric memory)", elem_id="rag-corpus",
+                        )
+                        stack_dd = gr.Dropdown(
+                            choices=stack_choices(pool), value=default_stack, label="Model stack",
+                            elem_id="rag-stack",
+                        )
+                        with gr.Accordion("Upload your own documents", open=False, elem_id="rag-upload-acc"):
+                            # no file_types: gradio would refuse another type while preprocessing the
+                            # validator's input, a bare HTTP 400; check_upload names the types instead
+                            files = gr.File(
+                                file_count="multiple",
+                                label=f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
+                                "in all", elem_id="rag-files",
+                            )
+                            upload_btn = gr.Button("Split, embed and use these documents", elem_id="rag-upload")
+                        with gr.Accordion("Settings", open=False, elem_id="rag-settings"):
+                            knobs = settings_controls(settings0)
+                            cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")
+                with gr.Row(equal_height=True, elem_id="rag-cards"):
+                    cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
+                passages = gr.HTML(render_passages({}), elem_id="rag-passages")
+                without = gr.HTML(render_without(None), elem_id="rag-without")
+                # the passage rows' "answer without it" buttons fill this box and click this button
+                # (PAGE_JS); hidden by CSS, not visible=False, so that they are on the page
+                without_id = gr.Textbox(elem_id="rag-without-id", elem_classes=["rag-hidden"], show_label=False,
+                                        container=False)
+                without_btn = gr.Button("answer without", elem_id="rag-without-go", elem_classes=["rag-hidden"])
+                with gr.Accordion("Edit a retrieved passage, then ask again", open=False, elem_id="rag-edit-acc"):
+                    gr.Markdown(
+                        "Change what a passage says (e.g. swap the painter's name) and ask the same question: "
+                        "the answer follows the document, the models are unchanged. The edit lives in your "
+                        "session's copy of the index only."
+                    )
+                    # allow_custom_value: an id that is not a choice reaches the validator, which says
+                    # why, instead of gradio's bare "not in the list of choices" HTTP error
+                    edit_pick = gr.Dropdown(choices=[], label="Passage", elem_id="rag-edit-pick",
+                                            allow_custom_value=True)
+                    edit_title = gr.Textbox(lines=1, label="Passage title (read by the retriever and the "
+                                            "generator with the text)", elem_id="rag-edit-title")
+                    edit_text = gr.Textbox(lines=4, label="Passage text", elem_id="rag-edit-text")
+                    with gr.Row():
+                        edit_btn = gr.Button("Save edit and ask again", variant="primary", elem_id="rag-edit")
+                        reset_btn = gr.Button("Undo my edits", elem_id="rag-reset")
+                with gr.Accordion("Raw answers (JSON, as the /ask API returns them)", open=False):
+                    raw = gr.JSON(elem_id="rag-json")
+            with gr.Tab("How it works", id="how"):
+                gr.HTML(_diagram())
+                gr.Markdown(
+                    HOW_IT_WORKS,
+                    latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                      {"left": "$", "right": "$", "display": False}],
+                )
+
+        # ------------------------------------------------------------ events
+        # every knob's control by name, and the preset, passed to the handlers by name (gradio's
+        # inputs_kwargs); generated from the knobs' declarations (rag_demo/config.py)
+        # (the positional order of the events' API: earlier clients passed K, beams, max new tokens and
+        # RAG-Sequence decoding first, and /edit_passage the new title after those four)
+        settings_in = {**knobs, "preset": preset}
+        first = dict(list(settings_in.items())[:4])
+        edit_in = {**first, "new_title": edit_title, **settings_in}
+        answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, session]
+        model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
+        demo.load(
+            h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
+            api_name="status", concurrency_limit=None, show_progress="hidden",
+        ).then(h.estimate, inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
+               show_progress="hidden", api_visibility="private")
+        # cheap, not queued: the cost model only, no model runs
+        # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
+        preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,
+                     show_progress="hidden", api_visibility="private")
+        gr.on([c.change for c in settings_in.values()], h.estimate, inputs=[session], inputs_kwargs=settings_in,
+              outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
+        question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
+                        show_progress="hidden", api_visibility="private")  # in the browser only
+        gr.on(
+            [ask_btn.click, question.submit], h.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
+            outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, **model,
+        )
+        examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
+                       queue=False).then(
+            h.ask_session, inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
+            api_visibility="private", validator=h.validate_ask, **model,
+        )
+        upload_btn.click(
+            h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
+            api_name="upload", show_progress_on=status, validator=validate_upload, **model,
+        )
+        corpus_dd.input(
+            h.choose_corpus, inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
+            api_name="choose_corpus", show_progress_on=status, **model,
+        )
+        stack_dd.input(  # not in the model group: a first load takes minutes and must not block questions
+            h.choose_stack, inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
+            api_name="choose_stack", show_progress_on=status, concurrency_limit=None,
+        )
+        edit_pick.input(h.pick_passage, inputs=[edit_pick, session], outputs=[edit_text, edit_title],
+                        api_visibility="private", queue=False)
+        edit_btn.click(
+            h.edit_passage, inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
+            outputs=[status, *answer_out], api_name="edit_passage", validator=h.validate_edit, **model,
+        )
+        gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
+              show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
+        without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without, session],
+                          api_name="without_passage", **model)
+        reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
+                        show_progress_on=status)
+        gr.api(h.ask, api_name="ask", **model)
+        gr.api(h.ask_stream, api_name="ask_stream", **model)
+
+    demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
+    demo.rag_pool = pool  # for app.py (start loading) and tests
+    demo.rag_serving = serving
+    return demo
+
+
+def theme() -> gr.themes.Base:
+    """gradio's default theme in indigo, with the system's sans-serif font (gradio's bundled
+    web fonts are subsets: bold text falls back glyph by glyph and looks broken)."""
+    return gr.themes.Default(
+        primary_hue="indigo",
+        font=["Segoe UI", "Roboto", "Helvetica Neue", "Arial", "Liberation Sans", "DejaVu Sans", "sans-serif"],
+    )
+
+
+def launch(demo: gr.Blocks, **kwargs) -> Any:
+    """demo.launch with the app's CSS, page script and theme (launch() arguments in gradio 6), and
+    the MCP server on."""
+    kwargs.setdefault("css_paths", [CSS_PATH])
+    kwargs.setdefault("js", PAGE_JS)
+    kwargs.setdefault("theme", theme())
+    kwargs.setdefault("show_error", True)
+    # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
+    # an agent calls `ask` with the question and gets /ask's dict
+    kwargs.setdefault("mcp_server", True)
+    return demo.launch(**kwargs)

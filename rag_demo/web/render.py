@@ -1,0 +1,415 @@
+"""The page's HTML, rendered from the library's answer dicts (pure: dicts in, HTML out).
+
+Owns how an answer looks: the answer cards (text, score, timings, each token coloured by the
+passage it leans on, the tokens x passages heatmap of the paper's Fig. 2, the token inspector),
+the cards while they stream, the retrieved passages table and the "answer without it"
+comparison. Takes `Answer.to_dict()`-shaped dicts and recomputes no math; imports neither torch
+nor gradio, so every renderer is testable on a hand-made dict.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from rag_demo.config import MODE_TITLES
+from rag_demo.knowledge.corpus import split_sentences
+
+MODE_FORMULAS = {
+    "sequence": "p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i)",
+    "token": "p(y|x) = Π_i Σ_z p(z|x) p(y_i|x,z,y_<i)",
+    "closed-book": "p(y|x) = Π_i p(y_i|x,y_<i)",
+}
+ATTRIBUTION = {  # what a heatmap row means (docs/DESIGN.md §3.5)
+    "sequence": "row i is the running posterior p(z | x, y_≤i): which passage the answer so far is "
+    "consistent with; the last row is the answer's passage posterior.",
+    "token": "row i is p(z | x, y_i, y_<i) ∝ p(z|x)·p(y_i | x, z, y_<i): which passage token i came from "
+    "(the paper's Fig. 2).",
+}
+POSTERIOR_HEADS = {  # (column head, hover text) of each mode's passage posterior in the passage table
+    "sequence": ("p(z|x,y)",
+                 "RAG-Sequence: p(z | x, y) ∝ p(z|x) Π_i p(y_i | x, z, y_<i), the answer's passage posterior"),
+    "token": ("mean p(z|x,y_i)", "RAG-Token: p(z | x, y_i, y_<i) averaged over the answer's tokens"),
+}
+STAGES = ("encode", "retrieve", "generate", "attribute")
+# Passage colours by rank: mid-tone, so dark text on them reads in light and dark mode alike.
+PALETTE = (
+    "#7fb3ff", "#ffb366", "#7dd87d", "#ff8a8a", "#c9a6ff", "#d9b38c", "#ff9ed8", "#bdbdbd", "#e0e060", "#6fdbe8",
+    "#b3d1ff", "#ffd1a3", "#b5ebb5", "#ffbdbd", "#e0ccff", "#ead2bb", "#ffcbeb", "#e0e0e0", "#f0f09a", "#a8edf5",
+)
+# Why an answer stopped before its end-of-sequence token (Answer.stopped), as shown on the card.
+CUT_REASONS = {
+    "max_new_tokens": "max new tokens reached",
+    "time_limit": "time limit reached",
+    "cancelled": "cancelled",
+}
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def colour(rank: int) -> str:
+    return PALETTE[(rank - 1) % len(PALETTE)]
+
+
+def _mix(c: str, p: float, floor: float = 0.0) -> tuple[str, bool]:
+    """(CSS background for colour c at strength p, whether text on it must be dark)."""
+    pct = round(100 * max(floor, min(1.0, p)))
+    return f"color-mix(in srgb, {c} {pct}%, transparent)", pct >= 55
+
+
+def badge(rank: int, title: str | None = None) -> str:
+    t = f' title="{esc(title)}"' if title else ""
+    return f'<span class="rag-badge" style="background:{colour(rank)}"{t}>{rank}</span>'
+
+
+def show_token(tok: str) -> str:
+    """A token piece as a heatmap row label: newlines, tabs and all-space pieces made visible."""
+    shown = tok.replace("\n", "↵").replace("\t", "⇥")
+    return shown if shown.strip() else (shown.replace(" ", "␣") or "∅")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{1000 * s:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def render_timings(t: dict[str, float]) -> str:
+    keys = [k for k in STAGES if k in t] + [k for k in t if k not in STAGES and k != "total"]
+    chips = [f"<span>{esc(k)} {fmt_seconds(t[k])}</span>" for k in keys]
+    if "total" in t:
+        chips.append(f'<span class="rag-total">total {fmt_seconds(t["total"])}</span>')
+    return f'<div class="rag-timings" title="seconds per stage">{"".join(chips)}</div>'
+
+
+def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
+    """Answer tokens coloured by their most responsible passage; a rank badge starts each run;
+    hovering a token names the passage and its posterior; clicking jumps to the passage row."""
+    docs, rows = a["docs"], a["token_doc_posteriors"]
+    if not a["tokens"] or not rows:
+        return '<div class="rag-tokens rag-placeholder">no tokens</div>'
+    spans, prev = [], None
+    for i, (tok, row, j) in enumerate(zip(a["tokens"], rows, a["top_docs"], strict=False)):
+        d = docs[j]
+        bg, dark = _mix(colour(d["rank"]), row[j], floor=0.35)
+        tip = f"{tok!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
+        if a.get("inspector"):
+            tip += "  (click: what each passage proposed here)"
+        sup = f"<sup>{d['rank']}</sup>" if j != prev else ""
+        cls = "rag-tok rag-dark" if dark else "rag-tok"
+        spans.append(
+            f'<a class="{cls}" href="#{anchor}{d["rank"]}" data-rank="{d["rank"]}" data-i="{i}" '
+            f'style="background:{bg}" title="{esc(tip)}">{sup}{esc(tok)}</a>'
+        )
+        prev = j
+    used = sorted(set(a["top_docs"]))
+    legend = "".join(
+        f'<span class="rag-legend-item">{badge(docs[j]["rank"])} {esc(docs[j]["title"])}</span>' for j in used
+    )
+    return f'<div class="rag-tokens">{"".join(spans)}</div><div class="rag-legend">{legend}</div>'
+
+
+def render_heatmap(a: dict) -> str:
+    """Tokens (rows) x passages (columns), each cell shaded by the attribution posterior."""
+    docs, rows = a["docs"], a["token_doc_posteriors"]
+    if not rows:
+        return ""
+    head = "".join(f"<th>{badge(d['rank'], d['title'])}</th>" for d in docs)
+    body = []
+    for tok, row, best in zip(a["tokens"], rows, a["top_docs"], strict=False):
+        cells = []
+        for j, p in enumerate(row):
+            bg, dark = _mix(colour(docs[j]["rank"]), p)
+            cls = " ".join(c for c in ("rag-dark" if dark else "", "rag-max" if j == best else "") if c)
+            cells.append(
+                f'<td class="{cls}" style="background:{bg}" title="[{docs[j]["rank"]}] {esc(docs[j]["title"])}: '
+                f'{p:.3f}">{p:.2f}</td>'
+            )
+        body.append(f'<tr><td class="rag-heat-tok">{esc(show_token(tok))}</td>{"".join(cells)}</tr>')
+    return (
+        f'<div class="rag-heat-wrap"><table class="rag-heat" data-tokens="{len(rows)}" data-docs="{len(docs)}">'
+        f'<thead><tr><th>token</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+        f'<div class="rag-caption">Tokens down, passages across; {esc(ATTRIBUTION[a["mode"]])}</div>'
+    )
+
+
+def _fmt_p(p: float) -> str:
+    """A probability in a few characters: 0.42, 0.003, 2e-05."""
+    return f"{p:.2f}" if p >= 0.01 else (f"{p:.3f}" if p >= 0.001 else f"{p:.0e}")
+
+
+def render_inspector(a: dict) -> str:
+    """The token inspector of a RAG answer: one hidden panel per token (the page's script shows
+    the one whose token was clicked). A row per passage z: p(z|x), p(y_i | x, z, y_<i), the
+    heatmap's posterior for this token, and the tokens z alone would have put here next; for
+    RAG-Token, the mixture's own top tokens under the table. Numbers from Answer.inspector."""
+    ins, docs, rows = a.get("inspector") or [], a["docs"], a["token_doc_posteriors"]
+    if not ins or len(ins) != len(rows):
+        return ""
+    post_head = {"token": "p(z | x, y_i, y_<i)", "sequence": "p(z | x, y_≤i)"}[a["mode"]]
+    panels = []
+    for i, (tok, info, row) in enumerate(zip(a["tokens"], ins, rows)):
+        body = []
+        for z, d in enumerate(docs):
+            top = " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["top"][z])
+            best = ' class="rag-max"' if z == a["top_docs"][i] else ""
+            body.append(f'<tr{best}><td>{badge(d["rank"], d["title"])}</td><td>{_fmt_p(d["prior"])}</td>'
+                        f'<td>{_fmt_p(info["p_token"][z])}</td><td class="rag-insp-post">{row[z]:.3f}</td>'
+                        f"<td>{top}</td></tr>")
+        mix = ""
+        if info.get("mix"):
+            mix = ('<div class="rag-note">The mixture Σ_z p(z|x) p(· | x, z, y_&lt;i) proposed: '
+                   + " · ".join(f"<code>{esc(show_token(t))}</code> {_fmt_p(p)}" for t, p in info["mix"]) + "</div>")
+        panels.append(
+            f'<div class="rag-insp" data-i="{i}" hidden><div class="rag-sub">Token {i + 1}: '
+            f"<code>{esc(show_token(tok))}</code> <button class=\"rag-insp-close\" type=\"button\">close</button></div>"
+            f'<div class="rag-heat-wrap"><table class="rag-insp-table"><thead><tr><th>passage z</th><th>p(z|x)</th>'
+            f"<th>p(y_i | x, z, y_&lt;i)</th><th>{esc(post_head)}</th><th>z alone would say next</th></tr></thead>"
+            f'<tbody>{"".join(body)}</tbody></table></div>{mix}</div>'
+        )
+    return f'<div class="rag-inspector">{"".join(panels)}</div>'
+
+
+def _fmt_lp(lp: float | None) -> str:
+    return f"{lp:.3f}" if lp is not None and math.isfinite(lp) else "-inf"
+
+
+def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None) -> str:
+    """One answer card: answer text, score and timings, then coloured tokens and the heatmap."""
+    mode = a["mode"] if a else mode
+    head = (
+        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
+        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
+    )
+    if a is None:
+        wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
+        return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
+    text = a["text"].strip()
+    cut = CUT_REASONS.get(a.get("stopped") or "")
+    mark = f'<span class="rag-cut" title="cut: {esc(cut)}">…</span>' if cut else ""
+    # cut before it said anything (a busy server's time limit): say so, not "(empty answer)"
+    empty = f"(no answer: {cut})" if cut else "(empty answer)"
+    answer = f'<div class="rag-answer">{esc(text)}{mark}</div>' if text else (
+        f'<div class="rag-answer rag-empty">{esc(empty)}</div>'
+    )
+    # RagSettings.recase_question: the generator read the question cased as the passages write it
+    read = (f' <span class="rag-read-as" title="what the generator read: the question cased as the retrieved '
+            f'passages write its words">(read as: {esc(a["read_question"])})</span>' if a.get("read_question") else "")
+    asked = (f'<div class="rag-asked" title="the question this answer is for">Q: {esc(a["question"])}{read}</div>'
+             if a.get("question") else "")
+    lp_s = _fmt_lp(a["sequence_logprob"])
+    k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""
+    stop = f' · <span class="rag-cut-note">cut: {esc(cut)}</span>' if cut else ""
+    meta = (
+        f'<div class="rag-meta" title="log-probability of this answer under this model">score '
+        f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}{stop}</div>'
+    )
+    parts = [head, asked, answer, meta, render_timings(a["timings"])]
+    if mode == "closed-book":
+        parts.append(
+            '<div class="rag-note">No passages: the generator answers from what its weights memorised '
+            "(the paper's parametric-only baseline). Compare it with the two RAG answers.</div>"
+        )
+    else:
+        parts.append('<div class="rag-sub">Where each token came from (click a token to inspect it)</div>')
+        parts.append(render_tokens(a, anchor))
+        parts.append(render_inspector(a))
+        parts.append(
+            f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>"
+        )
+        if a.get("candidates"):
+            cands = "".join(
+                f"<li><code>{'≤ ' if c.get('upper_bound') else ''}{_fmt_lp(c['logprob'])}</code> "
+                f"{esc(c['text'].strip() or '(empty)')}</li>"
+                for c in a["candidates"]
+            )
+            how = ("Candidates ranked, each counted under the passages that wrote it"
+                   if a["decoding"].startswith("fast") else
+                   "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤: left "
+                   "behind once it could no longer win)" if mode == "token" else "Candidates rescored")
+            parts.append(
+                f"<details><summary>{how} ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
+                f'<ol class="rag-note">{cands}</ol></details>'
+            )
+    return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
+
+
+def render_partial(a: dict | None, mode: str) -> str:
+    """An answer card while it is decoded (streaming; RagPipeline.partial_answer's dict, or None
+    before its mode starts): the answer so far with a caret, RAG-Token's tokens coloured and its
+    heatmap growing row by row; RAG-Sequence's K drafts, one per passage, then the rescoring."""
+    head = (
+        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
+        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
+    )
+    if a is None:
+        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="waiting">'
+                f'{head}<div class="rag-placeholder">Waiting for its turn ...</div></div>')
+    caret = '<span class="rag-caret" aria-hidden="true">▍</span>'
+    parts = [head]
+    if a.get("phase") == "reading":
+        what = ("Reading the question (no passages) ..." if mode == "closed-book" else
+                f"Reading the question with each of the {plural(a.get('k', 0), 'passage')} (one prompt per passage) ...")
+        return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="0">'
+                f'{head}<div class="rag-placeholder">{esc(what)}</div></div>')
+    if mode == "sequence":
+        rescoring = a.get("phase") == "rescoring"
+        what = ("Each passage has written its candidate; now every candidate is scored under every passage "
+                "and the mixture picks: p(y|x) = Σ_z p(z|x) p(y|x,z).") if rescoring else (
+                "Each passage writes its own candidate answer (one search per passage) ...")
+        rows = "".join(
+            f'<li>{badge(d["rank"], d["title"])} <span class="rag-draft">{esc(d["text"].strip())}</span>'
+            f'{"" if d["done"] else caret}</li>' for d in a.get("drafts", [])
+        )
+        parts += [f'<div class="rag-sub">{esc(what)}</div>', f'<ol class="rag-drafts">{rows}</ol>']
+    else:
+        text = a["text"].strip()
+        parts.append(f'<div class="rag-partial-answer">{esc(text)}{caret}</div>')
+        if mode == "token" and a.get("token_doc_posteriors"):
+            parts.append('<div class="rag-sub">Where each token came from (so far)</div>')
+            parts.append(render_tokens(a))
+            parts.append(f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>")
+    n = len(a.get("token_ids", []))
+    return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="{n}">'
+            f'{"".join(parts)}</div>')
+
+
+def doc_groups(answers: dict[str, dict]) -> list[tuple[str, list[str]]]:
+    """[(group name, modes)]: modes that retrieved the same passages share one table ("all");
+    the paper stack's two question encoders may retrieve different ones."""
+    groups: dict[tuple, list[str]] = {}
+    for mode, a in answers.items():
+        if a and a["docs"]:  # same passages, and the same sentences read (two question encoders may differ)
+            key = tuple((d["id"], _read(d)) for d in a["docs"])
+            groups.setdefault(key, []).append(mode)
+    if len(groups) == 1:
+        return [("all", next(iter(groups.values())))]
+    return [(modes[0], modes) for modes in groups.values()]
+
+
+def _read(d: dict) -> tuple[int, ...] | None:
+    read = d.get("read_sentences")
+    return None if read is None else tuple(read)
+
+
+def render_passage_text(d: dict) -> str:
+    """A retrieved passage's text. When the generator read only some of its sentences
+    (RagSettings.passage_sentences > 0: d["read_sentences"], indices into corpus.split_sentences
+    of the text), the sentences it read are shown as they are and the others dimmed, with a note
+    saying how many it read; None (it read the whole passage): the text as it is."""
+    read = _read(d)
+    if read is None:
+        return f'<div class="rag-ptext">{esc(d["text"])}</div>'
+    sentences = split_sentences(d["text"])
+    kept = set(read) & set(range(len(sentences)))
+    spans = " ".join(f'<span class="{"rag-read" if j in kept else "rag-unread"}">{esc(sent)}</span>'
+                     for j, sent in enumerate(sentences))
+    note = (f"the generator read the whole passage ({plural(len(sentences), 'sentence')})"
+            if len(kept) == len(sentences) else f"the generator read the {plural(len(kept), 'highlighted sentence')}")
+    return (f'<div class="rag-ptext" data-read="{",".join(map(str, sorted(kept)))}">{spans}</div>'
+            f'<div class="rag-read-note">{esc(note)}</div>')
+
+
+def anchors(answers: dict[str, dict]) -> dict[str, str]:
+    return {m: f"rag-p-{g}-" for g, modes in doc_groups(answers) for m in modes}
+
+
+def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> str:
+    """The retrieved passages: rank, title (linked), text, retrieval score, p(z|x), and each mode's
+    posterior over the passage given the answer."""
+    groups = doc_groups(answers)
+    if not groups:
+        return '<div class="rag-passages rag-placeholder">The retrieved passages appear here.</div>'
+    out = []
+    for g, modes in groups:
+        docs = answers[modes[0]]["docs"]
+        corpus = answers[modes[0]]["corpus"]
+        who = "" if g == "all" else f" for {' and '.join(MODE_TITLES[m] for m in modes)}"
+        post_heads = "".join(
+            f'<th title="{esc(POSTERIOR_HEADS[m][1])}">{MODE_TITLES[m]}<br>{POSTERIOR_HEADS[m][0]}</th>' for m in modes
+        )
+        rows = []
+        for i, d in enumerate(docs):
+            title = esc(d["title"])
+            if d.get("url"):
+                title = f'<a href="{esc(d["url"])}" target="_blank" rel="noopener">{title}</a>'
+            tag = '<span class="rag-edited">edited by you</span>' if d["id"] in edits else ""
+            posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i]) for m in modes)
+            drop = (f'<button class="rag-without-btn" type="button" data-id="{esc(d["id"])}" title="answer the same '
+                    f'question again with this passage taken away">answer without it</button>') if len(docs) > 1 else ""
+            rows.append(
+                f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
+                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}{drop}</td>'
+                f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
+            )
+        out.append(
+            f'<div class="rag-passages"><h3>Retrieved passages{who} '
+            f'<small>(top {len(docs)} of {esc(corpus)})</small></h3>'
+            f'<table class="rag-ptable"><thead><tr><th>#</th><th>passage</th><th title="retrieval inner product '
+            f'q(x)·d(z)">score<br>q(x)·d(z)</th><th title="softmax of the scores over the K passages">prior<br>p(z|x)'
+            f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
+    return "".join(out)
+
+
+def render_without(result: dict | None) -> str:
+    """The answers with one passage taken away, beside the originals (`_answer_without`'s dict):
+    per RAG mode the new answer, and how the original answer's log p(y|x) changed (exact, from
+    Answer.passage_drop); then what that says about the attribution."""
+    if not result:
+        return ('<div class="rag-without rag-placeholder">"answer without it" beside a passage answers the '
+                "question again without that passage.</div>")
+    d, rows, notes = result["dropped"], [], []
+    for m, x in result["modes"].items():
+        drop = x["drop"]
+        change = "-" if drop is None else f"{-drop:+.3f}"
+        rows.append(f'<tr data-mode="{m}"><td>{esc(MODE_TITLES[m])}</td><td>{esc(x["before"].strip() or "(empty)")}</td>'
+                    f'<td class="rag-without-new">{esc(x["after"].strip() or "(empty)")}</td>'
+                    f'<td class="rag-num rag-without-delta">{change}</td></tr>')
+        top, most = x["top"], x["most"]
+        said = (f"the attribution's top passage [{top['rank']}] {esc(top['title'])} is also the one whose removal "
+                f"costs the answer most" if top["rank"] == most["rank"] else
+                f"the attribution's top passage is [{top['rank']}] {esc(top['title'])}, but taking away "
+                f"[{most['rank']}] {esc(most['title'])} would cost the answer most ({-most['drop']:+.2f})")
+        notes.append(f"<li>{esc(MODE_TITLES[m])}: {said}.</li>")
+    return (
+        f'<div class="rag-without" data-without="{d["rank"]}"><h3>Without passage {badge(d["rank"])} '
+        f'{esc(d["title"])} <small>(p(z|x) renormalised over the other {result["k"] - 1})</small></h3>'
+        '<div class="rag-heat-wrap"><table class="rag-ptable"><thead><tr><th>mode</th><th>answer with all passages'
+        '</th><th>answer without it</th><th title="log p(original answer | x) without the passage, minus with it">'
+        "change in log p(original answer)</th></tr></thead>"
+        f'<tbody>{"".join(rows)}</tbody></table></div>'
+        '<div class="rag-note">How faithful are these attributions? A passage an answer really leans on should '
+        "cost it probability when taken away; one it ignores should not. Here "
+        f'<ul>{"".join(notes)}</ul></div></div>'
+    )
+
+
+def _question_lp_note(d: dict) -> str:
+    """With the generator's vote on (question_weight > 0): log p(question | passage) under the score."""
+    lp = d.get("question_logprob")
+    if lp is None:
+        return ""
+    return (f'<div class="rag-qlp" title="the generator\'s log-likelihood of the question after this passage, '
+            f'added to the score times the vote\'s weight before the softmax">log p(x|z) {lp:.1f}</div>')
+
+
+def _prob_cell(p: float | None) -> str:
+    if p is None:
+        return '<td class="rag-num">–</td>'
+    return f'<td class="rag-num">{p:.3f}<div class="rag-bar"><div style="width:{100 * p:.0f}%"></div></div></td>'

@@ -1,0 +1,143 @@
+"""What the app checks before anything runs: questions, settings, passages to edit, uploads.
+
+Owns the gradio validators (`validate_ask`, `validate_edit`, `validate_upload`: one
+`gr.validate` per input, run before the queue, so a bad input gets the library's message on its
+own box and nothing runs), the settings widgets' values turned into `RagSettings`, and
+`user_errors`, which turns the library's ValueErrors into `gr.Error` messages. The checks
+themselves are the library's (config.check_question, RagSettings, corpus.check_passage_text,
+corpus.load_documents); this module only routes their messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from rag_demo.config import RagSettings, check_question
+from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, check_passage_text, load_documents, supported_extensions
+from rag_demo.serving.session import Session
+
+MAX_UPLOAD_FILES = 20
+
+
+@contextmanager
+def user_errors():
+    """Library ValueErrors become gr.Error: a visible message, and the app keeps serving."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as e:
+        raise gr.Error(str(e)) from e
+
+
+def settings_from_inputs(**values: Any) -> RagSettings:
+    """RagSettings from the page's controls (by knob name, and "preset"; a knob left out takes the
+    preset's value), or the library's ValueError naming the bad one. The values go through as they
+    came (sliders send 5.0): the declarations parse whole numbers and refuse anything else
+    (k=2.5, k='abc'); the app never rounds or clamps a value silently."""
+    return RagSettings(**values)
+
+
+def check_passage_chosen(pid: object, s: Session | None = None) -> None:
+    """A passage to edit is chosen and, given the session, is one of its last answer's passages."""
+    if not pid:
+        raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
+    if s is not None and pid not in {i for i, _, _ in s.last_docs}:
+        raise ValueError(
+            f"passage {pid!r} is not one of the passages retrieved for your last question: ask a question, "
+            "then pick one of its passages to edit."
+        )
+
+
+def _settings(**values: Any) -> RagSettings:
+    with user_errors():
+        return settings_from_inputs(**values)
+
+
+def _valid(check: Callable[[], Any]) -> dict:
+    """gr.validate for one input: the library's ValueError message when `check()` raises."""
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        return gr.validate(False, str(e))
+    return gr.validate(True, "")
+
+
+def _validate_settings(settings: dict[str, Any]) -> list[dict]:
+    """One gr.validate per setting, in `settings`' order: the library's message on the setting it
+    names (RagSettings' messages start "name=value"), or on every setting when it names none."""
+    try:
+        settings_from_inputs(**settings)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        bad = {n for n in settings if msg.startswith(f"{n}=")} or set(settings)
+        return [gr.validate(n not in bad, msg if n in bad else "") for n in settings]
+    return [gr.validate(True, "") for _ in settings]
+
+
+Refuse = Callable[[str, RagSettings, Session], str | None]  # (question, settings, session) -> refusal or None
+
+
+def _refusal(out: list[dict], question, settings: dict[str, Any], s, refuse: Refuse | None, at: int) -> list[dict]:
+    """out, with the budget's refusal (if any) on input `at` once every input is valid."""
+    if refuse is not None and all(r["is_valid"] for r in out):
+        msg = refuse(question, settings_from_inputs(**settings), s if isinstance(s, Session) else Session())
+        if msg:
+            out[at] = gr.validate(False, msg)
+    return out
+
+
+def validate_ask(question, s, refuse: Refuse | None = None, **settings) -> list[dict]:
+    """gradio validator of the events that ask a question. It runs before the queue (no model
+    runs) and shows the library's message on the question box; a bad question then never
+    reaches the outputs, which would otherwise each show an error badge. One gr.validate per
+    input, in the event's order: question, session, then the settings (by RagSettings field name,
+    as the event passes them), a bad setting's message on that setting. `refuse` is the server's
+    budget: a question whose estimated cost is over it is refused here, with the message on the
+    question box (the settings sit in a closed accordion), and nothing runs."""
+    out = [_valid(lambda: check_question(question)), gr.validate(True, ""), *_validate_settings(settings)]
+    return _refusal(out, question, settings, s, refuse, 0)
+
+
+def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fields) -> list[dict]:
+    """gradio validator of "save edit and ask again", like validate_ask: a passage of the last
+    answer must be chosen, its new text must not be empty, and the question must be askable.
+    `fields`: the settings and the new title ("new_title"), in the event's order."""
+    sess = s if isinstance(s, Session) else Session()
+    settings = {n: v for n, v in fields.items() if n != "new_title"}
+    checks = dict(zip(settings, _validate_settings(settings), strict=True))
+    out = [_valid(lambda: check_passage_chosen(pid, sess)), _valid(lambda: check_passage_text(str(pid), new_text)),
+           _valid(lambda: check_question(question)), gr.validate(True, ""),
+           *(checks.get(n, gr.validate(True, "")) for n in fields)]
+    return _refusal(out, question, settings, s, refuse, 2)
+
+
+def check_upload(files: Any) -> Any:
+    """The Corpus of an upload (files: paths or gradio file objects), or a ValueError naming the
+    problem and the fix: no file, too many, too large, or a file that cannot be read."""
+    paths = [getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
+    if not paths:
+        raise ValueError(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
+    if len(paths) > MAX_UPLOAD_FILES:
+        raise ValueError(f"{len(paths)} files uploaded, over the limit of {MAX_UPLOAD_FILES}: upload fewer files.")
+    total = sum(Path(p).stat().st_size for p in paths)
+    if total > MAX_UPLOAD_BYTES:
+        raise ValueError(
+            f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
+            "in all: upload smaller or fewer files."
+        )
+    names = [Path(p).name for p in paths]
+    shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
+    return load_documents(paths, name=f"Your documents: {shown}")
+
+
+def validate_upload(files, s) -> list[dict]:
+    """gradio validator of the upload: reads and splits the files (no model runs), so a file
+    that cannot be used gets its message on the file box, and the status line, which shows the
+    upload's progress, never carries an error badge."""
+    return [_valid(lambda: check_upload(files)), gr.validate(True, "")]
