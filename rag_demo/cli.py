@@ -220,7 +220,7 @@ def cmd_ask(args) -> int:
     pipe = RagPipeline.load(spec, corpus=corpus, settings=settings, progress=_load_progress, rebuild_index=args.rebuild_index,
                             knowledge=knowledge)
     _progress(f"Ready in {time.perf_counter() - t0:.1f} s ({pipe.stack.describe()})")
-    answers = pipe.answer_modes(args.question, modes)
+    answers = pipe.answers(args.question, modes)
     if args.json:
         print(json.dumps({m: a.to_dict() for m, a in answers.items()}, indent=2, ensure_ascii=False))
     else:

@@ -13,10 +13,13 @@ paper's hot-swap: same models, different knowledge.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import queue
+import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -38,32 +41,47 @@ from rag_demo.reader.truecase import recase
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 
 
-@dataclass
-class RunControl:
-    """How one request runs among others (all optional)."""
+@dataclass(frozen=True)
+class Run:
+    """How one question runs among others (all optional).
 
-    deadline: float | None = None  # time.monotonic() after which decoding stops ("time_limit")
-    priority: int = 0  # at each step the lowest waiting number goes first: 0 cheap, 1 expensive
-    cancelled: Callable[[], bool] | None = None  # polled between steps; True stops decoding ("cancelled")
-    gate: Any = None  # a serving StepGate: one model step at a time across requests
-    # streaming: called with each answer as it grows (RagPipeline.partial_answer's dict, after
-    # every decoding step); it only reads, it must not raise
-    on_partial: Callable[[dict], None] | None = None
-    # called with (mode, Answer) as soon as each mode's answer is final, while RagPipeline.answer_modes
-    # goes on with the others (the app shows each card, and moves its progress bar, as it is done)
-    on_answer: Callable[[str, Any], None] | None = None
+    cancelled: polled between decoding steps; once True every mode stops where it is ("cancelled").
+    seconds: each mode's own share of wall-clock time, counted from when that mode starts; past
+    it the mode stops where it is ("time_limit"), and the next mode starts with its own share.
+    share: wraps a generator so that its model calls take turns with other requests' (the
+    server's StepGate)."""
 
-    def stop_reason(self) -> str | None:
-        """Why decoding must stop now, or None."""
-        if self.cancelled is not None and self.cancelled():
-            return "cancelled"
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            return "time_limit"
-        return None
+    cancelled: Callable[[], bool] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    share: Callable[[Any], Any] | None = None
 
-    def wrap(self, gen):
-        """The generator, its model calls taken through the gate (unchanged without a gate)."""
-        return gen if self.gate is None else self.gate.gated(gen, self.priority)
+    def stop_for(self, mode: str) -> Callable[[], str | None]:
+        """The engine's stop check of one mode, its share counted from now."""
+        deadline = time.monotonic() + self.seconds[mode] if mode in self.seconds else None
+
+        def stop() -> str | None:
+            if self.cancelled is not None and self.cancelled():
+                return "cancelled"
+            if deadline is not None and time.monotonic() > deadline:
+                return "time_limit"
+            return None
+        return stop
+
+    def gated(self, gen):
+        return gen if self.share is None else self.share(gen)
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    """One step of a question's answers: a mode's answer so far (`final` False: the dict of
+    RagPipeline.partial_answer, after a decoding step) or its finished `Answer`."""
+
+    mode: str
+    final: bool
+    answer: Any  # Answer when final, else a partial dict
+
+
+Listen = Callable[[dict], None]  # gets each partial answer dict
 
 
 @dataclass
@@ -139,6 +157,7 @@ class RagPipeline:
         self.settings = settings or RagSettings.for_stack(stack.name)
         self.index_info = index_info
         self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
+        self._estimates: dict[tuple, Cost] = {}
 
     @classmethod
     def load(
@@ -205,29 +224,44 @@ class RagPipeline:
 
     # -- answering --------------------------------------------------------------
     def answer(self, question: str, mode: str = "token", settings: RagSettings | None = None,
-               control: RunControl | None = None, **overrides) -> Answer:
+               run: Run | None = None, **overrides) -> Answer:
         """Answer one question in one mode. Per-call overrides (k=..., num_beams=...) fall back
-        to `settings`, then to the pipeline's defaults. `control`: the request's deadline, cancel
-        check and step gate (budget.RunControl; None runs unbounded, as the CLI does)."""
-        return self.answer_modes(question, [mode], settings, control, **overrides)[mode]
+        to `settings`, then to the pipeline's defaults. `run`: when to stop and how to share the
+        CPU (None runs unbounded, as the CLI does)."""
+        return self.answers(question, [mode], settings, run, **overrides)[mode]
+
+    def answers(self, question: str, modes: list[str], settings: RagSettings | None = None,
+                run: Run | None = None, **overrides) -> dict[str, Answer]:
+        """Every mode's final Answer (`answer_modes` without the events)."""
+        out = {e.mode: e.answer for e in self.answer_modes(question, modes, settings, run, **overrides) if e.final}
+        return {mode: out[mode] for mode in modes}
 
     def answer_modes(self, question: str, modes: list[str], settings: RagSettings | None = None,
-                     control: RunControl | None = None, **overrides) -> dict[str, Answer]:
-        """Answer in several modes; retrieval is shared by modes with the same question encoder,
-        and the prefill by modes with the same generator (answer_from_modes)."""
+                     run: Run | None = None, partials: bool = False, **overrides) -> Iterator[AnswerEvent]:
+        """Answer in several modes, as events: each mode's final Answer as soon as it is done, in
+        order; with `partials` also its answer so far after every decoding step. Retrieval is
+        shared by modes with the same question encoder, the prefill by modes with the same
+        generator (answer_from_modes). The question and settings are checked before anything runs.
+
+        With `partials` the decoding runs in a worker thread (this thread only hands its events
+        on); closing the iterator early cancels the decoding at its next step."""
         q = check_question(question)
         modes = [check_mode(m) for m in modes]
         s = (settings or self.settings).merged(**overrides)
         self._check_k(s.decoding.k)
-        out = {}
+        run = run or Run()
+        if not partials:
+            return self._events(q, modes, s, run, None)
+        return _threaded(lambda listen, gone: self._events(q, modes, s, replace(run, cancelled=_either(run.cancelled,
+                                                                                                       gone)), listen))
+
+    def _events(self, q: str, modes: list[str], s: RagSettings, run: Run, listen: Listen | None
+                ) -> Iterator[AnswerEvent]:
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], s.decoding.k)
-            out.update(self.answer_from_modes(q, group, r.passages, r.scores, s, timings=r.timings, control=control))
+            yield from self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen)
         if "closed-book" in modes:
-            out["closed-book"] = self._closed_book(q, s, control)
-            if control is not None and control.on_answer is not None:
-                control.on_answer("closed-book", out["closed-book"])
-        return {mode: out[mode] for mode in modes}
+            yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
 
     def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
         """The RAG modes among `modes` grouped by question encoder, in order: modes of one group
@@ -269,15 +303,15 @@ class RagPipeline:
 
     def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
                     settings: RagSettings | None = None, timings: dict | None = None,
-                    control: RunControl | None = None, **overrides) -> Answer:
+                    run: Run | None = None, **overrides) -> Answer:
         """Steps 2b-4 on given passages and their retrieval scores q(x)·d(z) (K,): another
         retriever's picks, a passage taken away, an edited text. p(z|x) is the softmax of the
         scores times the stack's scale over the prior temperature, over these passages only."""
-        return self.answer_from_modes(question, [mode], passages, scores, settings, timings, control, **overrides)[mode]
+        return self.answer_from_modes(question, [mode], passages, scores, settings, timings, run, **overrides)[mode]
 
     def answer_from_modes(self, question: str, modes: list[str], passages: list[Passage], scores: torch.Tensor,
                           settings: RagSettings | None = None, timings: dict | None = None,
-                          control: RunControl | None = None, **overrides) -> dict[str, Answer]:
+                          run: Run | None = None, **overrides) -> dict[str, Answer]:
         """`answer_from` in several RAG modes over the same passages; modes with the same
         generator share one prefill of the K prompts (generators.SharedPrefill)."""
         q = check_question(question)
@@ -287,12 +321,16 @@ class RagPipeline:
         if not passages or len(passages) != len(scores):
             raise ValueError(f"got {len(passages)} passages and {len(scores)} scores: pass one score per passage.")
         s = (settings or self.settings).merged(**overrides)
+        return {e.mode: e.answer for e in self._from_passages(q, modes, passages, scores, s, timings, run or Run(), None)}
+
+    def _from_passages(self, q: str, modes: list[str], passages: list[Passage], scores: torch.Tensor, s: RagSettings,
+                       timings: dict | None, run: Run, listen: Listen | None) -> Iterator[AnswerEvent]:
+        """Steps 2b-4 of the RAG modes over these passages, each mode's Answer as an event."""
         shared: dict[int, SharedPrefill] = {}
         fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
         pairs = [(p.title, p.text) for p in passages]
         # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
         qg = recase(q, pairs) if s.aids.recase_question else q
-        out = {}
         for mode in modes:
             mm = self.stack.modes[mode]
             if id(mm.generator) not in shared:
@@ -312,7 +350,7 @@ class RagPipeline:
             # from them in the engine (rag.engine.prefill), where a reader aid may add the generator's vote
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
             prompts = [prompt(gen, qg, p, s.decoding, s.aids) for p in fed]
-            run = rag_token if mode == "token" else rag_sequence
+            engine = rag_token if mode == "token" else rag_sequence
             reader = AidedReader(s.aids, s.decoding, gen, qg, fed, prompts, pairs) if s.aids_on() else PAPER
 
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
@@ -324,38 +362,34 @@ class RagPipeline:
                     for i, p in enumerate(passages)
                 ]
 
-            emit = self._emitter(q, gen, control, lambda part: docs_of(part.prior, None))
-            if emit is not None:
-                control.on_partial(self.reading(q, mode, len(passages)))
-            g = run(_gated(gen, control), prompts, logits, s.decoding, reader, _stop(control), emit)  # steps 3 and 4
+            emit = self._emitter(q, gen, listen, lambda part: docs_of(part.prior, None))
+            if listen is not None:
+                listen(self.reading(q, mode, len(passages)))
+            g = engine(run.gated(gen), prompts, logits, s.decoding, reader, run.stop_for(mode), emit)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.aids.passage_sentences:
                 t["focus"] = focus_s
-            out[mode] = self._answer(q, mode, gen, g, docs, t, s, qg)
-            if control is not None and control.on_answer is not None:
-                control.on_answer(mode, out[mode])
-        return out
+            yield AnswerEvent(mode, True, self._answer(q, mode, gen, g, docs, t, s, qg))
 
-    def _closed_book(self, q: str, s: RagSettings, control: RunControl | None = None) -> Answer:
+    def _closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
         gen = self.stack.modes["closed-book"].generator
-        emit = self._emitter(q, gen, control, lambda part: [])
-        if emit is not None:
-            control.on_partial(self.reading(q, "closed-book", 0))
+        emit = self._emitter(q, gen, listen, lambda part: [])
+        if listen is not None:
+            listen(self.reading(q, "closed-book", 0))
         qg = recase(q) if s.aids.recase_question else q  # no passages: only the first letter and "?"
         cb = prompt(gen, qg, None, s.decoding, s.aids)
         reader = AidedReader(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True) if s.aids_on() else PAPER
-        g = closed_book(_gated(gen, control), cb, s.decoding, reader, _stop(control), emit)
+        g = closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
         return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg)
 
-    def _emitter(self, q: str, gen, control: RunControl | None,
+    def _emitter(self, q: str, gen, listen: Listen | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
-        """The engine's streaming hook for this request: each Partial made into `partial_answer`'s
-        dict and handed to control.on_partial (None when nobody listens: no work per step)."""
-        if control is None or control.on_partial is None:
+        """The engine's streaming hook: each Partial made into `partial_answer`'s dict and handed
+        to `listen` (None when nobody listens: no work per step)."""
+        if listen is None:
             return None
-        listener = control.on_partial
-        return lambda part: listener(self.partial_answer(q, gen, part, docs_of(part)))
+        return lambda part: listen(self.partial_answer(q, gen, part, docs_of(part)))
 
     def reading(self, q: str, mode: str, k: int) -> dict:
         """The partial dict of a mode whose prompts are being read (before its first token)."""
@@ -451,10 +485,20 @@ class RagPipeline:
 
     def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None, **overrides) -> Cost:
         """Time and peak extra memory of answering `question` in `modes`, before running it
-        (budget.CostModel; worst case: every answer runs to max_new_tokens, passages take their
-        whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once."""
+        (models.cost.CostModel; worst case: every answer runs to max_new_tokens, passages take their
+        whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once.
+        Computed once per question, settings and cost model: the server's checks before and
+        after the queue ask for the same estimate."""
         q = check_question(question)
         s = (settings or self.settings).merged(**overrides)
+        key = (q, tuple(modes), s, id(self.cost_model), len(self.index))
+        if key not in self._estimates:
+            if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
+                self._estimates.clear()
+            self._estimates[key] = self._estimate(q, modes, s)
+        return dataclasses.replace(self._estimates[key])  # a copy: callers mark it heavy
+
+    def _estimate(self, q: str, modes: list[str], s: RagSettings) -> Cost:
         q = recase(q) if s.aids.recase_question else q  # "?" added: what the generator reads, passages aside
         k = min(s.decoding.k, len(self.index))
         seconds, peak, per_mode = 0.0, 0, {}
@@ -509,21 +553,48 @@ class RagPipeline:
         t0 = time.perf_counter()
         if progress:
             progress("Warming up: one question in every mode ...")
-        self.answer_modes(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.decoding.k, len(self.index)))
+        self.answers(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.decoding.k, len(self.index)))
         if progress:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
         return time.perf_counter() - t0
 
 
-def _gated(gen, control: RunControl | None):
-    """The generator with its model calls taken through the request's step gate, if it has one."""
-    return gen if control is None else control.wrap(gen)
+def _either(a: Callable[[], bool] | None, b: Callable[[], bool]) -> Callable[[], bool]:
+    return b if a is None else (lambda: a() or b())
 
 
-def _stop(control: RunControl | None):
-    """The engine's stop check of this request (None: it runs to its end)."""
-    return None if control is None else control.stop_reason
+def _threaded(events: Callable[[Listen, Callable[[], bool]], Iterator[AnswerEvent]]) -> Iterator[AnswerEvent]:
+    """Run `events(listen, gone)` in a worker thread and hand on, here, its partial answers (what
+    `listen` got) and its events, in order. The worker runs with this thread's context (gradio's
+    progress lives in it); its error is raised here. Stopping early sets `gone`: the decoding
+    stops at its next step and the worker is waited for."""
+    box: queue.Queue = queue.Queue()
+    gone = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            for event in events(lambda d: box.put(AnswerEvent(d["mode"], False, d)), gone.is_set):
+                box.put(event)
+                if gone.is_set():  # nobody waits for the modes left
+                    break
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            box.put(e)
+        finally:
+            box.put(done)
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True,
+                              name="rag-answer")
+    worker.start()
+    try:
+        while (item := box.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        gone.set()
+        worker.join()
 
 
 def _ranked_candidates(gen, g: Generation) -> list[dict]:

@@ -143,13 +143,15 @@ def set_number(pg, elem_id: str, value: int) -> None:
     fill_kept(pg, pg.locator(f"#{elem_id} input[type=number]"), str(value), enter=True, shown=rng.input_value)
 
 
-def small_settings(pg, k: int = 2, max_new: int = 12, beams: int | None = None) -> None:
-    pg.locator("#rag-settings").get_by_text("Settings").click()
-    set_number(pg, "rag-k", k)
-    set_number(pg, "rag-max-new", max_new)
+def small_settings(pg, k: int = 2, max_new: int = 12, beams: int | None = None, open_settings: bool = True,
+                   decoding: str = "fast") -> None:
+    if open_settings:
+        pg.locator("#rag-settings").get_by_text("Settings").click()
+    set_number(pg, "rag-knob-k", k)
+    set_number(pg, "rag-knob-max-new-tokens", max_new)
     if beams is not None:
-        set_number(pg, "rag-beams", beams)
-    pg.locator("#rag-decoding").get_by_text("fast", exact=True).click()
+        set_number(pg, "rag-knob-num-beams", beams)
+    pg.locator("#rag-knob-sequence-decoding").get_by_text(decoding, exact=True).click()
 
 
 def ask(pg, question: str) -> None:
@@ -158,6 +160,8 @@ def ask(pg, question: str) -> None:
     pg.click("#rag-ask")
     for mode in ("sequence", "token", "closed-book"):
         pg.wait_for_selector(f"#rag-answer-{mode} .rag-answer", timeout=ANSWER_TIMEOUT_MS)
+    # each card shows as soon as its mode is done; the passages table comes with the last one's outputs
+    pg.wait_for_selector("#rag-passages table.rag-ptable tbody tr", timeout=ANSWER_TIMEOUT_MS)
 
 
 TOTALS_JS = """() => [...document.querySelectorAll('[id^=rag-answer-] .rag-total, [id^=rag-answer-] .rag-asked')]
@@ -228,6 +232,29 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     shot(page, "02-answer")
 
 
+def test_the_preset_switch_says_which_algorithm_ran_on_every_card(page, server):
+    """The switch next to Ask: the cards say "With reader aids" (the offline default), then, switched
+    to the paper's plain RAG, every card says so and the settings show the paper's decoding
+    (greedy, thorough RAG-Sequence, no worked example)."""
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=8)
+    ask(page, "Who devised pointillism?")
+    for mode in ("sequence", "token", "closed-book"):
+        assert page.locator(f"#rag-answer-{mode} .rag-preset").get_attribute("data-preset") == "aided", mode
+    page.locator("#rag-preset").get_by_text("Plain RAG, as in the paper", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#rag-knob-num-beams input[type=number]').value === '1'",
+                           timeout=30_000)
+    small_settings(page, k=2, max_new=8, open_settings=False, decoding="thorough")
+    ask(page, "Who devised pointillism?")
+    page.wait_for_function("() => [...document.querySelectorAll('.rag-card .rag-preset')].every("
+                           "e => e.dataset.preset === 'paper') && document.querySelectorAll('.rag-card .rag-preset')"
+                           ".length === 3", timeout=ANSWER_TIMEOUT_MS)
+    assert "Plain RAG, as in the paper" in page.locator("#rag-answer-token .rag-preset").inner_text()
+    assert "greedy" in page.locator("#rag-answer-token .rag-meta").inner_text()
+    assert "thorough" in page.locator("#rag-answer-sequence .rag-meta").inner_text()
+    shot(page, "03-paper-preset")
+
+
 WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through, as the page shows it
     window.__tokenStates = [];
     const box = document.querySelector('#rag-answer-token');
@@ -254,7 +281,7 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
     streams uncoloured: the next test)."""
     wait_ready(page, server)
     small_settings(page, k=2, max_new=16, beams=1)
-    page.locator("#rag-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
+    page.locator("#rag-knob-answer-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
     page.evaluate(WATCH_TOKEN_CARD_JS)
     ask(page, "Who devised pointillism?")
     states = page.evaluate("window.__tokenStates")
@@ -311,8 +338,8 @@ def test_beam_search_streams_its_current_best_hypothesis(page, server):
     text (it may still change, so it is not coloured), then the final card, coloured."""
     wait_ready(page, server)
     small_settings(page, k=2, max_new=16)
-    assert page.locator("#rag-beams input[type=number]").input_value() == "2"
-    page.locator("#rag-style").get_by_text("sentence", exact=True).click()
+    assert page.locator("#rag-knob-num-beams input[type=number]").input_value() == "2"
+    page.locator("#rag-knob-answer-style").get_by_text("sentence", exact=True).click()
     page.evaluate(WATCH_TOKEN_CARD_JS)
     ask(page, "Who devised pointillism?")
     states = page.evaluate("window.__tokenStates")
@@ -392,15 +419,13 @@ def test_settings_show_the_estimated_cost_and_update_it(page, server):
                            timeout=30_000)
     assert "Estimated cost" in cost.inner_text() and " s" in cost.inner_text()
     before = float(cost.get_attribute("data-seconds"))
-    set_number(page, "rag-max-new", 200)
+    set_number(page, "rag-knob-max-new-tokens", 200)
     page.wait_for_function(f"() => parseFloat(document.querySelector('#rag-cost .rag-cost').dataset.seconds) > {before}",
                            timeout=30_000)
-    for control in ("rag-k", "rag-beams", "rag-max-new", "rag-decoding", "rag-style", "rag-temperature",
-                    "rag-sentences", "rag-question-both"):
-        assert page.locator(f"#{control}").is_visible(), control
-    # the reader settings reach the estimate too: the question before every passage lengthens each prompt
+    # the reader aids reach the estimate too: the question before every passage lengthens each prompt
+    page.locator("#rag-aids").get_by_text("Reader aids").click()
     before = float(cost.get_attribute("data-seconds"))
-    page.locator("#rag-question-both input[type=checkbox]").click()
+    page.locator("#rag-knob-question-position").get_by_text("both", exact=True).click()
     page.wait_for_function(f"() => parseFloat(document.querySelector('#rag-cost .rag-cost').dataset.seconds) != {before}",
                            timeout=30_000)
     shot(page, "08-cost-estimate")
@@ -409,7 +434,8 @@ def test_settings_show_the_estimated_cost_and_update_it(page, server):
 def test_sentences_per_passage_marks_the_sentences_the_generator_read(page, server):
     wait_ready(page, server)
     small_settings(page, k=1, max_new=4)
-    set_number(page, "rag-sentences", 1)
+    page.locator("#rag-aids").get_by_text("Reader aids").click()
+    set_number(page, "rag-knob-passage-sentences", 1)
     ask(page, "Who devised pointillism?")
     text = page.locator("#rag-passages table.rag-ptable tbody tr").first.locator(".rag-ptext")
     assert text.locator(".rag-read").count() == 1 and text.locator(".rag-unread").count() >= 1

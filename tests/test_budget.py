@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rag_demo.models.cost import CostModel, ModelDims
-from rag_demo.pipeline import RunControl
+from rag_demo.pipeline import Run
 from rag_demo.serving.budget import Budget, StepGate
 from rag_demo.config import RagSettings, StackSpec
 from rag_demo.knowledge.corpus import corpus_from_documents
@@ -125,12 +125,12 @@ def no_eos(pipe):
 
 @pytest.mark.parametrize("beams", [1, 2])
 def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
-    """A deadline already passed: each mode stops after its first step and marks the answer
-    "time_limit"; thorough RAG-Sequence skips its rescoring and names what it did instead."""
+    """Each mode's share of time already spent: each mode stops after its first step and marks the
+    answer "time_limit"; thorough RAG-Sequence skips its rescoring and names what it did instead."""
     s = RagSettings(k=3, num_beams=beams, max_new_tokens=50, sequence_decoding="thorough")
     with no_eos(pipe):
-        out = pipe.answer_modes("who painted the starry night", MODES, s, RunControl(deadline=time.monotonic() - 1))
-        free = pipe.answer_modes("who painted the starry night", ["token"], s)["token"]
+        out = pipe.answers("who painted the starry night", MODES, s, Run(seconds={m: -1.0 for m in MODES}))
+        free = pipe.answers("who painted the starry night", ["token"], s)["token"]
     for mode, a in out.items():
         assert a.stopped == "time_limit", mode
         assert 1 <= len(a.token_ids) <= 2, (mode, a.token_ids)  # the first step's token (BART may add <s>)
@@ -149,7 +149,7 @@ def test_cancelled_request_stops_where_the_client_left(pipe, mode):
 
     with no_eos(pipe):
         a = pipe.answer("who painted the starry night", mode, RagSettings(k=3, max_new_tokens=40),
-                        RunControl(cancelled=gone))
+                        Run(cancelled=gone))
     assert a.stopped == "cancelled" and len(calls) == 3
     assert 2 <= len(a.token_ids) <= 3  # 3 generated tokens; a BART <s> among them is not shown
 
@@ -186,8 +186,9 @@ def test_step_gate_serves_cheap_before_expensive_and_one_at_a_time():
 
 def test_gated_answers_equal_ungated(pipe):
     s = RagSettings(k=3, max_new_tokens=6)
-    a = pipe.answer_modes("what is the capital of france", MODES, s)
-    b = pipe.answer_modes("what is the capital of france", MODES, s, RunControl(gate=StepGate(), priority=1))
+    a = pipe.answers("what is the capital of france", MODES, s)
+    gate = StepGate()
+    b = pipe.answers("what is the capital of france", MODES, s, Run(share=lambda gen: gate.gated(gen, 1)))
     assert {m: x.token_ids for m, x in a.items()} == {m: x.token_ids for m, x in b.items()}
 
 

@@ -30,7 +30,7 @@ def pipe():
 
 @pytest.mark.parametrize("question, articles, entity", CASES)
 def test_answer_and_support_for_both_modes(pipe, question, articles, entity):
-    answers = pipe.answer_modes(question, ["sequence", "token"], k=5)
+    answers = pipe.answers(question, ["sequence", "token"], k=5)
     for mode, a in answers.items():
         titles = {d.title for d in a.docs}
         assert titles & articles, f"{mode}: none of {articles} in top 5 {titles}"

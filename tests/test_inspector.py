@@ -117,7 +117,7 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     are those of the remaining passages, the change is Answer.passage_drop's."""
     from rag_demo.web import handlers, render
 
-    out = pipe.answer_modes(Q, ["sequence", "token", "closed-book"])
+    out = pipe.answers(Q, ["sequence", "token", "closed-book"])
     raw = {"question": Q, "settings": pipe.settings.to_dict(),
            "answers": {m: a.to_dict() for m, a in out.items()}}
     docs = raw["answers"]["token"]["docs"]

@@ -34,7 +34,7 @@ def pipe(tiny_ckpts, tmp_path_factory):
 
 
 def test_answer_structure_all_modes(pipe):
-    out = pipe.answer_modes("who painted the starry night", ["sequence", "token", "closed-book"],
+    out = pipe.answers("who painted the starry night", ["sequence", "token", "closed-book"],
                             sequence_decoding="thorough")
     # Priors and posteriors are float32 softmaxes over K = 3 docs: they sum to 1 within a few ulps
     # (6e-8 measured); 1e-6 leaves margin for other CPUs, a missing normalisation is off by O(1).

@@ -174,7 +174,7 @@ def test_shared_prefill_runs_once_and_changes_no_number(tiny_offline, monkeypatc
 
     monkeypatch.setattr(G.SharedPrefill, "__init__", spy)
     for s in (RagSettings(k=3, max_new_tokens=5), RagSettings(k=3, max_new_tokens=5, num_beams=2)):
-        both = tiny_offline.answer_modes(Q, ["token", "sequence"], s)
+        both = tiny_offline.answers(Q, ["token", "sequence"], s)
         assert len(counts) == 1 and counts[0].prefills == 1  # one wrapper, one prefill, two modes
         counts.clear()
         for mode in ("token", "sequence"):
@@ -421,7 +421,7 @@ def test_recase_question_hands_the_generator_the_passages_casing(tiny_offline, m
     real = type(gen).prompt
     monkeypatch.setattr(type(gen), "prompt", lambda self, q, doc, *a, **kw: seen.append((q, doc)) or real(self, q, doc, *a, **kw))
     typed = "who discovered penicillin in ayrshire"
-    out = tiny_offline.answer_modes(typed, ["token", "closed-book"], recase_question=True)
+    out = tiny_offline.answers(typed, ["token", "closed-book"], recase_question=True)
     a = out["token"]
     assert {q for q, doc in seen if doc is not None} == {"Who discovered penicillin in Ayrshire?"}
     assert {q for q, doc in seen if doc is None} == {"Who discovered penicillin in ayrshire?"}  # no passages
@@ -445,7 +445,7 @@ def test_length_penalty_reaches_every_beam_search(tiny_offline, monkeypatch):
     monkeypatch.setattr(engine, "search", lambda *a, **kw: seen.append(a[3].length_penalty) or real(*a, **kw))
     for lp in (0.0, 2.0):
         seen.clear()
-        tiny_offline.answer_modes(Q, ["token", "sequence", "closed-book"], num_beams=2, length_penalty=lp)
+        tiny_offline.answers(Q, ["token", "sequence", "closed-book"], num_beams=2, length_penalty=lp)
         assert len(seen) >= 3 and set(seen) == {lp}
 
 
@@ -457,7 +457,6 @@ def test_token_drafts_ranks_the_beams_and_each_docs_drafts_by_rag_token_log_p(ti
     (same settings, so the same drafts), each scored by the exact RAG-Token log p(y|x); the answer
     is the best of them, so it never scores below the plain search's answer, whose score the
     drafts path must reproduce."""
-    gen = tiny_offline.stack.modes["token"].generator
     questions = [Q, "What is the highest mountain in Africa?", "Who wrote Hamlet?"]
     changed = 0
     for q in questions:
@@ -497,7 +496,7 @@ def test_token_drafts_are_drafted_once_for_both_modes_and_change_nothing(tiny_of
     real = engine.search
     monkeypatch.setattr(engine, "search", lambda *a, **kw: groups.append(a[2]) or real(*a, **kw))
     kw = dict(num_beams=2, max_new_tokens=6, answer_style="short", token_drafts=True, echo_retries=0)
-    both = tiny_offline.answer_modes(Q, ["sequence", "token"], **kw)
+    both = tiny_offline.answers(Q, ["sequence", "token"], **kw)
     k = len(both["token"].docs)
     assert groups.count(k) == 1, groups  # one search with a group per doc: the drafts, shared
     groups.clear()
@@ -525,8 +524,8 @@ def test_title_candidates_add_each_passages_title_as_an_answer_of_its_doc(tiny_o
     fast score is log p(z|x) + log p(title | x, z); off, the random model never drafts a title."""
     gen = tiny_offline.stack.modes["token"].generator
     kw = dict(num_beams=1, max_new_tokens=6, answer_style="short", echo_retries=0)
-    on = tiny_offline.answer_modes(Q, ["sequence", "token"], title_candidates=True, **kw)
-    off = tiny_offline.answer_modes(Q, ["sequence", "token"], title_candidates=False, **kw)
+    on = tiny_offline.answers(Q, ["sequence", "token"], title_candidates=True, **kw)
+    off = tiny_offline.answers(Q, ["sequence", "token"], title_candidates=False, **kw)
     titles = {f"{d.title}." for d in on["sequence"].docs}
     for mode in ("sequence", "token"):
         assert titles <= {c["text"] for c in on[mode].candidates}, (mode, on[mode].candidates)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rag_demo.pipeline import RunControl
 from rag_demo.config import RagSettings
 from rag_demo.rag.decoding import Rows, Step, search
 
@@ -22,16 +21,22 @@ def pipe(long_answer_pipe):
 
 
 def _listen(pipe, modes, **overrides):
-    """Answer with a listener; greedy unless `overrides` say otherwise (the traces below are greedy's)."""
+    """Answer with the partial answers streamed; greedy unless `overrides` say otherwise (the
+    traces below are greedy's). -> (the final answers, the partial answer dicts in order)."""
     seen: list[dict] = []
-    out = pipe.answer_modes(QUESTION, modes, control=RunControl(on_partial=seen.append), **{"num_beams": 1, **overrides})
+    out = {}
+    for e in pipe.answer_modes(QUESTION, modes, partials=True, **{"num_beams": 1, **overrides}):
+        if e.final:
+            out[e.mode] = e.answer
+        else:
+            seen.append(e.answer)
     return out, seen
 
 
 @pytest.mark.parametrize("beams", [1, 3])
 def test_listening_changes_nothing(pipe, beams):
     modes = ["sequence", "token", "closed-book"]
-    quiet = pipe.answer_modes(QUESTION, modes, num_beams=beams)
+    quiet = pipe.answers(QUESTION, modes, num_beams=beams)
     loud, seen = _listen(pipe, modes, num_beams=beams)
     assert {p["mode"] for p in seen} == set(modes)
     for m in modes:
@@ -40,20 +45,22 @@ def test_listening_changes_nothing(pipe, beams):
 
 
 def test_each_answer_is_handed_over_as_soon_as_its_mode_is_done(pipe):
-    """RunControl.on_answer (the app's one call for three cards): each mode's final Answer comes
-    before the next mode streams anything, in order, and is the answer the call returns."""
+    """answer_modes' events (the app's one call for three cards): each mode's final Answer comes
+    before the next mode streams anything, in order, and is the answer `answers` returns."""
     events: list[tuple[str, str]] = []
-    ctl = RunControl(on_partial=lambda p: events.append(("partial", p["mode"])),
-                     on_answer=lambda mode, a: events.append(("answer", mode)))
     modes = ["sequence", "token", "closed-book"]
-    out = pipe.answer_modes(QUESTION, modes, control=ctl, num_beams=1)
+    out = {}
+    for e in pipe.answer_modes(QUESTION, modes, partials=True, num_beams=1):
+        events.append(("answer" if e.final else "partial", e.mode))
+        if e.final:
+            out[e.mode] = e.answer
     assert [m for kind, m in events if kind == "answer"] == modes
     for i, mode in enumerate(modes):
         done = events.index(("answer", mode))
         assert ("partial", mode) in events[:done]  # it streamed first
         assert all(m != mode for kind, m in events[done + 1:])  # nothing of it after its answer
         assert all(m not in modes[i + 1:] for _, m in events[:done])  # the later modes wait
-    alone = pipe.answer_modes(QUESTION, modes, num_beams=1)
+    alone = pipe.answers(QUESTION, modes, num_beams=1)
     assert all(out[m].token_ids == alone[m].token_ids for m in modes)
 
 

@@ -413,15 +413,13 @@ class AnsweringPipe(FakePipe):
         self.settings_seen.append(settings)
         return Ans(mode, q)
 
-    def answer_modes(self, q, modes, settings, control=None):
-        """As RagPipeline.answer_modes: each mode's answer handed to control.on_answer when done."""
+    def answer_modes(self, q, modes, settings, run=None, partials=False):
+        """As RagPipeline.answer_modes: an event with each mode's final answer when it is done."""
+        from rag_demo.pipeline import AnswerEvent
+
         self.modes_calls.append(list(modes))
-        out = {}
         for mode in modes:
-            out[mode] = self.answer(q, mode, settings, control=control)
-            if control is not None and control.on_answer is not None:
-                control.on_answer(mode, out[mode])
-        return out
+            yield AnswerEvent(mode, True, self.answer(q, mode, settings, run=run))
 
     def with_index(self, index):
         return self
@@ -455,12 +453,12 @@ def test_the_three_cards_come_from_one_call_each_shown_when_done():
     """One answer_modes call a question (RAG-Token reuses RAG-Sequence's prefill and drafts), and
     the streamed output carries each card final before the next mode is asked."""
     pipe = AnsweringPipe()
-    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
     finals = []
-    handlers._answer_all(pool, pipe, "What is Mars?", RagSettings(k=1),
-                   on_partial=lambda d: finals.append((d["mode"], len(pipe.calls))) if d.get("final") else None)
+    for kind, value in handlers._answering(pipe, "What is Mars?", RagSettings(k=1)):
+        if kind == "partial":
+            finals.append(([m for m, a in value.items() if a.get("final")], len(pipe.calls)))
     assert pipe.modes_calls == [list(MODES)]
-    assert finals == [(m, i + 1) for i, m in enumerate(MODES)]  # mode i's card before mode i+1 ran
+    assert finals == [(list(MODES[: i + 1]), i + 1) for i in range(len(MODES))]  # card i final before mode i+1 ran
 
 
 def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):

@@ -104,19 +104,16 @@ def _ms(s: float) -> str:
 
 
 def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
-    """Answer with a streaming listener (RunControl.on_partial); -> (seconds from the call to the
-    first partial answer holding a token, or None if none came; the Answer)."""
-    from rag_demo.pipeline import RunControl
-
-    first: list[float] = []
-
-    def listen(d: dict) -> None:
-        if not first and (d["token_ids"] or any(x["text"] for x in d["drafts"])):
-            first.append(time.perf_counter())
-
+    """Answer with its partial answers streamed (answer_modes with partials); -> (seconds from the
+    call to the first partial answer holding a token, or None if none came; the Answer)."""
+    first, answer = None, None
     t0 = time.perf_counter()
-    a = pipe.answer(question, mode, settings, control=RunControl(on_partial=listen))
-    return (first[0] - t0 if first else None), a
+    for e in pipe.answer_modes(question, [mode], settings, partials=True):
+        if e.final:
+            answer = e.answer
+        elif first is None and (e.answer["token_ids"] or any(x["text"] for x in e.answer["drafts"])):
+            first = time.perf_counter() - t0
+    return first, answer
 
 
 def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,

@@ -1,21 +1,18 @@
-"""How the app serves model requests: admission, limits, and answers streamed from a worker.
+"""How the app serves model requests: admission, time shares, and answers streamed to a page.
 
 Owns `Serving` (what every model request of one app shares: the server's `Budget`, the
 `StepGate` that runs one model step at a time with cheap requests first, at most `max_heavy`
-expensive requests at once, a deadline per request), `client_gone` (has this request's browser
-left? then decoding stops) and `stream` (runs an answer in a worker thread and yields its
-partial states at most ~10 times a second). Imports neither torch nor gradio; the costs and the
-RunControl are budget.py's.
+expensive requests at once, each mode's share of the time limit), `client_gone` (has this
+request's browser left? then decoding stops) and `throttled` (a question's answer events, at
+most ~10 page updates a second). Imports neither torch nor gradio.
 """
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -94,19 +91,30 @@ class Serving:
             cost.heavy = cost.seconds > 1.5 * base.seconds
         return cost
 
-    def control(self, cost: Any, request: Any = None) -> Any:
-        """The RunControl of one request: a deadline `time_limit_s` from now, low priority when
-        the cost is heavy, the shared gate, and "cancelled" once the client has gone."""
-        if self.budget is None:
-            return None
-        from rag_demo.pipeline import RunControl
+    def run(self, cost: Any, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
+        """How one request runs: each mode gets the time limit's share the estimate gives it (at
+        least a third of the limit; never less than the mode's own estimate), low priority when the
+        cost is heavy, its model steps through the shared gate, cancelled once the client has gone
+        (or `cancelled()` says so)."""
+        from rag_demo.pipeline import Run
 
-        return RunControl(
-            deadline=time.monotonic() + self.budget.time_limit_s,
-            priority=1 if cost is not None and getattr(cost, "heavy", False) else 0,
-            gate=self.gate,
-            cancelled=client_gone(self.queue, request),
-        )
+        gone = client_gone(self.queue, request)
+        stop = gone if cancelled is None else (cancelled if gone is None else (lambda: gone() or cancelled()))
+        if self.budget is None:
+            return Run(cancelled=stop)
+        priority = 1 if cost is not None and getattr(cost, "heavy", False) else 0
+        return Run(cancelled=stop, seconds=time_shares(cost, self.budget.time_limit_s),
+                   share=(lambda gen: self.gate.gated(gen, priority)) if self.gate is not None else None)
+
+
+def time_shares(cost: Any, limit: float) -> dict[str, float]:
+    """Each mode's own share of the time limit (`limit`, seconds): proportional to its estimated
+    seconds, at least a third of the limit each, so that no mode pays for another's overrun."""
+    per_mode = dict(getattr(cost, "per_mode", None) or {})
+    if not per_mode:
+        return {}
+    total = sum(per_mode.values()) or 1.0
+    return {m: max(limit / 3, limit * sec / total) for m, sec in per_mode.items()}
 
 
 def within_defaults(settings: RagSettings) -> bool:
@@ -145,47 +153,17 @@ def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool]
 STREAM_INTERVAL_S = 0.1  # at most ~10 page updates a second while answers grow
 
 
-def stream(run: Callable[[Callable[[dict], None], Callable[[], bool]], Any], interval: float = STREAM_INTERVAL_S):
-    """Run `run(on_partial, stopped)` in a worker thread (with this thread's context, so gradio's
-    warnings and progress still reach the page) and yield ("partial", {mode: latest dict}) while
-    answers grow, at most every `interval` s, then ("done", what `run` returned). `run`'s error
-    is raised here. If the consumer stops iterating (the visitor left), `stopped()` turns True
-    and the worker's decoding ends at its next step."""
-    events: queue.Queue = queue.Queue()
-    gone = threading.Event()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["result"] = run(events.put, gone.is_set)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-            box["error"] = e
-        finally:
-            events.put(None)
-
-    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True, name="rag-answer")
-    worker.start()
-    latest: dict[str, dict] = {}
-    shown, finished, dirty = 0.0, False, False
-    try:
-        while not finished:
-            try:
-                item = events.get(timeout=interval)
-            except queue.Empty:
-                item = ...
-            while item is not ... and item is not None:  # drain: only the newest state of each mode matters
-                latest[item["mode"]], dirty = item, True
-                try:
-                    item = events.get_nowait()
-                except queue.Empty:
-                    item = ...
-            finished = item is None
-            if dirty and not finished and time.monotonic() - shown >= interval:
-                shown, dirty = time.monotonic(), False
-                yield "partial", dict(latest)
-        worker.join()
-        if "error" in box:
-            raise box["error"]
-        yield "done", box["result"]
-    finally:
-        gone.set()
+def throttled(events: Iterator[Any], interval: float = STREAM_INTERVAL_S) -> Iterator[dict[str, Any]]:
+    """Answer events (RagPipeline.answer_modes with partials) coalesced for a page: {mode: the latest
+    partial dict, or the final Answer} at most every `interval` seconds while answers grow, at
+    once when a mode's answer is final, and once at the end."""
+    latest: dict[str, Any] = {}
+    shown, dirty = 0.0, False
+    for e in events:
+        latest[e.mode] = e.answer
+        dirty = True
+        if e.final or time.monotonic() - shown >= interval:
+            shown, dirty = time.monotonic(), False
+            yield dict(latest)
+    if dirty:
+        yield dict(latest)

@@ -12,8 +12,8 @@ from rag_demo.config import KNOBS, PRESETS, KnobSpec, RagSettings
 
 
 def elem_id(name: str) -> str:
-    """A knob's element id on the page: rag-<name-with-dashes>."""
-    return "rag-" + name.replace("_", "-")
+    """A knob's element id on the page: rag-knob-<name-with-dashes>."""
+    return "rag-knob-" + name.replace("_", "-")
 
 
 def knob_control(spec: KnobSpec, value) -> gr.components.Component:

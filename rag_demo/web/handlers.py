@@ -12,13 +12,14 @@ import dataclasses
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
 
 from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESET_OF_STACK, STACKS, RagSettings, check_question
-from rag_demo.serving.admission import Serving, stream
+from rag_demo.serving import memory
+from rag_demo.serving.admission import Serving, throttled
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session, _embed, active_index, session_pipeline
 from rag_demo.web.render import (
@@ -79,21 +80,18 @@ def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, i
     return (settings.merged(k=n), settings.decoding.k) if settings.decoding.k > n else (settings, None)
 
 
-def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSettings, progress=None, *,
-                s: Session | None = None, serving: Serving | None = None, request: Any = None,
-                on_partial: Callable[[dict], None] | None = None, stopped: Callable[[], bool] | None = None,
-                ) -> tuple[dict, Session | None]:
-    """The three answers, from one `answer_modes` call (each handed over as its mode is done, so the
-    progress bar can say which runs and each card shows when final: `_run_modes`), as the JSON-able
-    {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}}, and the
-    session (which remembers the warnings it has seen).
+def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *, s: Session | None = None,
+               serving: Serving | None = None, request: Any = None, partials: bool = True) -> Iterator[tuple[str, Any]]:
+    """The three answers, from one `answer_modes` call: yields ("partial", {mode: its answer so far,
+    or its final Answer.to_dict() with "final": True}) at most ~10 times a second while they grow
+    (with `partials`; a card is final as soon as its mode is done), then ("done", (result, session)):
+    result the JSON-able {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}},
+    the session remembering the warnings it has seen.
 
-    Refused before anything runs when over the budget; otherwise runs under one RunControl (one
-    deadline for the three answers, priority from the cost, the shared gate). No lock is held:
-    the gate interleaves this request's model steps with other requests' ones. An expensive
-    request is refused while `serving.max_heavy` others run. on_partial: streaming, each answer's
-    dict as it grows (RunControl.on_partial); stopped: True once the listener has gone (decoding
-    then stops as if cancelled)."""
+    Refused before anything runs when over the budget (the estimate is the one the validator
+    priced); otherwise each mode runs within its share of the time limit, at the priority its cost
+    gives it, its model steps through the shared gate. An expensive request is refused while
+    `serving.max_heavy` others run. Closing this iterator stops the decoding at its next step."""
     with user_errors():
         q = check_question(question)
     settings, asked_k = _fit_k(pipe, pipe.index, settings)
@@ -105,49 +103,38 @@ def _answer_all(pool: PipelinePool, pipe: Any, question: str, settings: RagSetti
                 s = dataclasses.replace(s, warned=s.warned | {key})
     with user_errors():
         cost = serving.check(pipe, q, settings) if serving else None
-    control = serving.control(cost, request) if serving else None
-    if on_partial is not None or stopped is not None:
-        from rag_demo.pipeline import RunControl
+    run = serving.run(cost, request) if serving else None
+    answers: dict[str, dict] = {}
 
-        gone = control.cancelled if control is not None else None
-        cancelled = (lambda: stopped() or bool(gone and gone())) if stopped is not None else gone  # noqa: E731
-        control = dataclasses.replace(control or RunControl(), on_partial=on_partial, cancelled=cancelled)
-    answers = {}
+    def step() -> None:
+        if progress and len(answers) < len(MODES):
+            progress(len(answers) / len(MODES), desc=f"{MODE_TITLES[MODES[len(answers)]]}: retrieve, generate, attribute")
+
     with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
-        _run_modes(pipe, q, settings, control, answers, progress)
-    return {
-        "question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-        "settings": settings.to_dict(), "answers": answers,
-    }, s
+        try:
+            # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
+            # of the K prompts and each passage's drafts (docs/DESIGN.md §5)
+            step()
+            events = pipe.answer_modes(q, list(MODES), settings, run, partials=partials)
+            for latest in throttled(events):
+                for mode, a in latest.items():
+                    if not isinstance(a, dict) and mode not in answers:  # this mode's final Answer
+                        answers[mode] = _finite(a.to_dict())
+                        step()
+                if partials:
+                    yield "partial", {m: {**answers[m], "final": True} if m in answers else a for m, a in latest.items()}
+        finally:
+            memory.trim()  # give the request's freed buffers back to the OS (rag_demo/serving/memory.py)
+    yield "done", ({"question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                    "settings": settings.to_dict(), "answers": {m: answers[m] for m in MODES if m in answers}}, s)
 
 
-def _run_modes(pipe: Any, q: str, settings: RagSettings, control: Any, answers: dict, progress=None) -> None:
-    from rag_demo.serving import memory
-    from rag_demo.pipeline import RunControl
-
-    def step(i: int) -> None:
-        if progress and i < len(MODES):
-            progress(i / len(MODES), desc=f"{MODE_TITLES[MODES[i]]}: retrieve, generate, attribute")
-
-    def done(mode: str, a: Any) -> None:
-        answers[mode] = _finite(a.to_dict())
-        if control is not None and control.on_partial is not None:  # streaming: this card is final
-            control.on_partial({**answers[mode], "final": True})
-        step(len(answers))
-
-    try:
-        # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
-        # of the K prompts and each passage's drafts (answered one mode at a time, RAG-Token redid
-        # them: 11.2 s -> 7.4 s median a question, docs/DESIGN.md §5); each card is shown as it is done
-        step(0)
-        with user_errors():
-            pipe.answer_modes(q, list(MODES), settings,
-                              control=dataclasses.replace(control or RunControl(), on_answer=done))
-    finally:
-        memory.trim()  # give the request's freed buffers back to the OS (rag_demo/memory.py)
+def _answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, **kw) -> tuple[dict, Session | None]:
+    """`_answering` without the partial answers: (result, session) once every answer is done."""
+    return next(v for kind, v in _answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
 
 
-def _answer_without(pipe: Any, raw: dict | None, pid: Any, control: Any = None) -> dict:
+def _answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None) -> dict:
     """Answer the last question again in each RAG mode that read passage `pid`, without it, with
     the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
     `render_without` shows. ValueError (shown on the page) when there is no answer to compare."""
@@ -172,7 +159,7 @@ def _answer_without(pipe: Any, raw: dict | None, pid: Any, control: Any = None) 
         except (KeyError, ValueError):
             raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
         new = pipe.answer_from_modes(raw["question"], modes, passages, [d["score"] for d in keep], settings,
-                                     control=control)
+                                     run=run)
         z = next(i for i, d in enumerate(docs) if d["id"] == pid)
         dropped, k = docs[z], len(docs)
         for m in modes:
@@ -351,12 +338,7 @@ class Handlers:
             check_question(question)
             pipe, s = session_pipeline(self.pool, s, progress)
         yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
-
-        def run(on_partial, stopped):
-            return _answer_all(self.pool, pipe, question, settings, s=s, serving=self.serving, request=request,
-                               on_partial=on_partial, stopped=stopped)
-
-        for kind, value in stream(run):
+        for kind, value in _answering(pipe, question, settings, s=s, serving=self.serving, request=request):
             if kind == "partial":
                 yield _partial_outputs(value)
             else:
@@ -376,7 +358,7 @@ class Handlers:
         call = _api_signature(dict).bind(self, *args, **kwargs)
         call.apply_defaults()
         pipe, settings = self._api_request(call.arguments)
-        return _answer_all(self.pool, pipe, call.arguments["question"], settings, serving=self.serving,
+        return _answer_all(pipe, call.arguments["question"], settings, serving=self.serving,
                            request=call.arguments["request"])[0]
 
     def _api_request(self, args: dict) -> tuple[Any, RagSettings]:
@@ -399,16 +381,12 @@ class Handlers:
         question, request = call.arguments["question"], call.arguments["request"]
         pipe, settings = self._api_request(call.arguments)
 
-        def run(on_partial, stopped):
-            return _answer_all(self.pool, pipe, question, settings, serving=self.serving, request=request,
-                               on_partial=on_partial, stopped=stopped)[0]
-
-        for kind, value in stream(run):
+        for kind, value in _answering(pipe, question, settings, serving=self.serving, request=request):
             if kind == "partial":
                 yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
                        "answers": value, "done": False}
             else:
-                yield {**value, "done": True}
+                yield {**value[0], "done": True}
 
     def upload(self, files, s, progress=gr.Progress()):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
@@ -506,7 +484,7 @@ class Handlers:
                 edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
-        result, s = _answer_all(self.pool, pipe, question, settings, progress, s=s, serving=self.serving, request=request)
+        result, s = _answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request)
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
         return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
@@ -517,8 +495,8 @@ class Handlers:
         with user_errors():
             pipe, s = session_pipeline(self.pool, s, progress)
             progress(0.1, desc="Answering again without the passage")
-            control = self.serving.control(None, request) if self.serving else None
-            result = _answer_without(pipe, raw, pid, control)  # the session's index: uploads and edits too
+            run = self.serving.run(None, request) if self.serving else None
+            result = _answer_without(pipe, raw, pid, run)  # the session's index: uploads and edits too
         return render_without(result), s
 
     def reset_edits(self, s):

@@ -219,7 +219,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'<div class="rag-meta" title="log-probability of this answer under this model">score '
         f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}{stop}</div>'
     )
-    parts = [head, asked, answer, meta, render_timings(a["timings"])]
+    parts = [head, render_preset(a.get("settings")), asked, answer, meta, render_timings(a["timings"])]
     if mode == "closed-book":
         parts.append(
             '<div class="rag-note">No passages: the generator answers from what its weights memorised '
@@ -247,6 +247,20 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f'<ol class="rag-note">{cands}</ol></details>'
             )
     return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
+
+
+def render_preset(settings: dict | None) -> str:
+    """Which preset produced a card: the paper's algorithm alone, or with the reader aids (and any
+    knob changed from the preset, named on hover and after the preset)."""
+    if not settings:
+        return ""
+    changed = settings.get("changed") or {}
+    aids = settings.get("aids_on") or []
+    tip = ("the paper's RAG: the retriever's own p(z|x), no reader aid" if settings["preset"] == "paper" else
+           f"reader aids on: {', '.join(aids)}" if aids else "no reader aid on")
+    more = f" (changed: {', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""
+    return (f'<div class="rag-preset" data-preset="{esc(settings["preset"])}" title="{esc(tip)}">'
+            f'{esc(settings["preset_title"])}{esc(more)}</div>')
 
 
 def render_partial(a: dict | None, mode: str) -> str:
