@@ -401,7 +401,8 @@ class StackSpec:
     minilm_path: str | None = None
     smollm_path: str | None = None  # a folder holding the GGUF file, or a Hub id
     # Offline generator weights: "auto" is bfloat16 where the CPU multiplies bfloat16 natively
-    # (AMX or AVX512-BF16), else float32 (emulated bfloat16 is slower). Log-probs are float32 either way.
+    # (stacks.cpu_has_native_bf16), else float32 (emulated bfloat16 is slower). Log-probs are
+    # float32 either way.
     generator_dtype: str = "auto"
     # Passage embeddings (index builds, edited passages, focus sentences): "auto" is bfloat16
     # autocast where the CPU multiplies bfloat16 natively, else float32 (docs/DESIGN.md §4).

@@ -9,14 +9,14 @@ Owns the three kinds, their settings and the choice between them:
 * ``ivfpq``: the compressed kind (the family of wiki_dpr's "compressed" index): an inverted
   file of `nlist` k-means cells, each vector stored as `pq_m` product-quantiser codes of
   `pq_bits` bits (plus an 8-byte id): 4-bit codes by default, `IndexIVFPQFastScan`, whose SIMD
-  kernels score a cell ~5x faster than 8-bit `IndexIVFPQ` at the same bytes a vector. Searched
-  in `nprobe` cells with approximate scores;
+  kernels score a cell several times faster than 8-bit `IndexIVFPQ` at the same bytes a vector.
+  Searched in `nprobe` cells with approximate scores;
   with ``rerank`` > 0 the top rerank·k candidates are re-scored exactly against the float32
   vectors read from a memory-mapped file, so RAM holds only the codes.
 
 Vectors are added in chunks (`CHUNK` rows) with `progress(done, total)` after each, so building
-shows progress and never copies the whole matrix. Recall against exact search, speed and memory
-of each kind at 1M vectors are measured by ``bench --scale`` (rag_demo/scale.py); what to expect
+shows progress and never copies the whole matrix. ``bench --scale`` (rag_demo/measure/scale.py)
+reports recall against exact search, speed and memory of each kind at 1M vectors; what to expect
 is `expected_recall`, printed when an index is built.
 """
 from __future__ import annotations
@@ -42,25 +42,24 @@ class AnnSettings:
 
     kind: str = "flat"  # exact until the vectors outgrow RAM (choose_kind)
     # HNSW: 32 neighbours a node is FAISS's usual trade (recall vs 256 B of links a vector);
-    # efConstruction 80 builds a good graph at ~2x the time of 40; efSearch 64 keeps recall@5
-    # near 0.99 at 1M (bench --scale) for well under a millisecond more than 16.
+    # efConstruction 80 builds a better graph than 40 for a longer build; efSearch 64 buys recall
+    # over 16 for little search time (bench --scale).
     hnsw_m: int = 32
     hnsw_ef_construction: int = 80
     hnsw_ef_search: int = 64
     # IVF: None = about sqrt(N) cells (a power of two, 1024 at 1M): ~1,000 vectors a cell, and
     # k-means trained on 40 points a cell stays seconds on 2 cores. nprobe 128 cells scanned: with
-    # the 40·k re-rank, recall@5 0.995 at 1M (384-d; 0.991 at 768-d) against 0.978 at 64, for
-    # 1.1-1.6 ms p50 (4-bit codes, AMD EPYC family 26; bench --scale): the cells a query's
-    # neighbours fall in, not the codes, were the limit.
+    # the exact re-rank, the cells a query's neighbours fall in, not the codes, limit recall, and
+    # 128 cells find more of them than 64 for little search time (bench --scale; docs/results.md).
     nlist: int | None = None
     nprobe: int = 128
     # PQ: None = D/4 bytes of codes (at 4 bits, 192 sub-quantisers of 2 dimensions at 384-d; at
     # 8 bits, 96 of 4): 6% of flat's 4·D bytes; fewer bytes compress more and lose recall.
     pq_m: int | None = None
-    # 4: fast-scan codes (FAISS keeps 16 centroids a sub-quantiser in SIMD registers): at 1M
-    # 384-d vectors, same bytes, nprobe 128 and the 40·k re-rank, 1.05 ms p50 against 5.06 ms for
-    # one-byte codes, recall@5 0.995 / 0.994; built in 10.5 s against 16.8 s; without the re-rank
-    # 0.46 against 0.51 (bench --scale, AMD EPYC family 26). 8: classic one-byte codes.
+    # 4: fast-scan codes (FAISS keeps 16 centroids a sub-quantiser in SIMD registers): in the same
+    # bytes they search several times faster than one-byte codes and build faster, for the same
+    # recall once re-ranked (a little less without the re-rank; bench --scale, docs/results.md).
+    # 8: classic one-byte codes.
     pq_bits: int = 4
     # exact re-rank of the top rerank·k approximate hits against the float32 vectors (0: off)
     rerank: int = 0
@@ -133,8 +132,8 @@ def default_pq_m(dim: int, bits: int = 4) -> int:
 
 
 def expected_recall(s: AnnSettings) -> str:
-    """What recall@5 against exact search to expect, as `bench --scale` measured it at 1M vectors
-    (AMD EPYC, synthetic vectors around the real Vital Articles embeddings: README "Scale")."""
+    """What recall@5 against exact search to expect, as `bench --scale` found it at 1M synthetic
+    vectors around the real Vital Articles embeddings (docs/results.md)."""
     if s.kind == "flat":
         return "exact (recall 1.0)"
     if s.kind == "hnsw":

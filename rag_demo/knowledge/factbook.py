@@ -9,7 +9,7 @@ sentence per field ("Population: 68,512,806 (2025 est.)."), then split like ever
 ~100-word passages (`corpus_from_documents`); each passage's url is the entity's page on
 https://www.cia.gov/the-world-factbook/.
 
-Which fields, and why: the index is embedded on first use at ~20-60 passages/s on a 2-core CPU,
+Which fields, and why: the index is embedded on first use, slowly on a small CPU (docs/DESIGN.md §6),
 so the corpus must stay a few thousand passages. The JSON holds ~200 fields per country, most of
 them tables few people ask about (maritime claims, telephone counts, airports by runway length,
 dependency ratios, ten years of exchange rates). We keep what people ask a reference work about a

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _FILES = ("index.faiss", "embeddings.npy")
-# Passages embedded between two checkpoints of a cached build: ~20 s at the ~50 passages/s of a
-# 2-vCPU CPU, so an interrupted build loses at most that; a 10k-passage corpus writes ~11 small files.
+# Passages embedded between two checkpoints of a cached build: tens of seconds of work on a small
+# CPU, so an interrupted build loses at most that (docs/DESIGN.md §6); a 10k-passage corpus writes
+# ~11 small files.
 RESUME_CHUNK = 1024
 
 

@@ -13,9 +13,9 @@ worker process) and the runners that apply it to a corpus held as a `datasets.Da
 4. the (N, D) float32 vectors then go into one index (`PassageIndex(corpus, vectors, ann=...)`).
 
 Every runner gives the same vectors as `Encoder.encode_passages` (batches differ only in
-padding, which the pooling masks out: tests/test_shards.py, within 1e-5). On this 2-core
-machine one process with 2 threads is as fast as any of them; they exist for machines with
-more cores, and for clusters.
+padding, which the pooling masks out: tests/test_shards.py, within 1e-5). On two cores one
+process is as fast as any of them (docs/DESIGN.md §6a); they exist for machines with more
+cores, and for clusters.
 """
 from __future__ import annotations
 

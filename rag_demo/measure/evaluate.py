@@ -301,7 +301,7 @@ def machine_info() -> dict:
 
 
 def _cpu_name() -> str:
-    """The CPU's model name, with its family / model numbers (an "AMD EPYC" may be Zen 3 or Zen 5)
+    """The CPU's model name, with its family / model numbers (one name can span CPU generations)
     and whether it multiplies bfloat16 natively (which decides the offline models' precision)."""
     from rag_demo.models.stacks import cpu_has_native_bf16
 

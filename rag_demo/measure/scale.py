@@ -8,13 +8,13 @@ How the vectors are made (nothing here is random noise around nothing):
 1. the real passage vectors: every Vital Articles passage under all-MiniLM-L6-v2 (the index
    cache, 11,485 x 384), their mean, and their covariance's eigen-decomposition;
 2. a bigger corpus is denser: the median cosine between a real passage and its nearest other
-   passage grows with the corpus (measured on 1/8, 1/4, 1/2 and all of it: 0.49, 0.54, 0.61,
-   0.66). Nearest-neighbour distances shrink as a power of N, so 1 - cos(nn) = a·N^-alpha is
-   fitted to those four points and read at the synthetic N (about 0.85 at 1M);
+   passage grows with the corpus (read on 1/8, 1/4, 1/2 and all of it, and printed; values in
+   docs/results.md). Nearest-neighbour distances shrink as a power of N, so
+   1 - cos(nn) = a·N^-alpha is fitted to those four points and read at the synthetic N;
 3. each synthetic vector is a random real one plus Gaussian noise with the real vectors'
    covariance (spread along the directions real passages vary in), L2-normalised, its cosine to
    that real vector sqrt(c) for the fitted c: two vectors made from the same real one then meet
-   at about c, the fitted nearest-neighbour cosine (the set's own median is measured and printed);
+   at about c, the fitted nearest-neighbour cosine (the set's own median is computed and printed);
 4. 768-d (DPR's width): every 384-d vector mapped by one fixed random isometry into 768-d (inner
    products kept), plus isotropic noise holding 10% of each vector's energy so all 768
    dimensions are used; queries are mapped by the same isometry, without noise;
@@ -44,13 +44,13 @@ EXTERNAL_QA = Path(__file__).resolve().parents[3] / "shared" / "data" / "qa_trai
 _HNSW = dict(kind="hnsw", hnsw_m=16, hnsw_ef_construction=40)
 CONFIGS = (
     ("flat", AnnSettings(kind="flat")),
-    # M 16 / efConstruction 40 here, not the defaults 32 / 80: at 1M vectors on 2 cores the
-    # defaults take most of an hour to build; one graph, searched at two efSearch
+    # M 16 / efConstruction 40 here, not the defaults 32 / 80: at 1M vectors on a small CPU the
+    # defaults take far longer to build (docs/results.md); one graph, searched at two efSearch
     ("hnsw ef 64", AnnSettings(**_HNSW)),
     ("hnsw ef 256", AnnSettings(**_HNSW, hnsw_ef_search=256)),
     # one IVF-PQ index (4-bit fast-scan codes, nprobe 128: the defaults), searched as it is and
-    # with the exact re-rank at two depths; then the 8-bit codes at nprobe 64, the defaults
-    # until 2026-11-25, beside them
+    # with the exact re-rank at two depths; then the classic 8-bit codes at nprobe 64 beside them,
+    # for comparison
     ("ivfpq", AnnSettings(kind="ivfpq")),
     ("ivfpq + re-rank 10k", AnnSettings(kind="ivfpq", rerank=10)),
     ("ivfpq + re-rank 40k (default)", AnnSettings(kind="ivfpq", rerank=40)),

@@ -6,7 +6,7 @@
     scoring   rows·T teacher-forced tokens             x score_s_per_token
 (S prompt length, T max new tokens, B beams; thorough RAG-Sequence scores all C ≤ K·B candidates
 under all K docs). `calibrate` measures the constants on this CPU; attention's growth with
-context is not modelled (a 135M model at ≤ 450 tokens spends < 15% of its time there). Memory
+context is not modelled (a small share of a small model's time at these prompt lengths). Memory
 counts the KV caches (rows x tokens x layers x 2 x kv width), their copies while beams are
 reordered, the per-step logits and the scoring chunks. docs/DESIGN.md §10.
 """
@@ -66,9 +66,9 @@ def model_dims(gen) -> ModelDims:
 
 @dataclass
 class CostModel:
-    """Seconds per unit of generator work on this CPU (see the module docstring). Defaults were
-    measured for SmolLM2-135M in bfloat16 on 2 vCPUs of an AMD EPYC; `calibrate` replaces them
-    with the running machine's numbers at warm-up."""
+    """Seconds per unit of generator work on this CPU (see the module docstring). Defaults are
+    SmolLM2-135M's costs on a small CPU; `calibrate` replaces them with the running machine's
+    numbers at warm-up."""
 
     prefill_s_per_token: float = 0.0006
     step_s: float = 0.035  # a decoding step's cost that does not grow with rows (30 layers of small ops)

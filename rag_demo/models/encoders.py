@@ -30,9 +30,8 @@ MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained with 256; ~100-word passages ar
 _CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 Progress = Callable[[int, int], None]
-# Passages per forward pass. 16 measured fastest (2026-11-24, 2 vCPUs of an AMD EPYC, float32,
-# all-MiniLM-L6-v2, 768 sampled Vital Articles passages): 4 / 8 / 16 / 32 / 64 -> 53 / 53 / 56 / 51
-# / 42 passages/s; a 64-row batch's activations overflow the cache, and a batch pads to its longest.
+# Passages per forward pass: the fastest batch size tried (docs/results.md); a 64-row batch's
+# activations overflow the cache, and a batch pads to its longest.
 PASSAGE_BATCH = 16
 
 
@@ -64,11 +63,10 @@ def _to_numpy(x: torch.Tensor) -> np.ndarray:
 
 
 # Passage embeddings in bfloat16 autocast (matrix products in bfloat16, layer norms, softmax and
-# pooling in float32) where the CPU multiplies bfloat16 natively (StackSpec.passage_dtype "auto").
-# Measured 2026-11-24 on an AMD EPYC with AVX512-BF16 (family 26), 2 threads, all 11,485 Vital
-# Articles passages: 160 passages/s against 69 in float32; vectors at cosine >= 0.99996 to
-# float32's, dev-set recall@1/5/20 unchanged (88.8 / 100 / 100). Plain bfloat16 weights were
-# faster (190/s) but less exact (cosine down to 0.996, two dev questions' top passage changed).
+# pooling in float32) where the CPU multiplies bfloat16 natively (StackSpec.passage_dtype "auto"):
+# much faster than float32, with vectors and retrieval all but identical to it. Plain bfloat16
+# weights were faster still but less exact (they moved top passages), hence autocast
+# (docs/results.md).
 def _check_passage_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"passage_dtype={dtype!r} is unsupported: use torch.float32 or torch.bfloat16.")

@@ -523,7 +523,7 @@ class EncoderDecoderGenerator(Generator):
         """The encoder padding mask (R, S) as the 4D mask the decoder's cross-attention takes, in
         the form the model's attention implementation wants (None when nothing is padded).
         Built once per prefill: given the 2D mask, transformers rebuilds it at every decoding
-        step (~0.1 ms, a tenth of a step of the tiny test models)."""
+        step, a noticeable share of a step of the tiny test models (docs/DESIGN.md §5)."""
         return create_bidirectional_mask(
             config=self.model.config, inputs_embeds=hidden[:, :1], attention_mask=mask, encoder_hidden_states=hidden
         )  # (R, 1, 1, S) or None

