@@ -7,6 +7,7 @@ session, ~20 s; an answer with max_new_tokens <= 8 takes about a second).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -752,11 +753,11 @@ def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working
     try:
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
         reader = {n: OLD_CALL.get(n, DEFAULTS.knobs()[n]) for n in READER}
-        old = c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask")["settings"]
+        old = json.loads(c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask"))["settings"]
         assert old["sequence_decoding"] == "fast" and {n: old[n] for n in READER} == reader
-        new = c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()})["settings"]
+        new = json.loads(c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()}))["settings"]
         assert {n: new[n] for n in READER} == {n: v for n, (_, v) in READER.items()}
-        assert c.predict("What is Mars?", api_name="/ask", preset="paper")["settings"]["aids_on"] == []
+        assert json.loads(c.predict("What is Mars?", api_name="/ask", preset="paper"))["settings"]["aids_on"] == []
         with pytest.raises(AppError, match="prior_temperature=30.0 is out of range"):
             c.predict("What is Mars?", api_name="/ask", prior_temperature=30.0)
 
@@ -875,7 +876,7 @@ def test_named_endpoints_are_listed(app):
 
 @pytest.mark.slow
 def test_ask_endpoint_returns_three_answers(app, small_pipe):
-    r = client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask")
+    r = json.loads(client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask"))
     assert set(r) == {"question", "stack", "corpus", "settings", "answers"}
     assert r["question"] == "Who painted The Starry Night?" and r["stack"] == "offline" and r["corpus"] == "Test corpus"
     assert r["settings"]["k"] == 2 and r["settings"]["max_new_tokens"] == 8
@@ -922,10 +923,10 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
                 "answer_style": "sentence", "worked_examples": 0}
     job = c.submit("Who painted The Starry Night?", api_name="/ask_stream", **settings)
     job.result(timeout=300)
-    outs = job.outputs()
+    outs = [json.loads(o) for o in job.outputs()]  # JSON text, each
     final = outs[-1]
     assert final["done"] is True and not any(o["done"] for o in outs[:-1])
-    once = c.predict("Who painted The Starry Night?", api_name="/ask", **settings)
+    once = json.loads(c.predict("Who painted The Starry Night?", api_name="/ask", **settings))
     assert "done" not in once and set(once["answers"]) == set(final["answers"])
     for m in ("sequence", "token", "closed-book"):
         assert final["answers"][m]["text"] == once["answers"][m]["text"]
@@ -942,9 +943,9 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
 
 @pytest.mark.slow
 def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
-    """launch() serves the named endpoints as MCP tools (#12): the `mcp` client lists `ask` with
-    its docstring and its settings as parameters, and a call answers in the three modes."""
-    import ast
+    """launch() serves /ask and /ask_stream as MCP tools, and only them: the `mcp` client lists `ask`
+    with its docstring and its settings as parameters, and a call answers in the three modes as
+    JSON text."""
     import asyncio
 
     from mcp import ClientSession
@@ -960,12 +961,13 @@ def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
                 return tools, got
 
     tools, got = asyncio.run(run())
+    assert set(tools) == {"ask", "ask_stream"}, set(tools)  # the page's own events are not tools
     assert "ask" in tools and "Answer one question with RAG-Sequence, RAG-Token and closed-book" in tools["ask"].description
     params = tools["ask"].inputSchema["properties"]
     assert {"question", "k", "num_beams", "answer_style", "question_weight"} <= set(params)
     assert not got.isError, got
     text = "".join(c.text for c in got.content if getattr(c, "type", "") == "text")
-    answers = ast.literal_eval(text)["answers"]  # gradio's MCP server hands a dict as its Python text
+    answers = json.loads(text)["answers"]  # JSON text, as any MCP client can read it
     assert answers is not None and set(answers) == {"sequence", "token", "closed-book"}, text[:500]
     assert all(len(a["docs"]) == 2 for m, a in answers.items() if m != "closed-book")
 
@@ -983,8 +985,8 @@ def test_bad_questions_get_a_message_and_the_app_keeps_serving(app, question, me
     with pytest.raises(ValidationError, match=message):  # the UI's validator, before the queue
         ask_session(c, question)
     with pytest.raises(AppError, match=message):
-        c.predict(question, 2, 1, 4, "thorough", "offline", api_name="/ask")
-    assert c.predict("What is Mars?", 1, 1, 2, "fast", "offline", api_name="/ask")["answers"]["token"]["text"]
+        json.loads(c.predict(question, 2, 1, 4, "thorough", "offline", api_name="/ask"))
+    assert json.loads(c.predict("What is Mars?", 1, 1, 2, "fast", "offline", api_name="/ask"))["answers"]["token"]["text"]
 
 
 @pytest.mark.slow
@@ -993,11 +995,11 @@ def test_bad_settings_get_a_message(app):
 
     c = client(app[1])
     with pytest.raises(AppError, match="k=0 is out of range"):
-        c.predict("What is Mars?", 0, 1, 4, "thorough", "offline", api_name="/ask")
+        json.loads(c.predict("What is Mars?", 0, 1, 4, "thorough", "offline", api_name="/ask"))
     with pytest.raises(AppError, match="sequence_decoding='slow' is unknown"):
-        c.predict("What is Mars?", 2, 1, 4, "slow", "offline", api_name="/ask")
+        json.loads(c.predict("What is Mars?", 2, 1, 4, "slow", "offline", api_name="/ask"))
     with pytest.raises(AppError, match="paper stack is unavailable here: HF_HUB_OFFLINE is set"):
-        c.predict("What is Mars?", 2, 1, 4, "thorough", "paper", api_name="/ask")
+        json.loads(c.predict("What is Mars?", 2, 1, 4, "thorough", "paper", api_name="/ask"))
 
 
 @pytest.mark.slow
@@ -1007,7 +1009,7 @@ def test_non_integer_settings_get_the_library_message(app, k, message):
 
     c = client(app[1])
     with pytest.raises(AppError, match=message) as e:
-        c.predict("What is Mars?", k, 1, 4, "thorough", "offline", api_name="/ask")
+        json.loads(c.predict("What is Mars?", k, 1, 4, "thorough", "offline", api_name="/ask"))
     assert "invalid literal" not in str(e.value)
 
 
@@ -1044,7 +1046,7 @@ def test_answers_name_their_question_and_say_why_they_stopped(app):
 
 @pytest.mark.slow
 def test_k_over_the_corpus_size_is_clamped(app):
-    r = client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask")
+    r = json.loads(client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask"))
     assert len(r["answers"]["token"]["docs"]) == 3
 
 
@@ -1096,8 +1098,8 @@ def test_two_sessions_with_different_uploads_do_not_see_each_other(app, tmp_path
     assert {d["title"] for d in rf[5]["answers"]["token"]["docs"]} <= {d[0] for d in DOCS}
     assert "zorblax" not in rf[4].lower() and "glimmerfin" not in rf[4].lower()
     # the stateless API still answers from the built-in corpus
-    assert client(app[1]).predict("Where is the Zorblax Festival held?", 2, 1, 2, "fast", "offline",
-                                  api_name="/ask")["corpus"] == "Test corpus"
+    assert json.loads(client(app[1]).predict("Where is the Zorblax Festival held?", 2, 1, 2, "fast", "offline",
+                                  api_name="/ask"))["corpus"] == "Test corpus"
     # switching back to the built-in corpus
     back = a.predict("builtin", api_name="/choose_corpus")
     assert "Test corpus" in back[0] and val(back[1]) == "builtin"
@@ -1199,11 +1201,12 @@ def test_model_group_runs_two_at_a_time_with_one_shared_gate(app):
 @pytest.mark.slow
 def test_burst_of_ten_concurrent_questions_all_get_answers(app):
     sys.path.insert(0, str(ROOT / "scripts"))
-    import burst
+    import load  # scripts/load.py --burst N
 
-    results = burst.run(app[1], n=10, k=2, max_new_tokens=4)
+    results = load.run_burst(app[1], n=10, k=2, max_new_tokens=4)
     assert len(results) == 10 and all(r["ok"] for r in results), results
     assert all(r["answer"] for r in results)
+    assert load.report_burst(results, 1.0) == 0  # --burst's exit status: every request answered
 
 
 def noprogress(*args, **kwargs):
@@ -1292,11 +1295,6 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
 def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     with pytest.raises(ValueError, match="build_app takes a PipelinePool, not AnsweringPipe"):
         page.build_app(AnsweringPipe())
-    h = handlers.Handlers(reader_pool()[1])
-    for name in ("on_load", "ask_session", "ask", "ask_stream", "upload", "choose_corpus", "choose_stack",
-                 "pick_passage", "edit_passage", "without_passage", "reset_edits", "estimate", "validate_ask",
-                 "validate_edit"):
-        assert callable(getattr(h, name)), name
     demo = page.build_app(reader_pool()[1])
     wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
     assert handlers.Handlers.ask_session in wired and handlers.Handlers.ask in wired and handlers.Handlers.without_passage in wired

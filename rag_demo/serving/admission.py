@@ -109,10 +109,11 @@ class Serving:
 
 def time_shares(cost: Any, limit: float) -> dict[str, float]:
     """Each mode's own share of the time limit (`limit`, seconds): proportional to its estimated
-    seconds, at least a third of the limit each, so that no mode pays for another's overrun."""
+    seconds, at least a third of the limit each, so that no mode pays for another's overrun (a
+    question's modes may then take up to about 5/3 of the limit in all)."""
     per_mode = dict(getattr(cost, "per_mode", None) or {})
-    if not per_mode:
-        return {}
+    if not per_mode:  # not priced: each mode may take the whole limit
+        return {m: limit for m in MODES}
     total = sum(per_mode.values()) or 1.0
     return {m: max(limit / 3, limit * sec / total) for m, sec in per_mode.items()}
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +33,6 @@ from rag_demo.web.render import (
     render_answer,
     render_partial,
     render_passages,
-    render_without,
 )
 from rag_demo.web.session_view import corpus_choices, example_questions, passage_choices, render_status, stack_choices
 from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
@@ -60,6 +61,14 @@ def _api_signature(returns: Any) -> inspect.Signature:
     return inspect.Signature(params, return_annotation=returns)
 
 
+def page_event(fn: Callable) -> Callable:
+    """Mark a handler as the page's own event: callable through the API like any endpoint, but not
+    an MCP tool. gradio's MCP server lists only the endpoints whose function has no `_mcp_type` or
+    has "tool" (gradio.mcp; checked by tests/test_ui.py): agents get /ask and /ask_stream."""
+    fn._mcp_type = "page"
+    return fn
+
+
 def _api(returns: Any) -> Callable[[Callable], Callable]:
     """Give an endpoint method /ask's generated parameters (gr.api reads an endpoint's parameters,
     defaults and types from its signature and type hints); the method binds its *args / **kwargs
@@ -81,7 +90,8 @@ def _fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, i
 
 
 def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *, s: Session | None = None,
-               serving: Serving | None = None, request: Any = None, partials: bool = True) -> Iterator[tuple[str, Any]]:
+               serving: Serving | None = None, request: Any = None, partials: bool = True,
+               cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
     """The three answers, from one `answer_modes` call: yields ("partial", {mode: its answer so far,
     or its final Answer.to_dict() with "final": True}) at most ~10 times a second while they grow
     (with `partials`; a card is final as soon as its mode is done), then ("done", (result, session)):
@@ -91,7 +101,8 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
     Refused before anything runs when over the budget (the estimate is the one the validator
     priced); otherwise each mode runs within its share of the time limit, at the priority its cost
     gives it, its model steps through the shared gate. An expensive request is refused while
-    `serving.max_heavy` others run. Closing this iterator stops the decoding at its next step."""
+    `serving.max_heavy` others run. Closing this iterator, or `cancelled()` turning True, stops the
+    decoding at its next step."""
     with user_errors():
         q = check_question(question)
     settings, asked_k = _fit_k(pipe, pipe.index, settings)
@@ -103,7 +114,12 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
                 s = dataclasses.replace(s, warned=s.warned | {key})
     with user_errors():
         cost = serving.check(pipe, q, settings) if serving else None
-    run = serving.run(cost, request) if serving else None
+    if serving:
+        run = serving.run(cost, request, cancelled)
+    else:
+        from rag_demo.pipeline import Run
+
+        run = Run(cancelled=cancelled)
     answers: dict[str, dict] = {}
 
     def step() -> None:
@@ -176,8 +192,14 @@ def _answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None) -> d
             "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
 
 
+def _stop(running: bool) -> Any:
+    """The Stop button: shown while this visitor's question runs."""
+    return gr.Button(visible=running)
+
+
 def _ask_outputs(result: dict, s: Session) -> tuple:
-    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, session)."""
+    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, the Stop
+    button hidden, session)."""
     answers = result["answers"]
     anc = anchors(answers)
     docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
@@ -190,16 +212,17 @@ def _ask_outputs(result: dict, s: Session) -> tuple:
         gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),
         docs[0]["text"] if docs else "",
         docs[0]["title"] if docs else "",
+        _stop(False),
         s,
     )
 
 
 def _partial_outputs(latest: dict[str, dict]) -> tuple:
-    """The ask outputs while answers grow: the three cards, everything else left as it is."""
+    """The ask outputs while answers grow: the three cards and the Stop button, the rest as it is."""
     skip = gr.skip()
     cards = (render_answer(a) if a and a.get("final") else render_partial(a, m) for m, a in
              ((m, latest.get(m)) for m in MODES))
-    return (skip, *cards, skip, skip, skip, skip, skip, skip)
+    return (skip, *cards, skip, skip, skip, skip, skip, _stop(True), skip)
 
 
 def _empty_outputs(s: Session) -> tuple:
@@ -211,6 +234,7 @@ def _empty_outputs(s: Session) -> tuple:
         gr.Dropdown(choices=[], value=None),
         "",
         "",
+        _stop(False),
         dataclasses.replace(s, last_docs=()),
     )
 
@@ -251,6 +275,26 @@ class Handlers:
 
     def __init__(self, pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None) -> None:
         self.pool, self.default_stack, self.serving = pool, default_stack, serving
+        self._runs: dict[str, int] = {}  # each visitor's (session hash's) current run number
+        self._runs_lock = threading.Lock()
+
+    def begin_run(self, request: Any) -> Callable[[], bool]:
+        """A new run for this visitor (browser tab): any run of theirs still going is superseded
+        (it stops decoding at its next step and writes nothing more to the page). -> the new run's
+        own "superseded?" check."""
+        key = getattr(request, "session_hash", None)
+        if key is None:
+            return lambda: False
+        with self._runs_lock:
+            n = self._runs.get(key, 0) + 1
+            self._runs[key] = n
+        return lambda: self._runs.get(key) != n
+
+    def stop_run(self, request: gr.Request = None):
+        """Stop this visitor's running question: its decoding ends at the next step, its cards keep
+        what they show, and the page says it was stopped."""
+        self.begin_run(request)
+        return '<div class="rag-status-note">Stopped: the answers stop where they were.</div>', _stop(False)
 
     def fresh(self, s: Session | None) -> Session:
         return s if isinstance(s, Session) else Session(stack=self.default_stack)
@@ -302,6 +346,7 @@ class Handlers:
                 refusal = str(e)
         return render_cost(cost, refusal, self.serving.budget if self.serving else None)
 
+    @page_event
     def on_load(self, s: Session | None):
         """Stream the default stack's loading progress into the status line, then say what is
         live and fill the example questions."""
@@ -328,38 +373,45 @@ class Handlers:
             s,
         )
 
+    @page_event
     def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
         """Answer in all three modes from this session's corpus (upload and edits included),
-        streamed: the cards grow token by token, then the final outputs replace them.
-        `settings`: the settings widgets' values by RagSettings field name (gradio's inputs_kwargs)."""
+        streamed: the cards grow token by token, each final as soon as its mode is done, then the
+        final outputs. A visitor has one question at a time: asking again stops the one running,
+        which writes nothing more to the page. `settings`: the controls' values by knob name."""
+        superseded = self.begin_run(request)
         s = self.fresh(s)
         settings = _settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(self.pool, s, progress)
         yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
-        for kind, value in _answering(pipe, question, settings, s=s, serving=self.serving, request=request):
+        for kind, value in _answering(pipe, question, settings, s=s, serving=self.serving, request=request,
+                                      cancelled=superseded):
+            if superseded():  # a newer question or a corpus switch took over: write nothing more
+                return
             if kind == "partial":
                 yield _partial_outputs(value)
             else:
                 result, s = value
                 yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
-    @_api(dict)
-    def ask(self, *args, **kwargs) -> dict:
+    @_api(str)
+    def ask(self, *args, **kwargs) -> str:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
         built-in corpus (no session state). Every knob is optional (None: the preset's value);
         preset: "paper" (the paper's algorithm, every reader aid off) or "aided" (default: the
-        stack's, offline aided). Returns {"question", "stack", "corpus", "settings", "answers":
-        {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict() ("settings" and each
-        answer's "settings" say which preset ran and which aids were on; "stopped" says why it
-        ended). A question over the server's budget gets an error naming its cost and what to
-        change, and nothing runs."""
+        stack's, offline aided). Returns JSON text: {"question", "stack", "corpus", "settings",
+        "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict()
+        ("settings" and each answer's "settings" say which preset ran and which aids were on;
+        "stopped" says why it ended). A question over the server's budget gets an error naming its
+        cost and what to change, and nothing runs."""
         call = _api_signature(dict).bind(self, *args, **kwargs)
         call.apply_defaults()
         pipe, settings = self._api_request(call.arguments)
-        return _answer_all(pipe, call.arguments["question"], settings, serving=self.serving,
-                           request=call.arguments["request"])[0]
+        result = _answer_all(pipe, call.arguments["question"], settings, serving=self.serving,
+                             request=call.arguments["request"])[0]
+        return json.dumps(result, ensure_ascii=False)
 
     def _api_request(self, args: dict) -> tuple[Any, RagSettings]:
         """/ask's and /ask_stream's arguments -> (the stack's pipeline, the validated settings)."""
@@ -370,12 +422,12 @@ class Handlers:
         with user_errors():
             return self.pool.get(args["stack"]), settings
 
-    @_api(dict)
-    def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
-        """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done": false}
-        while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict, with
-        "partial": true; an answer already finished: its Answer.to_dict() with "final": true), then
-        /ask's final dict with "done": true. Same arguments and budget as /ask."""
+    @_api(str)
+    def ask_stream(self, *args, **kwargs) -> str:  # each value it yields (gr.api counts the outputs from this hint)
+        """/ask, streamed: yields JSON text {"question", "stack", "corpus", "answers": {mode: dict},
+        "done": false} while the answers are decoded (each answer so far: RagPipeline.partial_answer's
+        dict, with "partial": true; an answer already finished: its Answer.to_dict() with "final":
+        true), then /ask's final JSON with "done": true. Same arguments and budget as /ask."""
         call = _api_signature(dict).bind(self, *args, **kwargs)
         call.apply_defaults()
         question, request = call.arguments["question"], call.arguments["request"]
@@ -383,13 +435,15 @@ class Handlers:
 
         for kind, value in _answering(pipe, question, settings, serving=self.serving, request=request):
             if kind == "partial":
-                yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-                       "answers": value, "done": False}
+                yield json.dumps({"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                                  "answers": _finite(value), "done": False}, ensure_ascii=False)
             else:
-                yield {**value[0], "done": True}
+                yield json.dumps({**value[0], "done": True}, ensure_ascii=False)
 
-    def upload(self, files, s, progress=gr.Progress()):
+    @page_event
+    def upload(self, files, s, progress=gr.Progress(), request: gr.Request = None):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
+        self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         n_files = len(files) if isinstance(files, list) else 1
         progress(0.0, desc="Reading and splitting the files")
@@ -410,10 +464,12 @@ class Handlers:
             *_empty_outputs(s),
         )
 
-    def choose_corpus(self, choice, s, progress=gr.Progress()):
+    @page_event
+    def choose_corpus(self, choice, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this session between the stack's built-in corpus, the other built-in corpora (the
         CIA World Factbook: its index is built, with a progress bar, by the first session that
         chooses it, then loaded from the disk cache and shared) and its uploaded documents."""
+        self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         note = ""
         if choice == "upload" and s.upload is None:
@@ -434,17 +490,19 @@ class Handlers:
             *_empty_outputs(s),
         )
 
-    def choose_stack(self, stack, s, progress=gr.Progress()):
+    @page_event
+    def choose_stack(self, stack, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this session's stack, loading it once (lazily, with progress). An unavailable
         stack is refused at once with the reason, said once, in the status line (not a pop-up:
         a pop-up per event showed the same warning twice), and the session stays where it was."""
+        self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         if stack not in STACKS:
             raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
 
         def stay(note: str = ""):
             return (render_status(self.pool, s, note=note), gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
-                    gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 1), s)
+                    gr.skip(), *[gr.skip()] * (len(_empty_outputs(s)) - 2), _stop(False), s)
 
         reason = self.pool.unavailable(stack)
         if reason:
@@ -468,10 +526,12 @@ class Handlers:
         """Put the chosen passage's text and title into the edit boxes."""
         return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))
 
+    @page_event
     def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
                      new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this session's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
+        superseded = self.begin_run(request)
         s = self.fresh(s)
         with user_errors():
             check_passage_chosen(pid, s)
@@ -484,23 +544,28 @@ class Handlers:
                 edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
-        result, s = _answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request)
+        result, s = _answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request,
+                                cancelled=superseded)
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
         return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
+    @page_event
     def without_passage(self, pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
-        `pid` taken away, and show how the original answer's log-probability changed."""
+        `pid` taken away; -> the comparison as data (`render_without` draws it on the page): per mode
+        the answer before and after, how much the original answer's log-probability dropped."""
         s = self.fresh(s)
         with user_errors():
             pipe, s = session_pipeline(self.pool, s, progress)
             progress(0.1, desc="Answering again without the passage")
             run = self.serving.run(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, run)  # the session's index: uploads and edits too
-        return render_without(result), s
+        return _finite(result), s
 
-    def reset_edits(self, s):
+    @page_event
+    def reset_edits(self, s, request: gr.Request = None):
         """Drop this session's passage edits (back to the unedited corpus)."""
+        self.begin_run(request)  # a question still running is from before the switch: stop it
         s = dataclasses.replace(self.fresh(s), edited=None, edits=())
         return (render_status(self.pool, s), *_empty_outputs(s))
 

@@ -130,6 +130,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                         counter = gr.HTML(render_counter(""), elem_id="rag-qcount")
                         with gr.Row(equal_height=True, elem_id="rag-ask-row"):
                             ask_btn = gr.Button("Ask", variant="primary", elem_id="rag-ask", scale=1)
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="rag-stop", scale=0, min_width=80,
+                                                 visible=False)
                             preset = preset_switch(settings0.preset)
                         examples = gr.Dataset(
                             components=[question], samples=[], label="Example questions (click one to ask it)",
@@ -160,6 +162,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
                 without = gr.HTML(render_without(None), elem_id="rag-without")
+                without_data = gr.JSON(visible=False)  # /without_passage's data, drawn into `without`
                 # the passage rows' "answer without it" buttons fill this box and click this button
                 # (PAGE_JS); hidden by CSS, not visible=False, so that they are on the page
                 without_id = gr.Textbox(elem_id="rag-without-id", elem_classes=["rag-hidden"], show_label=False,
@@ -199,7 +202,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         settings_in = {**knobs, "preset": preset}
         first = dict(list(settings_in.items())[:4])
         edit_in = {**first, "new_title": edit_title, **settings_in}
-        answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, session]
+        answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, stop_btn, session]
         model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
         demo.load(
             h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
@@ -214,15 +217,20 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
               outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
-        gr.on(
+        # asking again while a question runs starts the new one ("multiple"): the handler stops the old
+        # one, which writes nothing more to the page (Handlers.begin_run)
+        asking = gr.on(
             [ask_btn.click, question.submit], h.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
-            outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, **model,
+            outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, trigger_mode="multiple",
+            **model,
         )
-        examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
-                       queue=False).then(
+        example_ask = examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
+                                     queue=False).then(
             h.ask_session, inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
             api_visibility="private", validator=h.validate_ask, **model,
         )
+        stop_btn.click(h.stop_run, outputs=[status, stop_btn], cancels=[asking, example_ask], queue=False,
+                       api_visibility="private")
         upload_btn.click(
             h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="upload", show_progress_on=status, validator=validate_upload, **model,
@@ -243,8 +251,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         )
         gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
-        without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without, session],
-                          api_name="without_passage", **model)
+        without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
+                          api_name="without_passage", **model
+                          ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
+                                 show_progress="hidden", api_visibility="private")
         reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
         gr.api(h.ask, api_name="ask", **model)
