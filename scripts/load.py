@@ -3,6 +3,14 @@
     python scripts/load.py                          # launches app.py (Vital Articles) on 127.0.0.1
     python scripts/load.py --url http://127.0.0.1:7860/ --pid 1234   # an app already running
     python scripts/load.py --bursts 2 --clients 6 --corpus-file tests/fixtures/seurat.txt  # shorter
+    python scripts/load.py --burst 10 --url http://127.0.0.1:7860/   # one burst of 10 questions
+
+`--burst N`: one burst of N questions sent at once (the app's examples, one gradio_client.Client
+each, as N users would) with --k, --max-new-tokens and --decoding (default 2, 4, fast: quick);
+the app's queue runs them one model call at a time. Prints each request's latency (submit to
+answer) and the totals; exits 1 if any request failed. Without --url it launches app.py first.
+
+The default mode:
 
 First one burst of cheap questions only (every client asks with the default settings), then
 `--bursts` bursts of `--clients` clients at once, `--expensive` of them asking with K=20, 4 beams,
@@ -19,8 +27,10 @@ the whole run at most --max-minutes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -36,8 +46,14 @@ from rag_demo.web.session_view import VITAL_EXAMPLES  # noqa: E402 - torch-free
 CHEAP = {"k": 5, "num_beams": 1, "max_new_tokens": 32, "sequence_decoding": "thorough"}  # the defaults
 EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}
 EXPENSIVE_QUESTION = "Tell me everything about the history of the Roman Empire."
+BURST_QUESTIONS = VITAL_EXAMPLES + ("What is Mars?", "Who devised pointillism?")  # the app's examples + 2
 REFUSAL_WORDS = ("would take", "over the limit", "over this server", "expensive", "refuse", "budget", "busy",
                  "at a time")
+
+
+def ask_result(out) -> dict:
+    """/ask's result as a dict (gradio_client hands it as a dict, or as JSON text)."""
+    return json.loads(out) if isinstance(out, str) else out
 
 
 def load_avg() -> str:
@@ -109,7 +125,7 @@ def one(url: str, question: str, s: dict, start: threading.Event, out: dict, del
         t0 = time.perf_counter()
         job = client.submit(question, s["k"], s["num_beams"], s["max_new_tokens"], s["sequence_decoding"],
                             "offline", api_name="/ask")
-        r = job.result(timeout=timeout)
+        r = ask_result(job.result(timeout=timeout))
         out.update(ok=True, latency=time.perf_counter() - t0,
                    stopped={m: a.get("stopped") for m, a in r["answers"].items()})
     except Exception as e:  # noqa: BLE001 - counted per request
@@ -141,6 +157,51 @@ def burst(url: str, n_cheap: int, n_expensive: int, timeout: float) -> list[dict
         r.setdefault("ok", False)
         r.setdefault("error", "no answer within the burst timeout")
     return results
+
+
+def run_burst(url: str, n: int = 10, k: int = 2, max_new_tokens: int = 4, decoding: str = "fast",
+              timeout: float = 600) -> list[dict]:
+    """Send n questions at once; [{"i", "question", "ok", "latency", "answer" | "error"}] in order."""
+    from gradio_client import Client
+
+    results: list[dict] = [{} for _ in range(n)]
+    start = threading.Barrier(n)
+
+    def ask(i: int) -> None:
+        q = BURST_QUESTIONS[i % len(BURST_QUESTIONS)]
+        r = {"i": i, "question": q, "ok": False}
+        try:
+            try:
+                client = Client(url, verbose=False)
+            finally:
+                start.wait(timeout)  # all start together, also when one of them could not connect
+            t0 = time.perf_counter()
+            out = ask_result(client.predict(q, k, 1, max_new_tokens, decoding, "offline", api_name="/ask"))
+            r.update(ok=True, latency=time.perf_counter() - t0, answer=out["answers"]["token"]["text"].strip())
+        except Exception as e:  # noqa: BLE001 - reported per request
+            r.update(latency=float("nan"), error=f"{type(e).__name__}: {e}")
+        results[i] = r
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
+
+
+def report_burst(results: list[dict], wall: float) -> int:
+    """Prints each request's latency and the totals; 0 if every request was answered, else 1."""
+    for r in results:
+        what = repr(r.get("answer")) if r.get("ok") else r.get("error", "no result")
+        print(f"#{r.get('i', '?'):>2}  {r.get('latency', float('nan')):7.2f} s  {r.get('question', '')!r:45} -> {what}")
+    ok = [r["latency"] for r in results if r.get("ok")]
+    print(f"\n{len(ok)}/{len(results)} answered in {wall:.1f} s wall "
+          f"({len(ok) / wall:.2f} questions/s, 3 answers each)")
+    if ok:
+        print(f"latency: min {min(ok):.2f} s, median {statistics.median(ok):.2f} s, "
+              f"mean {statistics.mean(ok):.2f} s, max {max(ok):.2f} s")
+    return 0 if len(ok) == len(results) else 1
 
 
 def summary(name: str, results: list[dict], pid: int | None) -> dict:
@@ -182,7 +243,15 @@ def main(argv: list[str] | None = None) -> int:
                    "the calibrated estimate of that was 75 s, refused)")
     p.add_argument("--burst-timeout", type=float, default=300.0)
     p.add_argument("--max-minutes", type=float, default=30.0)
+    p.add_argument("--burst", type=int, metavar="N",
+                   help="instead: one burst of N questions at once; prints each latency, exits 1 if any failed")
+    p.add_argument("--k", type=int, default=2, help="--burst: passages per question (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=4, help="--burst: default 4")
+    p.add_argument("--decoding", default="fast", choices=("fast", "thorough"),
+                   help="--burst: RAG-Sequence decoding (default fast)")
     args = p.parse_args(argv)
+    if args.burst is not None and args.burst < 1:
+        p.error("--burst N needs N >= 1")
     k, beams, tokens, decoding = args.expensive_settings.split(",")
     EXPENSIVE.update(k=int(k), num_beams=int(beams), max_new_tokens=int(tokens), sequence_decoding=decoding)
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
@@ -196,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         pid = proc.pid
         print(f"launched app.py (pid {pid}) on {url}; log {log}", flush=True)
     try:
+        if args.burst is not None:
+            if proc is not None:
+                print(f"ready after {wait_ready(url, 900):.0f} s", flush=True)
+            t0 = time.perf_counter()
+            results = run_burst(url, args.burst, args.k, args.max_new_tokens, args.decoding, args.burst_timeout)
+            return report_burst(results, time.perf_counter() - t0)
         waited = wait_ready(url, 900)
         time.sleep(2)
         rss0 = rss_bytes(pid) if pid else None

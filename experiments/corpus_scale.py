@@ -1,6 +1,7 @@
 """How a corpus of a million passages loads: the Arrow cache (memory-mapped) against Python lists.
 
-    .venv/bin/python scripts/corpus_scale.py [--n 1000000] [--cache-dir DIR]
+    python experiments/corpus_scale.py [--n 1000000] [--cache-dir DIR]
+    python experiments/corpus_scale.py --n 2000          # a quick run
 
 Makes a corpus of N passages by repeating the Vital Articles passages (ids suffixed, so unique;
 real text lengths), writes it once with `corpus.cached_corpus` (a `datasets` save_to_disk
@@ -22,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _shared import ROOT
 
 
 def rss_mb() -> float:
@@ -74,21 +74,24 @@ def measure(kind: str, n: int, cache_dir: Path) -> dict:
     return {"kind": kind, "load_s": load_s, "read_5_ms": read_ms, "rss_growth_mb": rss_mb() - before}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--cache-dir", default=None, help="where to write the corpus (default: a temp folder)")
+    ap.add_argument("--n", type=int, default=1_000_000, help="passages (default 1,000,000)")
+    ap.add_argument("--cache-dir", default=None, help="where to write the corpus (default: a temp folder, removed after)")
     ap.add_argument("--measure", choices=("arrow", "list"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.n < 1:
+        ap.error("--n must be at least 1")
     cache = Path(args.cache_dir or tempfile.mkdtemp(prefix="corpus-scale-"))
     if args.measure:
         print(json.dumps(measure(args.measure, args.n, cache)))
-        return
+        return 0
     try:
         report(args.n, cache)
     finally:
         if not args.cache_dir:
             shutil.rmtree(cache, ignore_errors=True)
+    return 0
 
 
 def report(n: int, cache: Path) -> None:
@@ -111,4 +114,4 @@ def report(n: int, cache: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

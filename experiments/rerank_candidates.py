@@ -15,8 +15,10 @@ candidate contains a gold answer: the most any rule over these candidates can re
   Question Answering"), marginalised over the passages with p(z|x) >= 0.05 (`--channel`: loads
   SmolLM2 and scores the top 4 candidates of each answer, ~1 s a question on one thread).
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python scripts/rerank_candidates.py runs/a.json [--channel]
+    python experiments/rerank_candidates.py runs/a.json [runs/b.json ...] [--channel]
+    python experiments/rerank_candidates.py --tiny --channel     # smoke run on a run it makes
 
+The runs must come from the Vital Articles corpus (the channel rule reads their passages by id).
 Analysis only: a rule is kept as a setting only if it helps on every file (docs/reader_results.md).
 """
 from __future__ import annotations
@@ -26,25 +28,23 @@ import functools
 import json
 import math
 import re
+import sys
 
-import torch
-
-from rag_demo.config import StackSpec
-from rag_demo.knowledge.corpus import load_vital_articles
-from rag_demo.measure.evaluate import contains_answer, exact_match
-from rag_demo.models.stacks import load_smollm
+from _shared import TINY_HELP, temp_path, tiny_corpus, tiny_generator, tiny_run
 
 ROWS = ("sequence|dense", "token|dense")
 CHANNEL_SYSTEM = "Write the question that the answer answers, using the passage."
 CHANNEL_TOP = 4  # candidates a question scored by the channel rule (the best by log p(y|x))
 CHANNEL_MIN_PRIOR = 0.05  # passages the channel reads: those the reader's mixture reads (copy_min_prior)
+ALPHAS = (0.0, 0.25, 0.5, 1.0)
+LAMBDAS = (0.1, 0.25, 0.5, 1.0)
 
 
 def given(run: dict, row: str):
     """(question record, answer record) for the answers whose passages hold a gold answer."""
     for q in run["questions"]:
         a = q["answers_by_row"].get(row)
-        if a and a["hit"] and a["candidates"]:
+        if a and a["hit"] and a.get("candidates"):
             yield q, a
 
 
@@ -65,6 +65,8 @@ def has_type(kind: str, text: str) -> bool:
 
 
 def score(pairs, choose) -> tuple[float, float, int]:
+    from rag_demo.measure.evaluate import contains_answer, exact_match
+
     em = co = n = 0
     for q, a in pairs:
         best = choose(q, a)
@@ -75,16 +77,17 @@ def score(pairs, choose) -> tuple[float, float, int]:
 
 
 class Channel:
-    """log p(question | passage, answer) under SmolLM2, memoised."""
+    """log p(question | passage, answer) under the generator, memoised."""
 
-    def __init__(self, gen) -> None:
+    def __init__(self, gen, passages) -> None:
         self.model, self.tok = gen.model, gen.tokenizer
-        self.passages = {p.id: p for p in load_vital_articles().passages}
+        self.passages = {p.id: p for p in passages}
         self.end = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.memo: dict = {}
 
-    @torch.inference_mode()
     def logp(self, question: str, pid: str, answer: str) -> float:
+        import torch
+
         key = (question, pid, answer)
         if key not in self.memo:
             doc = self.passages[pid]
@@ -95,7 +98,8 @@ class Channel:
             prompt += self.tok("Question:", add_special_tokens=False)["input_ids"]
             target = self.tok(f" {question}", add_special_tokens=False)["input_ids"] + [self.end]
             ids = torch.tensor([prompt + target])  # (1, P + T)
-            lp = self.model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)  # (T, V)
+            with torch.inference_mode():
+                lp = self.model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)  # (T, V)
             self.memo[key] = lp.gather(1, torch.tensor(target)[:, None]).sum().item()
         return self.memo[key]
 
@@ -108,21 +112,38 @@ class Channel:
         return top + math.log(sum(math.exp(t - top) for t in terms))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="eval --out JSON files")
-    ap.add_argument("--channel", action="store_true", help="also the noisy-channel rule (loads SmolLM2)")
-    args = ap.parse_args()
-    gen = load_smollm(StackSpec())  # its tokenizer counts tokens; the channel rule runs its model
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="The rules: see the module's docstring (docs/reader_results.md has the numbers).")
+    ap.add_argument("runs", nargs="*", help="eval --out JSON files (Vital Articles corpus)")
+    ap.add_argument("--channel", action="store_true", help="also the noisy-channel rule (runs the generator)")
+    ap.add_argument("--tiny", action="store_true", help=TINY_HELP + "; with no run given, re-ranks a tiny run it makes")
+    args = ap.parse_args(argv)
+    if not args.runs and not args.tiny:
+        ap.error("give at least one eval --out JSON file (or --tiny)")
+    from rag_demo.measure.evaluate import contains_answer
+
+    if args.tiny:
+        gen, corpus = tiny_generator(), tiny_corpus()
+        runs = args.runs or [str(tiny_run(temp_path("tiny_run.json")))]
+    else:
+        from rag_demo.config import StackSpec
+        from rag_demo.knowledge.corpus import load_vital_articles
+        from rag_demo.models.stacks import load_smollm
+
+        gen = load_smollm(StackSpec())  # its tokenizer counts tokens; the channel rule runs its model
+        corpus = load_vital_articles(cache_dir=StackSpec().cache_dir) if args.channel else None
+        runs = args.runs
 
     @functools.lru_cache(maxsize=None)
     def length(text: str) -> int:  # the answer's tokens plus its end of turn
         return len(gen.tokenizer(f" {text}", add_special_tokens=False)["input_ids"]) + 1
 
-    channel = Channel(gen) if args.channel else None
+    channel = Channel(gen, corpus.passages) if args.channel else None
     print("| run | row | rule | n given | EM | contains |\n|---|---|---|---:|---:|---:|")
-    for path in args.runs:
-        run = json.load(open(path))
+    for path in runs:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
         for row in ROWS:
             pairs = list(given(run, row))
             if not pairs:
@@ -134,7 +155,7 @@ def main() -> None:
 
             line("oracle", lambda q, a: next((c["text"] for c in a["candidates"] if contains_answer(c["text"], q["answers"])),
                                              a["candidates"][0]["text"]))
-            for alpha in (0.0, 0.25, 0.5, 1.0):
+            for alpha in ALPHAS:
                 line(f"length alpha {alpha:g}", lambda q, a, al=alpha: max(
                     a["candidates"], key=lambda c: c["logprob"] / length(c["text"]) ** al)["text"])
 
@@ -144,11 +165,12 @@ def main() -> None:
                 return max(pool, key=lambda c: c["logprob"])["text"]
             line("type", typed)
             if channel:
-                for lam in (0.1, 0.25, 0.5, 1.0):
+                for lam in LAMBDAS:
                     line(f"channel lam {lam:g}", lambda q, a, la=lam: max(
                         sorted(a["candidates"], key=lambda c: -c["logprob"])[:CHANNEL_TOP],
                         key=lambda c: c["logprob"] + la * channel.marginal(q, a, c["text"]))["text"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

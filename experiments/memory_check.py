@@ -1,8 +1,9 @@
 """RSS of the offline pipeline under threaded requests, with and without the allocator settings
-of rag_demo/memory.py (why the app limits malloc arenas and trims after each request).
+of rag_demo/serving/memory.py (why the app limits malloc arenas and trims after each request).
 
-    python scripts/memory_check.py              # both configurations, each in a fresh process
-    python scripts/memory_check.py --one tuned  # one configuration in this process
+    python experiments/memory_check.py              # both configurations, each in a fresh process
+    python experiments/memory_check.py --one tuned  # one configuration in this process
+    python experiments/memory_check.py --tiny --requests 2 --threads 2   # smoke run
 
 Runs --requests questions on --threads worker threads (as gradio's worker pool does), varied
 settings (K 5-15, beams 1-2), and prints RSS after warm-up, after the requests, and the peak,
@@ -16,13 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _shared import TINY_HELP, tiny_pipeline
+
+CONFIGS = ("default", "tuned")
 
 
-def run_one(config: str, requests: int, threads: int) -> None:
+def run_one(config: str, requests: int, threads: int, tiny: bool = False) -> None:
     from rag_demo.serving import memory
 
     if config == "tuned":
@@ -30,9 +31,9 @@ def run_one(config: str, requests: int, threads: int) -> None:
     from rag_demo.pipeline import RagPipeline
     from rag_demo.web.session_view import VITAL_EXAMPLES
 
-    pipe = RagPipeline.load()
-    for mode in ("sequence", "token", "closed-book"):
-        pipe.answer("Who wrote Hamlet?", mode)
+    pipe = tiny_pipeline() if tiny else RagPipeline.load()
+    modes = ["sequence", "token", "closed-book"]
+    pipe.answers("Who wrote Hamlet?", modes)
     if config == "tuned":
         memory.trim()
     time.sleep(1)
@@ -47,9 +48,8 @@ def run_one(config: str, requests: int, threads: int) -> None:
                     return
                 i = todo.pop()
             with lock:  # one model call at a time (as the app's gate does); threads still differ
-                for mode in ("sequence", "token", "closed-book"):
-                    pipe.answer(VITAL_EXAMPLES[i % len(VITAL_EXAMPLES)], mode, k=5 + 5 * (i % 2),
-                                num_beams=1 + i % 2)
+                pipe.answers(VITAL_EXAMPLES[i % len(VITAL_EXAMPLES)], modes, k=min(5 + 5 * (i % 2), len(pipe.index)),
+                             num_beams=1 + i % 2)
             if config == "tuned":
                 memory.trim()
 
@@ -66,19 +66,21 @@ def run_one(config: str, requests: int, threads: int) -> None:
           f"{time.perf_counter() - t0:.0f} s; load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--one", choices=("default", "tuned"))
+    p.add_argument("--one", choices=CONFIGS, help="one configuration, in this process")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--threads", type=int, default=8)
-    args = p.parse_args()
+    p.add_argument("--tiny", action="store_true", help=TINY_HELP)
+    args = p.parse_args(argv)
     if args.one:
-        run_one(args.one, args.requests, args.threads)
+        run_one(args.one, args.requests, args.threads, args.tiny)
         return 0
-    for config in ("default", "tuned"):
-        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    for config in CONFIGS:
         subprocess.run([sys.executable, __file__, "--one", config, "--requests", str(args.requests),
-                        "--threads", str(args.threads)], env={**env, "HF_HUB_OFFLINE": "1"}, check=True)
+                        "--threads", str(args.threads), *(["--tiny"] if args.tiny else [])],
+                       env={**env, "HF_HUB_OFFLINE": "1"}, check=True)
     return 0
 
 

@@ -1,0 +1,168 @@
+"""experiments/ still runs: each experiment's --help, and each on a tiny input (the tiny offline
+pipeline of experiments/_shared.py: a random 2-layer generator with SmolLM2's tokenizer, MiniLM,
+the three fixture passages), called in this process so the models load once; and scripts/ holds
+only what a user runs, each still starting."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
+         "memory_check")
+
+
+@pytest.fixture(scope="module")
+def exp():
+    """import_module for experiments/ (on sys.path while this module's tests run)."""
+    sys.path.insert(0, str(EXPERIMENTS))
+    yield importlib.import_module
+    sys.path.remove(str(EXPERIMENTS))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(exp, tmp_path_factory) -> Path:
+    """An `eval --out` report of the tiny pipeline on 3 questions about the fixture passages."""
+    return exp("_shared").tiny_run(tmp_path_factory.mktemp("run") / "tiny_run.json")
+
+
+def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_scripts_hold_only_what_users_run_and_experiments_are_all_tested_and_described():
+    assert sorted(p.name for p in (ROOT / "scripts").iterdir() if p.name != "__pycache__") == [
+        "load.py", "screenshot.py", "setup.sh"]
+    on_disk = {p.stem for p in EXPERIMENTS.glob("*.py") if not p.name.startswith("_")}
+    assert on_disk == set(NAMES)
+    readme = (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
+    assert all(f"{name}.py" in readme for name in NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_experiment_says_how_to_run_it(name):
+    r = run_script(EXPERIMENTS / f"{name}.py", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["load.py", "screenshot.py"])
+def test_the_scripts_still_start(script):
+    r = run_script(ROOT / "scripts" / script, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]
+    if script == "load.py":
+        assert "--burst N" in r.stdout
+
+
+def test_setup_script_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "setup.sh")], timeout=30).returncode == 0
+
+
+def test_load_burst_reports_each_request_and_fails_when_one_fails(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        load = importlib.import_module("load")
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    ok = {"i": 0, "question": "What is Mars?", "ok": True, "latency": 1.5, "answer": "A planet."}
+    bad = {"i": 1, "question": "Who?", "ok": False, "latency": float("nan"), "error": "ConnectError: refused"}
+    assert load.report_burst([ok], 2.0) == 0
+    assert load.report_burst([ok, bad], 2.0) == 1
+    out = capsys.readouterr().out
+    assert "1.50 s" in out and "ConnectError: refused" in out and "1/2 answered" in out
+    # nothing listens on port 9: every request fails at once, and --burst exits 1
+    assert load.main(["--burst", "2", "--url", "http://127.0.0.1:9/", "--burst-timeout", "20"]) == 1
+    assert "0/2 answered" in capsys.readouterr().out
+
+
+def test_rerank_candidates_prints_every_rule_for_both_rows(exp, tiny_run, capsys):
+    assert exp("rerank_candidates").main([str(tiny_run), "--tiny", "--channel"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tiny_run} |")]
+    for row in ("sequence|dense", "token|dense"):
+        rules = [r[2] for r in rows if r[1] == row]
+        assert rules == ["oracle", "length alpha 0", "length alpha 0.25", "length alpha 0.5", "length alpha 1", "type",
+                         "channel lam 0.1", "channel lam 0.25", "channel lam 0.5", "channel lam 1"], rules
+    contains = {(r[1], r[2]): float(r[5].rstrip(" |")) for r in rows}
+    assert all(c <= contains[(row, "oracle")] for (row, _), c in contains.items())  # no rule beats the oracle
+
+
+def test_token_misses_ranks_each_miss_and_puts_the_ranking_back(exp, tiny_run, capsys):
+    import rag_demo.reader.drafts as drafts
+
+    original = drafts.rank_by_rag_token
+    run = json.loads(tiny_run.read_text(encoding="utf-8"))
+    missed = [q for q in run["questions"]
+              if q["answers_by_row"]["token|dense"]["hit"] and not q["answers_by_row"]["token|dense"]["contains"]]
+    assert missed, "the random generator answered every question: nothing to rank"
+    assert exp("token_misses").main([str(tiny_run), "--tiny"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    assert [r["question"] for r in rows] == [q["question"] for q in missed]
+    for r, q in zip(rows, missed):
+        assert r["gold"].strip().rstrip(".") in q["answers"] and r["chosen_lp"] <= 0 and r["gold_lp"] <= 0
+    assert lines[-1].startswith(f"{len(rows)} misses ranked")
+    assert drafts.rank_by_rag_token is original
+
+
+def test_reader_variants_answers_resumes_and_tabulates(exp, tmp_path, capsys):
+    rv = exp("reader_variants")
+    from rag_demo.config import RagSettings
+    from rag_demo.knowledge.corpus import Passage
+    from rag_demo.models.generators import DecoderOnlyGenerator
+    from rag_demo.reader.aided import prompt
+
+    gen, s = exp("_shared").tiny_generator(), RagSettings(preset="paper")
+    doc = Passage("p#0", "Paris", "Paris is the capital of France.")
+    original = DecoderOnlyGenerator.messages
+    with rv.answer_label(True):
+        labelled = gen.tokenizer.decode(prompt(gen, "What is the capital of France?", doc, s.decoding, s.aids))
+    assert "Question: What is the capital of France?\nShort answer:" in labelled
+    assert DecoderOnlyGenerator.messages is original
+
+    outs = {}
+    for variant in ("answerlabel", "qfirst"):
+        outs[variant] = tmp_path / f"{variant}.json"
+        args = ["--tiny", "--files", "ext", "--n-ext", "2", "--k", "2", "--variant", variant, "--out", str(outs[variant])]
+        assert rv.main(args) == 0
+        report = json.loads(outs[variant].read_text(encoding="utf-8"))
+        assert report["settings"]["question_position"] == ("both" if variant == "qfirst" else "after")
+        assert set(report["summary"]) == {"ext|closed-book", "ext|sequence", "ext|token"}
+        assert report["summary"]["ext|token"]["all"]["n"] == 2
+    assert rv.main(args) == 0  # a rerun resumes: nothing left to answer
+    assert len(outs["qfirst"].with_suffix(".jsonl").read_text(encoding="utf-8").splitlines()) == 2
+    capsys.readouterr()
+
+    table = exp("reader_variants_table")
+    assert table.main([f"label*={outs['answerlabel'].with_suffix('.jsonl')}",
+                       f"qfirst={outs['qfirst'].with_suffix('.jsonl')}"]) == 0
+    out = capsys.readouterr().out
+    assert "Questions every variant answered: 2" in out
+    assert "| label (cut at '. ' or ',', simulated) | ext | token | 2 |" in out and "| qfirst | ext | sequence | 2 |" in out
+    assert table.cut("Paris, France. It is", table.CUTS[2]) == "Paris"
+
+
+def test_corpus_scale_measures_both_ways(exp, capsys):
+    assert exp("corpus_scale").main(["--n", "500"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("500 passages")
+    assert "| Arrow table, memory-mapped (cached_corpus) |" in out and "| list of Passage objects (pickle) |" in out
+
+
+def test_memory_check_reports_rss(exp, capsys):
+    assert exp("memory_check").main(["--one", "default", "--tiny", "--requests", "2", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "default: RSS after warm-up" in out and "after 2 requests on 2 threads" in out
+
+
+@pytest.mark.slow
+def test_rerank_candidates_counts_tokens_with_the_real_smollm2(exp, tiny_run, capsys):
+    assert exp("rerank_candidates").main([str(tiny_run)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tiny_run} |")]
+    assert len(rows) == 2 * 6  # two rows, oracle + 4 length rules + type
