@@ -1,4 +1,4 @@
-"""Load check (#10): bursts of concurrent clients mixing cheap and expensive questions.
+"""Load check: bursts of concurrent clients mixing cheap and expensive questions.
 
     python scripts/load.py                          # launches app.py (Vital Articles) on 127.0.0.1
     python scripts/load.py --url http://127.0.0.1:7860/ --pid 1234   # an app already running

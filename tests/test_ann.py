@@ -62,7 +62,7 @@ def test_flat_is_exact_and_hnsw_is_close(data):
 
 # On these 32-d clustered vectors 4-bit codes need twice 8-bit's bytes for its recall (16 codes of
 # 4 bits: recall@5 0.23 alone, 0.76 re-ranked, against 0.58 / 0.90 for 8 one-byte codes); at 1M
-# 384-d vectors like MiniLM's the 40·k re-rank made them equal (bench --scale, README "Scale")
+# 384-d vectors like MiniLM's the 40·k re-rank made them equal (bench --scale, docs/results.md §5.1)
 @pytest.mark.parametrize("bits, m, kind", [(4, 32, "IndexIVFPQFastScan"), (8, 8, "IndexIVFPQ")])
 def test_ivfpq_compresses_and_the_rerank_restores_exact_scores(data, tmp_path, bits, m, kind):
     x, q, exact = data

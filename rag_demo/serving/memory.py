@@ -4,7 +4,7 @@ Why: PyTorch frees its activation buffers (KV caches, (K, V) log-prob rows) with
 glibc keeps freed blocks in per-thread arenas (up to 8 x cores of them) instead of returning
 them to the OS. With gradio running handlers on a pool of worker threads, each thread grows its
 own arena, so RSS crept from 0.8 GB to 3.5 GB under load with nothing alive. Two arenas and a
-`malloc_trim(0)` after each request keep RSS near its warm value (README, "Serving").
+`malloc_trim(0)` after each request keep RSS near its warm value (docs/results.md §4).
 Setting `MALLOC_ARENA_MAX=2` in the environment before Python starts has the same effect as
 `limit_arenas(2)`; `limit_arenas` is for when the launcher cannot set it.
 
