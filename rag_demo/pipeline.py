@@ -28,7 +28,7 @@ from rag_demo.knowledge.ann import expected_recall, settings_for
 from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge
 from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_or_build_index
-from rag_demo.models.cost import Cost, CostModel, model_dims
+from rag_demo.models.cost import Cost, CostModel, Speed, Timed, model_dims
 from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
@@ -36,6 +36,7 @@ from rag_demo.rag.hooks import PAPER
 from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
 from rag_demo.reader.aided import AidedReader, prompt
 from rag_demo.reader.focus import focus_passages
+from rag_demo.reader.language import language_of
 from rag_demo.reader.truecase import recase
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -92,7 +93,8 @@ class RetrievedDoc:
     text: str
     url: str | None
     score: float  # retrieval inner product q(x)·d(z)
-    prior: float  # p(z|x) = softmax over the K retrieved docs (with the reader's vote when question_weight > 0)
+    prior: float  # p(z|x) as every formula used it: the retriever's, with the generator's vote when that aid is on
+    retriever_prior: float  # the retriever's own p(z|x) = softmax_z(scale · q(x)·d(z) / T) over the K
     # RagSettings.question_weight > 0 on a decoder-only generator: log p_G(question | passage),
     # the generator's own log-likelihood of the question's tokens after this passage
     question_logprob: float | None = None
@@ -133,6 +135,8 @@ class Answer:
     # what ran: the preset ("paper" or "aided", and its title), every knob, the aids that were on,
     # the knobs changed from the preset (RagSettings.to_dict)
     settings: dict = field(default_factory=dict)
+    # honest cues shown with the answer: [{"kind": "may_lack_answer" | "not_english", "text"}]
+    cues: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -157,6 +161,7 @@ class RagPipeline:
         self.settings = settings or RagSettings.for_stack(stack.name)
         self.index_info = index_info
         self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
+        self.speed = Speed()  # how much slower than at warm-up the generator runs now
         self._estimates: dict[tuple, Cost] = {}
 
     @classmethod
@@ -215,7 +220,7 @@ class RagPipeline:
     def with_index(self, index: PassageIndex, info: IndexInfo | None = None) -> "RagPipeline":
         """Same models, another index: the hot-swap (no retraining)."""
         pipe = RagPipeline(self.stack, index, self.settings, info)
-        pipe.cost_model = self.cost_model
+        pipe.cost_model, pipe.speed = self.cost_model, self.speed
         return pipe
 
     def with_corpus(self, corpus: Corpus, progress: Progress | None = None) -> "RagPipeline":
@@ -333,8 +338,8 @@ class RagPipeline:
         qg = recase(q, pairs) if s.aids.recase_question else q
         for mode in modes:
             mm = self.stack.modes[mode]
-            if id(mm.generator) not in shared:
-                shared[id(mm.generator)] = SharedPrefill(mm.generator)
+            if id(mm.generator) not in shared:  # its model calls timed: the estimates follow the speed
+                shared[id(mm.generator)] = SharedPrefill(Timed(mm.generator, self.cost_model, self.speed))
             gen = shared[id(mm.generator)]
             # step 2b: the part of each passage the generator reads (focus.py; all of it by default)
             key = id(mm.question_encoder)
@@ -353,10 +358,13 @@ class RagPipeline:
             engine = rag_token if mode == "token" else rag_sequence
             reader = AidedReader(s.aids, s.decoding, gen, qg, fed, prompts, pairs) if s.aids_on() else PAPER
 
+            retriever = torch.softmax(logits / s.decoding.prior_temperature, 0)  # (K,) the retriever's own p(z|x)
+
             def docs_of(log_prior: torch.Tensor, question_lp: torch.Tensor | None) -> list[RetrievedDoc]:
                 prior = log_prior.exp()  # (K,) p(z|x) as the engine used it
                 return [
                     RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
+                                 float(retriever[i]),
                                  read_sentences=kept[i] if s.aids.passage_sentences else None,
                                  question_logprob=None if question_lp is None else float(question_lp[i]))
                     for i, p in enumerate(passages)
@@ -370,10 +378,10 @@ class RagPipeline:
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.aids.passage_sentences:
                 t["focus"] = focus_s
-            yield AnswerEvent(mode, True, self._answer(q, mode, gen, g, docs, t, s, qg))
+            yield AnswerEvent(mode, True, self._answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores)))
 
     def _closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
-        gen = self.stack.modes["closed-book"].generator
+        gen = Timed(self.stack.modes["closed-book"].generator, self.cost_model, self.speed)
         emit = self._emitter(q, gen, listen, lambda part: [])
         if listen is not None:
             listen(self.reading(q, "closed-book", 0))
@@ -381,7 +389,7 @@ class RagPipeline:
         cb = prompt(gen, qg, None, s.decoding, s.aids)
         reader = AidedReader(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True) if s.aids_on() else PAPER
         g = closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
-        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg)
+        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
 
     def _emitter(self, q: str, gen, listen: Listen | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
@@ -424,7 +432,7 @@ class RagPipeline:
         }
 
     def _answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict, s: RagSettings,
-                read_q: str = "") -> Answer:
+                read_q: str = "", cues: list | None = None) -> Answer:
         shown = [i for i, t in enumerate(g.tokens) if not gen.is_special(t)]
         pieces = gen.token_pieces(g.tokens)
         post = g.posteriors[shown] if g.posteriors is not None else None  # (T', K)
@@ -447,7 +455,7 @@ class RagPipeline:
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=_ranked_candidates(gen, g),
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
-            read_question="" if read_q == q else read_q, settings=s.to_dict(),
+            read_question="" if read_q == q else read_q, settings=s.to_dict(), cues=cues or [],
         )
 
     @staticmethod
@@ -491,7 +499,7 @@ class RagPipeline:
         after the queue ask for the same estimate."""
         q = check_question(question)
         s = (settings or self.settings).merged(**overrides)
-        key = (q, tuple(modes), s, id(self.cost_model), len(self.index))
+        key = (q, tuple(modes), s, id(self.cost_model), len(self.index), round(self.speed.factor, 1))
         if key not in self._estimates:
             if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
                 self._estimates.clear()
@@ -518,6 +526,7 @@ class RagPipeline:
                 drafts = "shared" if shared else "own"
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
                                                thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts)
+            sec *= self.speed.factor  # at the speed the generator runs now
             per_mode[mode] = sec
             seconds += sec
             peak = max(peak, byt)
@@ -553,11 +562,33 @@ class RagPipeline:
         t0 = time.perf_counter()
         if progress:
             progress("Warming up: one question in every mode ...")
-        self.answers(self.WARM_UP_QUESTION, list(self.stack.modes), k=min(self.settings.decoding.k, len(self.index)))
+        k = min(self.settings.decoding.k, len(self.index))
+        self.answers(self.WARM_UP_QUESTION, list(self.stack.modes), k=k)
         if progress:
             progress("Calibrating the cost model on this CPU ...")
         self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
+        self.speed = Speed()  # measured afresh against the calibrated model: this is the machine's own speed
+        self.answers(self.WARM_UP_QUESTION, ["token"], k=k)
+        self.speed.settle()
         return time.perf_counter() - t0
+
+
+def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
+    """What a learner should be told beside an answer: that the question does not look English
+    (the models read English only), and, for a RAG answer, that its passages may not hold the
+    answer (the best retrieval score is below the retriever's calibrated `doubt_below`)."""
+    out = []
+    lang = language_of(question)
+    if lang != "English":
+        out.append({"kind": "not_english", "text": f"This question looks {lang}: the models here read English only, "
+                    "so the answer is likely a guess. Ask in English."})
+    if mm is not None and mm.doubt_below is not None and len(scores):
+        best = float(max(scores))
+        if best < mm.doubt_below:
+            out.append({"kind": "may_lack_answer", "text": f"The passages may not hold the answer: the best one "
+                        f"matches the question at {best:.2f}, below {mm.doubt_below:.2f}, where the retrieved "
+                        "passages mostly lacked the answer. The generator answers anyway."})
+    return out
 
 
 def _either(a: Callable[[], bool] | None, b: Callable[[], bool]) -> Callable[[], bool]:

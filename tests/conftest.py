@@ -125,3 +125,12 @@ def three_passage_pipe(minilm, tmp_path_factory):
         index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
         return RagPipeline(stack, index, settings, info)
     return make
+
+
+@pytest.fixture(scope="session")
+def vital_pipe():
+    """The real offline stack over all Wikipedia Vital Articles (the index from the disk cache, or
+    built once, minutes on 2 cores): shared by every test that needs it."""
+    from rag_demo.pipeline import RagPipeline
+
+    return RagPipeline.load(progress=print)

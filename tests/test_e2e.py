@@ -24,8 +24,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    return RagPipeline.load(progress=print)
+def pipe(vital_pipe):
+    return vital_pipe
 
 
 @pytest.mark.parametrize("question, articles, entity", CASES)

@@ -143,3 +143,64 @@ class CostModel:
         measured = dict(prefill_s_per_token=prefill, step_s=step_s, row_s=row_s, score_s_per_token=score)
         kept = {k: min(max(v, lo * getattr(self, k)), hi * getattr(self, k)) for k, v in measured.items()}
         return CostModel(**kept, calibrated=True)
+
+
+class Speed:
+    """How much slower than at warm-up the generator runs now (1: as fast; 2: twice as slow).
+
+    Every prefill and decoding step (`Timed`) is compared with what the cost model prices it at;
+    the ratio's moving average, divided by its value at warm-up (`settle`), scales every estimate
+    (RagPipeline.estimate), so a server whose CPU another job shares prices its questions at the
+    speed it runs them. The ratio itself is not 1 when quiet (the model prices worst cases and
+    kept prompt openings make real prefills cheaper): only its change since warm-up counts."""
+
+    ALPHA = 0.05  # each call's weight: about the last twenty calls count
+    RANGE = (0.5, 5.0)  # a factor stays in here, whatever one odd call measured
+
+    def __init__(self) -> None:
+        self.ratio: float | None = None  # moving average of observed / modelled seconds
+        self.baseline: float | None = None  # its value at warm-up
+
+    def observe(self, modelled: float, seconds: float) -> None:
+        if modelled <= 0:
+            return
+        r = seconds / modelled
+        self.ratio = r if self.ratio is None else self.ratio + self.ALPHA * (r - self.ratio)
+
+    def settle(self) -> None:
+        """Warm-up is over: the speed measured so far is the machine's own."""
+        self.baseline = self.ratio
+
+    @property
+    def factor(self) -> float:
+        if self.ratio is None or not self.baseline:
+            return 1.0
+        lo, hi = self.RANGE
+        return min(max(self.ratio / self.baseline, lo), hi)
+
+
+class Timed:
+    """A generator whose prefills and decoding steps are timed into `speed` against `model`'s price
+    of them; everything else is the wrapped generator's."""
+
+    def __init__(self, gen, model: CostModel, speed: Speed) -> None:
+        self._gen, self._model, self._speed = gen, model, speed
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def prefill(self, prompts, score_last: int = 0):
+        t0 = time.perf_counter()
+        out = self._gen.prefill(prompts, score_last=score_last)
+        tokens = len(prompts) * max(len(p) for p in prompts)
+        self._speed.observe(tokens * self._model.prefill_s_per_token, time.perf_counter() - t0)
+        return out
+
+    def advance(self, state, tokens):
+        t0 = time.perf_counter()
+        out = self._gen.advance(state, tokens)
+        rows, length = tokens.shape
+        modelled = (self._model.step_s + rows * self._model.row_s if length == 1
+                    else rows * length * self._model.score_s_per_token)
+        self._speed.observe(modelled, time.perf_counter() - t0)
+        return out

@@ -35,6 +35,9 @@ CONVERTED_MARKER = "rag_demo_converted.txt"  # written last: its presence means 
 # all-MiniLM-L6-v2 was trained with a contrastive loss on cosine x 20; p(z|x) uses the same scale,
 # else softmax over cosines in [-1, 1] is nearly uniform. DPR was trained on raw inner products.
 MINILM_SCORE_SCALE = 20.0
+# The offline retriever's cosine below which its top passages seldom held the answer on the
+# external questions (a warning wants few false alarms: docs/results.md, "May not hold the answer")
+MINILM_DOUBT_BELOW = 0.5
 
 Progress = Callable[[str], None]
 
@@ -46,6 +49,9 @@ class ModeModels:
     question_encoder: Encoder
     generator: Generator
     score_scale: float = 1.0  # retrieval score multiplier before the doc softmax
+    # below this best retrieval score the passages may well not hold the answer (None: not
+    # calibrated for this retriever); docs/results.md says how it was chosen
+    doubt_below: float | None = None
 
 
 @dataclass
@@ -214,7 +220,7 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
         enc = MiniLMEncoder(spec.minilm_path, passage_dtype=resolve_dtype(spec.passage_dtype))
         _say(progress, "Loading generator SmolLM2-135M-Instruct (GGUF) ...")
         gen = load_smollm(spec, progress)
-        mm = ModeModels(enc, gen, MINILM_SCORE_SCALE)
+        mm = ModeModels(enc, gen, MINILM_SCORE_SCALE, MINILM_DOUBT_BELOW)
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
         return LoadedStack(spec, enc, modes, time.perf_counter() - t0)
     _say(progress, f"Loading context encoder {spec.ctx_encoder} ...")

@@ -34,7 +34,7 @@ from rag_demo.web.render import (
     render_partial,
     render_passages,
 )
-from rag_demo.web.session_view import corpus_choices, example_questions, passage_choices, render_status, stack_choices
+from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
 from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
 
 # /ask's arguments after the question, in their positional order: the order earlier clients call
@@ -197,6 +197,19 @@ def _stop(running: bool) -> Any:
     return gr.Button(visible=running)
 
 
+def _answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any) -> Any:
+    """`mode`'s answer to the last question again: over the same passages and scores for a RAG
+    mode (the card's own), with no passage for closed-book."""
+    if mode == "closed-book":
+        return pipe.answer(raw["question"], mode, settings, run)
+    corpus, docs = pipe.index.corpus, raw["answers"][mode]["docs"]
+    try:
+        passages = [corpus.passages[corpus.position(d["id"])] for d in docs]
+    except (KeyError, ValueError):
+        raise ValueError("the corpus changed since this answer: ask again.") from None
+    return pipe.answer_from(raw["question"], mode, passages, [d["score"] for d in docs], settings, run=run)
+
+
 def _ask_outputs(result: dict, s: Session) -> tuple:
     """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, the Stop
     button hidden, session)."""
@@ -239,8 +252,9 @@ def _empty_outputs(s: Session) -> tuple:
     )
 
 
-def _examples(index: Any) -> gr.Dataset:
-    return gr.Dataset(samples=[[q] for q in example_questions(index.corpus)])
+def _examples(index: Any) -> str:
+    """The Ask tab's lessons for the index's corpus."""
+    return render_lessons(index.corpus)
 
 
 def render_budget(budget: Any) -> str:
@@ -561,6 +575,28 @@ class Handlers:
             run = self.serving.run(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, run)  # the session's index: uploads and edits too
         return _finite(result), s
+
+    @page_event
+    def continue_mode(self, mode, raw, s, progress=gr.Progress(), request: gr.Request = None):
+        """Finish a card that was cut (time limit, or stopped): answer its mode again over the same
+        passages with the same settings, with the whole time limit for that one mode. -> its card,
+        the passages, the raw answers updated, the Stop button hidden."""
+        superseded = self.begin_run(request)
+        s = self.fresh(s)
+        with user_errors():
+            if not raw or mode not in (raw.get("answers") or {}):
+                raise ValueError(f"there is no {mode!r} answer to continue: ask a question first.")
+            pipe, s = session_pipeline(self.pool, s, progress)
+            settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
+                                   **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+            run = self.serving.run(None, request, superseded) if self.serving else None
+            progress(0.1, desc=f"{MODE_TITLES[mode]}: answering again with a fresh time budget")
+            a = _answer_again(pipe, raw, mode, settings, run)
+        answers = {**raw["answers"], mode: _finite(a.to_dict())}
+        raw = {**raw, "answers": answers}
+        anc = anchors(answers)
+        cards = [render_answer(answers[m], anc.get(m, "rag-p-all-")) if m == mode else gr.skip() for m in MODES]
+        return (*cards, render_passages(answers, s.edits), raw, _stop(False), s)
 
     @page_event
     def reset_edits(self, s, request: gr.Request = None):

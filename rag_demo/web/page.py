@@ -64,6 +64,22 @@ PAGE_JS = """() => {
             setTimeout(() => document.querySelector('#rag-without-go').click(), 100);
             return;
         }
+        const lesson = ev.target.closest('button.rag-lesson-q');
+        if (lesson) {  // a lesson's question: into the question box, then Ask
+            const box = document.querySelector('#rag-question textarea, #rag-question input');
+            box.value = lesson.textContent;
+            box.dispatchEvent(new Event('input', {bubbles: true}));
+            setTimeout(() => document.querySelector('#rag-ask').click(), 100);
+            return;
+        }
+        const more = ev.target.closest('button.rag-continue-btn');
+        if (more) {  // "continue": hand the card's mode to the hidden textbox, then press its button
+            const box = document.querySelector('#rag-continue-mode textarea, #rag-continue-mode input');
+            box.value = more.dataset.mode;
+            box.dispatchEvent(new Event('input', {bubbles: true}));
+            setTimeout(() => document.querySelector('#rag-continue-go').click(), 100);
+            return;
+        }
         const close = ev.target.closest('.rag-insp-close');
         const tok = ev.target.closest('a.rag-tok[data-i]');
         const card = (close || tok) && (close || tok).closest('.rag-card');
@@ -133,10 +149,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="rag-stop", scale=0, min_width=80,
                                                  visible=False)
                             preset = preset_switch(settings0.preset)
-                        examples = gr.Dataset(
-                            components=[question], samples=[], label="Example questions (click one to ask it)",
-                            elem_id="rag-examples", samples_per_page=12,
-                        )
+                        examples = gr.HTML('<div class="rag-lessons rag-placeholder">Lessons appear here once the '
+                                           'models are ready.</div>', elem_id="rag-examples")
                     with gr.Column(scale=2):
                         corpus_dd = gr.Dropdown(
                             choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
@@ -168,6 +182,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                 without_id = gr.Textbox(elem_id="rag-without-id", elem_classes=["rag-hidden"], show_label=False,
                                         container=False)
                 without_btn = gr.Button("answer without", elem_id="rag-without-go", elem_classes=["rag-hidden"])
+                # a cut card's "continue" button fills this box with its mode and clicks this button (PAGE_JS)
+                continue_mode = gr.Textbox(elem_id="rag-continue-mode", elem_classes=["rag-hidden"], show_label=False,
+                                           container=False)
+                continue_btn = gr.Button("continue", elem_id="rag-continue-go", elem_classes=["rag-hidden"])
                 with gr.Accordion("Edit a retrieved passage, then ask again", open=False, elem_id="rag-edit-acc"):
                     gr.Markdown(
                         "Change what a passage says (e.g. swap the painter's name) and ask the same question: "
@@ -224,12 +242,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
             outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, trigger_mode="multiple",
             **model,
         )
-        example_ask = examples.click(lambda x: x[0], inputs=[examples], outputs=[question], api_visibility="private",
-                                     queue=False).then(
-            h.ask_session, inputs=[question, session], inputs_kwargs=settings_in, outputs=[status, *answer_out],
-            api_visibility="private", validator=h.validate_ask, **model,
-        )
-        stop_btn.click(h.stop_run, outputs=[status, stop_btn], cancels=[asking, example_ask], queue=False,
+        stop_btn.click(h.stop_run, outputs=[status, stop_btn], cancels=[asking], queue=False,
                        api_visibility="private")
         upload_btn.click(
             h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
@@ -255,6 +268,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                           api_name="without_passage", **model
                           ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
                                  show_progress="hidden", api_visibility="private")
+        continue_btn.click(h.continue_mode, inputs=[continue_mode, raw, session],
+                           outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
         reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
         gr.api(h.ask, api_name="ask", **model)

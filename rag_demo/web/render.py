@@ -99,15 +99,22 @@ def render_timings(t: dict[str, float]) -> str:
 
 def render_tokens(a: dict, anchor: str = "rag-p-") -> str:
     """Answer tokens coloured by their most responsible passage; a rank badge starts each run;
-    hovering a token names the passage and its posterior; clicking jumps to the passage row."""
+    hovering a token names the passage and its posterior; clicking opens its inspector. A piece
+    that is only whitespace (a space the tokenizer kept apart) is shown with the token after it,
+    so no clickable token is blank; its own row stays in the heatmap."""
     docs, rows = a["docs"], a["token_doc_posteriors"]
     if not a["tokens"] or not rows:
         return '<div class="rag-tokens rag-placeholder">no tokens</div>'
-    spans, prev = [], None
-    for i, (tok, row, j) in enumerate(zip(a["tokens"], rows, a["top_docs"], strict=False)):
+    spans, prev, lead = [], None, ""
+    items = list(zip(a["tokens"], rows, a["top_docs"], strict=False))
+    for i, (tok, row, j) in enumerate(items):
+        if not tok.strip() and i + 1 < len(items):  # a bare space: it opens the next token's text
+            lead += tok
+            continue
+        tok, lead = lead + tok, ""
         d = docs[j]
         bg, dark = _mix(colour(d["rank"]), row[j], floor=0.35)
-        tip = f"{tok!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
+        tip = f"{tok.strip()!r} ← [{d['rank']}] {d['title']}  p = {row[j]:.2f}"
         if a.get("inspector"):
             tip += "  (click: what each passage proposed here)"
         sup = f"<sup>{d['rank']}</sup>" if j != prev else ""
@@ -185,6 +192,25 @@ def render_inspector(a: dict) -> str:
     return f'<div class="rag-inspector">{"".join(panels)}</div>'
 
 
+# What the words of a card's decoding line mean (its tooltip), in the order they can appear.
+DECODING_TERMS = (
+    ("greedy", "greedy: the most likely next token at every step"),
+    ("beam=", "beam=B: beam search keeping the B most likely answers so far at every step"),
+    ("thorough", "thorough: every candidate answer rescored under every passage (the paper's exact RAG-Sequence)"),
+    ("fast", "fast: a candidate counted only under the passages whose own search wrote it (paper §2.5)"),
+    ("with each doc's drafts", "with each doc's drafts: RAG-Token also weighed each passage's own candidate answers "
+     "and kept the one its exact log p(y|x) ranks first (a reader aid)"),
+    ("drafts stopped", "drafts stopped: the time limit or a cancel came before the passages' drafts were weighed, "
+     "so the mixture's own answer stands"),
+    ("thorough stopped", "thorough stopped: the time limit came before the rescoring, so the fast ranking stands"),
+)
+
+
+def decoding_tip(decoding: str) -> str:
+    """The tooltip of a card's decoding line: what each of its words means."""
+    return "; ".join(tip for word, tip in DECODING_TERMS if word in decoding)
+
+
 def _fmt_lp(lp: float | None) -> str:
     return f"{lp:.3f}" if lp is not None and math.isfinite(lp) else "-inf"
 
@@ -216,10 +242,15 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
     k = f" · K = {plural(len(a['docs']), 'passage')}" if a["docs"] else ""
     stop = f' · <span class="rag-cut-note">cut: {esc(cut)}</span>' if cut else ""
     meta = (
-        f'<div class="rag-meta" title="log-probability of this answer under this model">score '
-        f'<code>log p(y|x) = {lp_s}</code> · {esc(a["decoding"])}{k}{stop}</div>'
+        f'<div class="rag-meta">score <code title="log p(y|x): the log-probability of this answer under this '
+        f'mode\'s model (closer to 0 is more probable)">log p(y|x) = {lp_s}</code> · <span class="rag-decoding" '
+        f'title="{esc(decoding_tip(a["decoding"]))}">{esc(a["decoding"])}</span>{k}{stop}</div>'
     )
-    parts = [head, render_preset(a.get("settings")), asked, answer, meta, render_timings(a["timings"])]
+    cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
+    parts = [head, render_preset(a.get("settings")), asked, answer, cues, meta, render_timings(a["timings"])]
+    if a.get("stopped") in ("time_limit", "cancelled"):  # cut before its end: it can be finished
+        parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
+                     f'again, with a fresh share of the time limit">Continue this answer</button>')
     if mode == "closed-book":
         parts.append(
             '<div class="rag-note">No passages: the generator answers from what its weights memorised '
@@ -230,7 +261,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         parts.append(render_tokens(a, anchor))
         parts.append(render_inspector(a))
         parts.append(
-            f"<details open><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>"
+            f'<details class="rag-heat-details"><summary>Heatmap: tokens × passages</summary>{render_heatmap(a)}</details>'
         )
         if a.get("candidates"):
             cands = "".join(
@@ -240,8 +271,9 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
             )
             how = ("Candidates ranked, each counted under the passages that wrote it"
                    if a["decoding"].startswith("fast") else
-                   "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤: left "
-                   "behind once it could no longer win)" if mode == "token" else "Candidates rescored")
+                   "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤ marks an "
+                   "upper bound: that candidate left the race once it could no longer win)" if mode == "token"
+                   else "Candidates rescored under every passage")
             parts.append(
                 f"<details><summary>{how} ({len(a['candidates'])}, {esc(a['decoding'])})</summary>"
                 f'<ol class="rag-note">{cands}</ol></details>'
@@ -343,13 +375,54 @@ def anchors(answers: dict[str, dict]) -> dict[str, str]:
     return {m: f"rag-p-{g}-" for g, modes in doc_groups(answers) for m in modes}
 
 
+def _same(a: str, b: str) -> bool:
+    return a.strip().rstrip(".").casefold() == b.strip().rstrip(".").casefold()
+
+
+def explain_modes(answers: dict[str, dict]) -> str:
+    """One sentence, from this question's own numbers, on why RAG-Sequence and RAG-Token agree or
+    differ (and what closed-book said without passages)."""
+    seq, tok, cb = answers.get("sequence"), answers.get("token"), answers.get("closed-book")
+    if not seq or not tok or not tok.get("docs"):
+        return ""
+    docs = tok["docs"]
+    order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
+    top = docs[order[0]]
+    name = lambda d: f"[{d['rank']}] {d['title']}"  # noqa: E731
+    if top["prior"] >= 0.9:
+        prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, so both models read that passage almost alone: "
+                 "RAG-Token's mixture is then its next-token distribution, RAG-Sequence's best answer its favourite")
+    else:
+        second = docs[order[1]] if len(order) > 1 else None
+        prior = (f"p(z|x) is spread over the passages ({top['prior']:.2f} on {name(top)}"
+                 + (f", {second['prior']:.2f} on {name(second)}" if second else "") + ")")
+    if _same(seq["text"], tok["text"]):
+        verdict = (", and the two modes agree." if top["prior"] >= 0.9 else
+                   ", yet both modes ranked the same answer first.")
+    else:
+        post = seq.get("doc_posterior") or [d["prior"] for d in seq["docs"]]
+        best = seq["docs"][max(range(len(post)), key=post.__getitem__)]
+        verdict = (f": RAG-Sequence weighs whole answers, one passage at a time, and chose "
+                   f"“{seq['text'].strip()}” (mostly from {name(best)}, p(z|x,y) = {max(post):.2f}); RAG-Token mixes "
+                   f"the passages at every token and chose “{tok['text'].strip()}”.")
+    closed = ""
+    if cb and cb.get("text", "").strip():
+        closed = (" Closed-book, from its weights alone, says the same." if _same(cb["text"], tok["text"]) or
+                  _same(cb["text"], seq["text"]) else
+                  f" Closed-book, from its weights alone, said “{cb['text'].strip()}”.")
+    return (f'<div class="rag-why"><b>Why the two RAG answers {"agree" if _same(seq["text"], tok["text"]) else "differ"}'
+            f":</b> {esc(prior + verdict + closed)}</div>")
+
+
 def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> str:
-    """The retrieved passages: rank, title (linked), text, retrieval score, p(z|x), and each mode's
-    posterior over the passage given the answer."""
+    """Why the modes agree or differ for this question (`explain_modes`), then the retrieved
+    passages: rank, title (linked), text, retrieval score, p(z|x) (the retriever's own beside the
+    reweighted one when the generator's vote is on), and each mode's posterior over the passage
+    given the answer."""
     groups = doc_groups(answers)
     if not groups:
         return '<div class="rag-passages rag-placeholder">The retrieved passages appear here.</div>'
-    out = []
+    out = [explain_modes(answers)]
     for g, modes in groups:
         docs = answers[modes[0]]["docs"]
         corpus = answers[modes[0]]["corpus"]
@@ -357,26 +430,36 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
         post_heads = "".join(
             f'<th title="{esc(POSTERIOR_HEADS[m][1])}">{MODE_TITLES[m]}<br>{POSTERIOR_HEADS[m][0]}</th>' for m in modes
         )
+        # with the generator's vote on, the retriever's own prior and the reweighted one differ: show both
+        voted = any(d.get("question_logprob") is not None for d in docs)
         rows = []
         for i, d in enumerate(docs):
             title = esc(d["title"])
             if d.get("url"):
                 title = f'<a href="{esc(d["url"])}" target="_blank" rel="noopener">{title}</a>'
             tag = '<span class="rag-edited">edited by you</span>' if d["id"] in edits else ""
-            posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i]) for m in modes)
+            posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i],
+                                       f"{MODE_TITLES[m]} {POSTERIOR_HEADS[m][0]}") for m in modes)
             drop = (f'<button class="rag-without-btn" type="button" data-id="{esc(d["id"])}" title="answer the same '
                     f'question again with this passage taken away">answer without it</button>') if len(docs) > 1 else ""
+            own = _prob_cell(d.get("retriever_prior", d["prior"]), "retriever p(z|x)") if voted else ""
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
                 f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}{drop}</td>'
-                f'<td class="rag-num">{d["score"]:.3f}{_question_lp_note(d)}</td>{_prob_cell(d["prior"])}{posts}</tr>'
+                f'<td class="rag-num" data-label="score q(x)·d(z)">{d["score"]:.3f}{_question_lp_note(d)}</td>{own}'
+                f'{_prob_cell(d["prior"], "p(z|x) with the vote" if voted else "prior p(z|x)")}{posts}</tr>'
             )
+        prior_heads = (
+            '<th title="the retriever\'s own prior: softmax of its scores over the K passages">retriever<br>p(z|x)</th>'
+            '<th title="the prior every formula used: the retriever\'s scores plus the generator\'s vote log p(x|z), '
+            'through the softmax (a reader aid)">p(z|x) with<br>the vote</th>' if voted else
+            '<th title="softmax of the retriever\'s scores over the K passages">prior<br>p(z|x)</th>')
         out.append(
             f'<div class="rag-passages"><h3>Retrieved passages{who} '
             f'<small>(top {len(docs)} of {esc(corpus)})</small></h3>'
             f'<table class="rag-ptable"><thead><tr><th>#</th><th>passage</th><th title="retrieval inner product '
-            f'q(x)·d(z)">score<br>q(x)·d(z)</th><th title="softmax of the scores over the K passages">prior<br>p(z|x)'
-            f"</th>{post_heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f'q(x)·d(z)">score<br>q(x)·d(z)</th>{prior_heads}{post_heads}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>"
         )
     return "".join(out)
 
@@ -423,7 +506,9 @@ def _question_lp_note(d: dict) -> str:
             f'added to the score times the vote\'s weight before the softmax">log p(x|z) {lp:.1f}</div>')
 
 
-def _prob_cell(p: float | None) -> str:
+def _prob_cell(p: float | None, label: str = "") -> str:
+    """A probability with its bar; `label` names it where a phone shows the row as a block."""
+    lab = f' data-label="{esc(label)}"' if label else ""
     if p is None:
-        return '<td class="rag-num">–</td>'
-    return f'<td class="rag-num">{p:.3f}<div class="rag-bar"><div style="width:{100 * p:.0f}%"></div></div></td>'
+        return f'<td class="rag-num"{lab}>–</td>'
+    return f'<td class="rag-num"{lab}>{p:.3f}<div class="rag-bar"><div style="width:{100 * p:.0f}%"></div></div></td>'

@@ -5,7 +5,9 @@ Reads the pool and the `Session` (rag_demo.serving.session); pure HTML and lists
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 from rag_demo.config import STACKS
@@ -16,47 +18,18 @@ from rag_demo.serving.session import Session, active_index
 from rag_demo.web.render import esc, plural
 
 STACK_BLURB = {
-    "offline": "offline: MiniLM retriever + SmolLM2-135M generator (CPU, no network)",
-    "paper": "paper: DPR retriever + BART-large (facebook/rag-*-nq, from the Hub)",
+    "offline": "offline: MiniLM + SmolLM2-135M (CPU, no network)",
+    "paper": "paper: DPR + BART-large (facebook/rag-*-nq, Hub)",
 }
-# Questions both built-in corpora answer, with different figures (Wikipedia's lead vs the CIA's
-# 2025 estimates): ask one, switch the corpus, ask it again, and the answer follows the index.
-# Germany and Canada: both RAG modes copy each corpus's figure (83 / 41 million against
-# 84,012,284 / 39,187,155). Nigeria on Vital Articles: both RAG modes copy "242 million" from
-# Nigeria's lead, p(z|x) 0.89 (asked again 2026-11-24; RAG-Token said "21 million", a span only
-# Lagos's passage holds, until it copied only from passages with p(z|x) >= copy_min_prior). France was
-# one until 2026-11-23: its lead's area (632,702 km2) and population (69.1 million) both open
-# with a 6, and the greedy reader copied the area.
-HOT_SWAP_EXAMPLES = (
-    "What is the population of Germany?",
-    "What is the population of Canada?",
-    "What is the population of Nigeria?",
-)
-# Vital Articles questions whose answer is in the article's lead (checked against the corpus);
-# but the capital of Australia: the top passages (Australia's lead, Melbourne, Adelaide) do not name
-# Canberra, so the extractive reader answers another city (Melbourne on 2026-11-23; on 2026-11-24
-# Perth, then Adelaide from RAG-Sequence and Melbourne from RAG-Token), and the Factbook corpus
-# answers Canberra: what the index holds decides the answer.
-VITAL_EXAMPLES = (*HOT_SWAP_EXAMPLES,
-    "Who painted The Starry Night?",
-    "What is the capital of Australia?",
-    "Who wrote Hamlet?",
-    "Who discovered penicillin?",
-    "Who invented the World Wide Web?",
-    "Who painted the Mona Lisa?",
-    "Who wrote War and Peace?",
-    "Where is the Taj Mahal?",
-)
-# Factbook questions (a test checks their answers are in the country's passages).
-FACTBOOK_EXAMPLES = (
-    *HOT_SWAP_EXAMPLES,
-    "What is the capital of Australia?",
-    "What languages are spoken in Switzerland?",
-    "What is the currency of Japan?",
-    "What is the highest point in Nepal?",
-    "Who is the chief of state of Canada?",
-)
-
+LESSONS_PATH = Path(__file__).resolve().parents[2] / "assets" / "lessons.json"
+# Each built-in corpus's lessons: {corpus name: [{"title", "look", "questions", "expect" | "fails", ...}]}.
+# A lesson's "look" is the one line of what to look at; tests/test_lessons.py checks every
+# question's answers against its "expect" (or that a deliberate failure still fails as it says).
+LESSONS: dict[str, list[dict]] = json.loads(LESSONS_PATH.read_text(encoding="utf-8"))
+VITAL_EXAMPLES = tuple(dict.fromkeys(q for lesson in LESSONS[VITAL_ARTICLES_NAME] for q in lesson["questions"]))
+FACTBOOK_EXAMPLES = tuple(dict.fromkeys(q for lesson in LESSONS[FACTBOOK_NAME] for q in lesson["questions"]))
+# questions both built-in corpora answer, with different figures: ask one, switch the corpus, ask again
+HOT_SWAP_EXAMPLES = tuple(q for q in VITAL_EXAMPLES if q in FACTBOOK_EXAMPLES and "population" in q)
 
 
 def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note: str = "") -> str:
@@ -84,17 +57,34 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note:
     )
 
 
-def example_questions(corpus: Any, n: int = 6) -> list[str]:
-    """Clickable questions for the live corpus: a curated list for Vital Articles (a test checks
-    their articles are in it), template questions over document titles otherwise (titles made up
-    for untitled CSV rows / JSONL lines are skipped)."""
-    if corpus.name == VITAL_ARTICLES_NAME:
-        return list(VITAL_EXAMPLES)
-    if corpus.name == FACTBOOK_NAME:
-        return list(FACTBOOK_EXAMPLES)
+def lessons(corpus: Any, n: int = 6) -> list[dict]:
+    """The lessons of the live corpus: the built-in corpora's own, or for your documents one lesson
+    of template questions over their titles (titles made up for untitled CSV rows / JSONL lines
+    are skipped)."""
+    if corpus.name in LESSONS:
+        return LESSONS[corpus.name]
     titles = [t for t in dict.fromkeys(p.title for p in corpus.passages) if not re.search(r" (row|line) \d+$", t)]
     templates = ("What is {}?", "What do the documents say about {}?", "Tell me about {}.")
-    return [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]
+    return [{"title": "Ask your documents", "look": "The answers come from your documents alone; the passage table "
+             "shows which of them each answer leans on.",
+             "questions": [templates[i % len(templates)].format(t) for i, t in enumerate(titles[:n])]}]
+
+
+def example_questions(corpus: Any, n: int = 6) -> list[str]:
+    """Every lesson question of the live corpus, in order."""
+    return list(dict.fromkeys(q for lesson in lessons(corpus, n) for q in lesson["questions"]))
+
+
+def render_lessons(corpus: Any) -> str:
+    """The lessons as the Ask tab shows them: a title, one line of what to look at, and questions
+    to click (the page's script puts one in the box and asks it)."""
+    items = []
+    for lesson in lessons(corpus):
+        qs = "".join(f'<button type="button" class="rag-lesson-q">{esc(q)}</button>' for q in lesson["questions"])
+        items.append(f'<div class="rag-lesson"><div class="rag-lesson-title">{esc(lesson["title"])}</div>'
+                     f'<div class="rag-lesson-look">{esc(lesson["look"])}</div><div>{qs}</div></div>')
+    return (f'<div class="rag-lessons"><div class="rag-lessons-head">Lessons: click a question to ask it, '
+            f'then look where each lesson says</div>{"".join(items)}</div>')
 
 
 def corpus_choices(pool: PipelinePool, s: Session) -> list[tuple[str, str]]:

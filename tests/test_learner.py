@@ -1,0 +1,119 @@
+"""What a learner sees beside the answers: honest cues, why the two modes agree or differ, the
+retriever's own prior beside the reweighted one, readable tokens, a cut answer that can be
+finished; and what keeps one visitor's page consistent: one question at a time, time shares,
+an estimate that follows the machine's speed. Pure functions and fake pipelines: no model."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from rag_demo.models.cost import CostModel, Speed, Timed
+from rag_demo.pipeline import cues
+from rag_demo.reader.language import language_of
+from rag_demo.serving.admission import time_shares
+from rag_demo.web.render import explain_modes, render_answer, render_passages, render_tokens
+
+
+@pytest.mark.parametrize("question, language", [
+    ("Qui a peint la Joconde ?", "French"), ("Wer hat die Mona Lisa gemalt?", "German"),
+    ("¿Quién pintó la Mona Lisa?", "Spanish"), ("Chi ha dipinto la Gioconda?", "Italian"),
+    ("Quem pintou a Mona Lisa?", "Portuguese"), ("Was ist die Hauptstadt von Deutschland?", "German"),
+    ("Who wrote La Traviata?", "English"), ("Mona Lisa painter", "English"), ("capital of australia", "English"),
+    ("Who painted Las Meninas?", "English"), ("who sang la vie en rose", "English"),
+])
+def test_the_language_of_a_question(question, language):
+    assert language_of(question) == language
+
+
+def test_cues_say_when_the_passages_may_not_hold_the_answer_and_when_the_question_is_not_english():
+    mm = SimpleNamespace(doubt_below=0.5)
+    assert cues("Who painted The Starry Night?", mm, [0.71, 0.4]) == []
+    low = cues("Who won the 2022 FIFA World Cup?", mm, [0.44, 0.41])
+    assert [c["kind"] for c in low] == ["may_lack_answer"] and "0.44" in low[0]["text"]
+    french = cues("Qui a peint la Joconde ?", mm, [0.7])
+    assert [c["kind"] for c in french] == ["not_english"] and "French" in french[0]["text"]
+    assert cues("Who won the 2022 FIFA World Cup?", SimpleNamespace(doubt_below=None), [0.1]) == []  # not calibrated
+    assert [c["kind"] for c in cues("Qui a peint la Joconde ?")] == ["not_english"]  # closed-book too
+
+
+def _answer(mode, text, priors, post=None, **kw):
+    docs = [{"rank": i + 1, "id": f"d{i}", "title": t, "text": t, "url": None, "score": 0.5, "prior": p,
+             "retriever_prior": p} for i, (t, p) in enumerate(priors)]
+    return {"question": "What is the capital of Brazil?", "mode": mode, "text": text, "tokens": [text],
+            "token_ids": [1], "docs": docs, "token_doc_posteriors": [[p for _, p in priors]], "top_docs": [0],
+            "doc_posterior": post, "sequence_logprob": -1.0, "decoding": "greedy", "timings": {"total": 1.0},
+            "stack": "offline", "corpus": "C", "candidates": [], **kw}
+
+
+def test_the_sentence_under_the_cards_says_why_the_modes_agree_or_differ_from_this_questions_numbers():
+    peaked = [("Brasília", 0.97), ("Brazil", 0.03)]
+    agree = explain_modes({"sequence": _answer("sequence", "Brasília.", peaked, [0.99, 0.01]),
+                           "token": _answer("token", "Brasília.", peaked),
+                           "closed-book": _answer("closed-book", "Rio de Janeiro.", [])})
+    assert "agree" in agree and "0.97" in agree and "almost alone" in agree and "Rio de Janeiro" in agree
+    spread = [("Brasília", 0.43), ("Brazil", 0.28), ("Rio de Janeiro", 0.19)]
+    differ = explain_modes({"sequence": _answer("sequence", "Brasília.", spread, [0.82, 0.17, 0.01]),
+                            "token": _answer("token", "Rio de Janeiro.", spread)})
+    assert "differ" in differ and "spread" in differ and "0.43" in differ and "0.82" in differ
+    assert "Rio de Janeiro" in differ and "Brasília" in differ
+    assert explain_modes({"closed-book": _answer("closed-book", "x", [])}) == ""
+
+
+def test_the_passage_table_shows_the_retrievers_own_prior_beside_the_reweighted_one():
+    plain = _answer("token", "x", [("A", 0.6), ("B", 0.4)])
+    assert "retriever<br>p(z|x)" not in render_passages({"token": plain})  # the paper's prior: one column
+    voted = _answer("token", "x", [("A", 0.2), ("B", 0.8)])
+    for d, own, lp in zip(voted["docs"], (0.7, 0.3), (-30.0, -12.0)):
+        d["retriever_prior"], d["question_logprob"] = own, lp
+    html = render_passages({"token": voted})
+    assert "retriever<br>p(z|x)" in html and "with<br>the vote" in html
+    assert html.index("0.700") < html.index("0.200")  # the retriever's own first, then the one the formulas used
+
+
+def test_a_bare_space_token_is_shown_with_the_token_after_it():
+    a = _answer("token", " Vincent van", [("A", 1.0)])
+    a.update(tokens=[" ", "Vincent", " van"], token_ids=[1, 2, 3], token_doc_posteriors=[[1.0]] * 3, top_docs=[0] * 3)
+    html = render_tokens(a)
+    assert html.count('<a class="rag-tok') == 2 and ">  Vincent<" not in html and "> Vincent</a>" in html
+    assert 'data-i="1"' in html and 'data-i="0"' not in html  # the merged token opens token 1's inspector
+
+
+def test_a_cut_answer_offers_continue_and_a_finished_one_does_not():
+    cut = _answer("token", "Cle", [("A", 1.0)], stopped="time_limit")
+    assert 'class="rag-continue-btn"' in render_answer(cut) and 'data-mode="token"' in render_answer(cut)
+    assert "rag-continue-btn" not in render_answer(_answer("token", "Cleopatra.", [("A", 1.0)], stopped="eos"))
+
+
+def test_each_mode_gets_its_own_share_of_the_time_limit():
+    cost = SimpleNamespace(per_mode={"sequence": 6.0, "token": 3.0, "closed-book": 1.0})
+    shares = time_shares(cost, 60.0)
+    assert shares["sequence"] == pytest.approx(36.0) and shares["token"] == 20.0 and shares["closed-book"] == 20.0
+    assert time_shares(None, 60.0) == {"sequence": 60.0, "token": 60.0, "closed-book": 60.0}  # not priced
+
+
+def test_the_estimate_follows_the_speed_measured_since_warm_up():
+    speed = Speed()
+    for _ in range(50):
+        speed.observe(1.0, 0.3)  # quiet: the model prices worst cases, real calls are cheaper
+    speed.settle()
+    assert speed.factor == pytest.approx(1.0)
+    for _ in range(100):
+        speed.observe(1.0, 0.6)  # another job shares the CPU: twice as slow
+    assert speed.factor == pytest.approx(2.0, rel=0.02)
+    for _ in range(200):
+        speed.observe(1.0, 100.0)
+    assert speed.factor == Speed.RANGE[1]  # bounded
+
+
+def test_timed_calls_feed_the_speed():
+    class Slow:
+        def prefill(self, prompts, score_last=0):
+            time.sleep(0.02)
+            return "lp", "state"
+
+    speed = Speed()
+    gen = Timed(Slow(), CostModel(prefill_s_per_token=0.001), speed)
+    assert gen.prefill([[1] * 10, [2] * 10]) == ("lp", "state")
+    assert speed.ratio == pytest.approx(0.02 / (20 * 0.001), rel=0.5)  # 20 tokens priced, ~20 ms taken
