@@ -580,7 +580,7 @@ def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
     out = []
     lang = language_of(question)
     if lang != "English":
-        out.append({"kind": "not_english", "text": f"This question looks {lang}: the models here read English only, "
+        out.append({"kind": "not_english", "text": f"This question seems to be in {lang}: the models here read English only, "
                     "so the answer is likely a guess. Ask in English."})
     if mm is not None and mm.doubt_below is not None and len(scores):
         best = float(max(scores))

@@ -40,10 +40,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from rag_demo.config import RagSettings  # noqa: E402 - torch-free
 from rag_demo.serving.memory import peak_rss_bytes, rss_bytes  # noqa: E402 - torch-free
 from rag_demo.web.session_view import VITAL_EXAMPLES  # noqa: E402 - torch-free
 
-CHEAP = {"k": 5, "num_beams": 1, "max_new_tokens": 32, "sequence_decoding": "thorough"}  # the defaults
+# a cheap question: the offline stack's defaults, as the page asks them
+CHEAP = {n: getattr(RagSettings().decoding, n) for n in ("k", "num_beams", "max_new_tokens", "sequence_decoding")}
 EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}
 EXPENSIVE_QUESTION = "Tell me everything about the history of the Roman Empire."
 BURST_QUESTIONS = VITAL_EXAMPLES + ("What is Mars?", "Who devised pointillism?")  # the app's examples + 2
@@ -211,13 +213,14 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
                      sum(1 for r in results if r["kind"] == kind and not r.get("ok") and not r.get("refused")),
                      sum(1 for r in results if r["kind"] == kind))
               for kind in ("cheap", "expensive")}
-    cut = sum(1 for r in results if r.get("ok") and any(v in ("time_limit", "cancelled")
-                                                        for v in (r.get("stopped") or {}).values()))
+    cuts = [sum(v in ("time_limit", "cancelled") for v in (r.get("stopped") or {}).values())
+            for r in results if r.get("ok")]
+    cut, cards, answered = sum(c > 0 for c in cuts), sum(cuts), len(cuts)
     rss = rss_bytes(pid) if pid else None
     line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
             f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered, "
             f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; {cut} answered with a mode "
-            f"cut by the time limit; "
+            f"cut ({cards} of {3 * answered} cards); "
             f"cheap latency p50 {pct(cheap, 50):.1f} s p95 {pct(cheap, 95):.1f} s; RSS {gb(rss)}; "
             f"load avg {load_avg()}")
     print(line, flush=True)

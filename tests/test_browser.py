@@ -203,7 +203,8 @@ def card_checks(pg, mode: str, k: int) -> str:
     assert card.locator(".rag-legend .rag-badge").count() >= 1
     heat = card.locator("table.rag-heat")
     assert heat.count() == 1, f"{mode}: no heatmap"
-    assert heat.locator("tbody tr").count() == n  # a row per token
+    last = int(tokens.last.get_attribute("data-i"))  # a bare space rides on the next token's chip
+    assert heat.locator("tbody tr").count() == last + 1 >= n  # a row per generated token
     assert heat.locator("thead th").count() == k + 1  # a column per passage (+ the token column)
     return text
 
@@ -304,20 +305,23 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
     shot(page, "02b-streamed")
     # the token inspector: click the second token of RAG-Token's answer
     card = page.locator("#rag-answer-token")
-    card.locator("a.rag-tok").nth(1).click()
-    panel = card.locator('.rag-insp[data-i="1"]')
+    tok = card.locator("a.rag-tok").nth(1)
+    i = int(tok.get_attribute("data-i"))  # its answer position (a bare space before it is shown with it)
+    tok.click()
+    panel = card.locator(f'.rag-insp[data-i="{i}"]')
     panel.wait_for(state="visible")
     assert card.locator(".rag-insp:visible").count() == 1
     rows = panel.locator("tbody tr")
     assert rows.count() == 2  # a row per passage (K = 2)
     shown = [float(x) for x in panel.locator("td.rag-insp-post").all_inner_texts()]
-    heat = [float(x) for x in card.locator("table.rag-heat tbody tr").nth(1).locator("td:not(.rag-heat-tok)")
+    card.locator("details.rag-heat-details summary").click()  # the heatmap starts collapsed
+    heat = [float(x) for x in card.locator("table.rag-heat tbody tr").nth(i).locator("td:not(.rag-heat-tok)")
             .all_inner_texts()]
     assert shown == pytest.approx(heat, abs=0.006)  # the heatmap rounds to 2 decimals, the panel to 3
     assert abs(sum(shown) - 1) < 0.01 and "mixture" in panel.inner_text()
     page.wait_for_timeout(300)
     shot(page, "02c-inspector")
-    card.locator("a.rag-tok").nth(1).click()  # a second click closes it
+    tok.click()  # a second click closes it
     panel.wait_for(state="hidden")
     # take the top passage away: new answers beside the old, and the change in log p(original answer)
     page.locator("#rag-passages tbody tr").first.locator("button.rag-without-btn").click()
@@ -393,6 +397,35 @@ def test_upload_a_document_and_ask_what_only_it_answers(page, server, tmp_path):
     shot(page, "04-upload-answer")
 
 
+def test_an_edit_of_an_upload_then_a_switch_never_shows_the_uploads_answers_again(page, server, tmp_path):
+    """Upload, ask, "save edit and ask again", switch to the built-in corpus while that runs, ask
+    there: from the switch on, neither the cards nor the status line show the upload's answers."""
+    doc = tmp_path / "glimmer.txt"
+    doc.write_text("The Glimmerfin Regatta is held every summer on Lake Ostrava. Crews paddle painted canoes.")
+    wait_ready(page, server)
+    small_settings(page, k=1, max_new=24)
+    page.locator("#rag-upload-acc").get_by_text("Upload your own documents").click()
+    page.locator("#rag-files input[type=file]").set_input_files(str(doc))
+    page.locator("#rag-files").get_by_text("glimmer").first.wait_for(timeout=30_000)
+    page.click("#rag-upload")
+    page.wait_for_selector(".rag-status[data-corpus^='Your documents']", timeout=ANSWER_TIMEOUT_MS)
+    ask(page, "Where is the Glimmerfin Regatta held?")
+    page.locator("#rag-edit-acc").get_by_text("Edit a retrieved passage").click()
+    fill_kept(page, page.locator("#rag-edit-text textarea"),
+              "The Glimmerfin Regatta is held every summer on Lake Brennow. Crews paddle painted canoes.")
+    page.click("#rag-edit")
+    choose_corpus(page, "Demo documents (built in)")  # while the edited passage is answered
+    page.wait_for_selector(".rag-status[data-corpus='Demo documents']", timeout=ANSWER_TIMEOUT_MS)
+    page.evaluate(RECORD_JS)
+    ask(page, "Who devised pointillism?")
+    wait_answered(page, "Who devised pointillism?")
+    page.wait_for_timeout(3000)
+    seen = page.evaluate("() => window.ragSeen")
+    stale = [t for t in seen if re.search("glimmerfin|brennow|ostrava|your documents", t, re.I)]
+    assert not stale, stale[:2]
+    shot(page, "04b-switched-after-edit")
+
+
 def test_long_paste_is_kept_counted_and_refused_with_the_one_limit(page, server):
     wait_ready(page, server)
     box = page.locator("#rag-question textarea, #rag-question input").first
@@ -429,6 +462,89 @@ def test_settings_show_the_estimated_cost_and_update_it(page, server):
     page.wait_for_function(f"() => parseFloat(document.querySelector('#rag-cost .rag-cost').dataset.seconds) != {before}",
                            timeout=30_000)
     shot(page, "08-cost-estimate")
+
+
+def test_a_typed_value_outside_a_sliders_range_gets_a_message(page, server):
+    """Typing 50 or 0 into K's box: the box cannot keep it (the slider's range is what the server
+    admits), and the page says what it set instead, beside the box."""
+    wait_ready(page, server)
+    page.locator("#rag-settings").get_by_text("Settings").click()
+    knob = page.locator("#rag-knob-k")
+    top = int(knob.locator("input[type=range]").get_attribute("max"))
+    box = knob.locator("input[type=number]")
+    for typed, kept in (("50", top), ("0", 1)):
+        box.fill(typed)
+        box.press("Enter")
+        note = knob.locator(".rag-range-msg")
+        note.wait_for(timeout=10_000)
+        assert note.inner_text().startswith(f"{typed} is out of range") and f"set to {kept}" in note.inner_text()
+        page.wait_for_function(f"() => document.querySelector('#rag-knob-k input[type=range]').value === '{kept}'")
+    box.fill("2")
+    box.press("Enter")
+    knob.locator(".rag-range-msg").wait_for(state="detached", timeout=10_000)  # a good value clears it
+
+
+RECORD_JS = """() => {  // every text the cards and the status line show from now on
+    window.ragSeen = [];
+    const look = () => window.ragSeen.push([...document.querySelectorAll('[id^=rag-answer-], .rag-status')]
+        .map(e => e.innerText + ' ' + (e.dataset.corpus || '')).join(' | '));
+    new MutationObserver(look).observe(document.body, {subtree: true, childList: true, characterData: true});
+    look();
+}"""
+
+
+def wait_answered(pg, question: str) -> None:
+    """Until every card is final and names `question`."""
+    pg.wait_for_function(
+        """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
+            && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)""",
+        arg=question, timeout=ANSWER_TIMEOUT_MS, polling=100)
+
+
+def test_asking_again_while_a_question_runs_ends_with_the_second_questions_answers(page, server):
+    """The second Ask stops the first, whose answers never come back to the page."""
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=32)
+    box = page.locator("#rag-question textarea, #rag-question input").first
+    fill_kept(page, box, "What is Mars?")
+    page.click("#rag-ask")
+    page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)  # the first one runs
+    page.evaluate(RECORD_JS)
+    fill_kept(page, box, "Who devised pointillism?")
+    page.click("#rag-ask")
+    wait_answered(page, "Who devised pointillism?")
+    page.wait_for_timeout(3000)  # time for a stale answer to arrive, if one could
+    wait_answered(page, "Who devised pointillism?")
+    last = page.evaluate("() => window.ragSeen[window.ragSeen.length - 1]")
+    assert "What is Mars?" not in last
+    assert "Seurat" in page.locator("#rag-passages").inner_text()
+
+
+def test_a_stopped_card_says_so_and_can_be_answered_in_full(page, server):
+    """Stop mid-run: the cards keep what they had, marked stopped, each with a button that answers
+    its mode again over the same passages with the whole time limit."""
+    wait_ready(page, server)
+    small_settings(page, k=2, max_new=48)
+    box = page.locator("#rag-question textarea, #rag-question input").first
+    fill_kept(page, box, "What is The Starry Night?")
+    page.click("#rag-ask")
+    page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)
+    page.wait_for_timeout(500)
+    page.click("#rag-stop")
+    button = page.locator(".rag-continue-btn").first
+    button.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    mode = button.get_attribute("data-mode")
+    card = page.locator(f"#rag-answer-{mode}")
+    assert "cut: stopped" in card.inner_text()
+    shot(page, "10-stopped")
+    button.click()
+    page.wait_for_function(
+        """(m) => { const c = document.querySelector('#rag-answer-' + m);
+            return c.querySelector('.rag-total') && !c.querySelector('.rag-continue-btn'); }""",
+        arg=mode, timeout=ANSWER_TIMEOUT_MS, polling=200)
+    assert "cut: stopped" not in card.inner_text()
+    assert card.locator(".rag-asked").inner_text() == "Q: What is The Starry Night?"
+    assert card.locator(".rag-answer").inner_text().strip() not in ("", "(empty answer)")
 
 
 def test_sentences_per_passage_marks_the_sentences_the_generator_read(page, server):
@@ -497,6 +613,20 @@ def test_on_a_phone_the_answer_cards_stack_and_nothing_runs_off_the_page(browser
             .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).length""")
         assert wide == 0, f"{wide} cards or passage tables run past the screen's right edge"
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
+        # each passage a full-width block: its text at least 250 px wide, no cell past the screen
+        cells = pg.evaluate("""() => [...document.querySelectorAll('#rag-passages table.rag-ptable td')]
+            .map(e => { const r = e.getBoundingClientRect();
+                        return {cls: e.className, w: r.width, right: r.right, shown: r.width > 0}; })""")
+        texts = pg.evaluate("""() => [...document.querySelectorAll('#rag-passages table.rag-ptable .rag-ptext')]
+            .map(e => e.getBoundingClientRect().width)""")
+        assert texts and min(texts) >= 250, texts
+        assert all(c["right"] <= 390 + 1 for c in cells if c["shown"]), [c for c in cells if c["right"] > 391]
+        posts = pg.locator("#rag-passages td.rag-num")
+        assert posts.count() >= 2 and all(posts.nth(i).is_visible() for i in range(posts.count()))
+        height = pg.evaluate("""() => document.querySelector('#rag-passages').getBoundingClientRect().bottom
+            - document.querySelector('#rag-answer-sequence').getBoundingClientRect().top""")
+        print(f"\none answer at 390 px (cards and passages): {height:.0f} px ({height / 844:.1f} screens)")
+        assert height <= 4 * 844, height  # heatmaps and candidates start collapsed
     finally:
         ctx.close()
 

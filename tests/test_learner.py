@@ -22,6 +22,9 @@ from rag_demo.web.render import explain_modes, render_answer, render_passages, r
     ("Quem pintou a Mona Lisa?", "Portuguese"), ("Was ist die Hauptstadt von Deutschland?", "German"),
     ("Who wrote La Traviata?", "English"), ("Mona Lisa painter", "English"), ("capital of australia", "English"),
     ("Who painted Las Meninas?", "English"), ("who sang la vie en rose", "English"),
+    ("Wie heeft De Sterrennacht geschilderd?", "Dutch"), ("Кто написал «Анну Каренину»?", "Cyrillic script"),
+    ("谁发明了纸？", "Chinese or Japanese script"), ("من كتب ألف ليلة وليلة؟", "Arabic script"),
+    ("Who wrote 源氏物語?", "English"), ("Who founded Москва?", "English"),
 ])
 def test_the_language_of_a_question(question, language):
     assert language_of(question) == language

@@ -383,7 +383,11 @@ class AnsweringPipe(FakePipe):
     def answer(self, q, mode, settings, **kw):
         self.calls.append((mode, settings.decoding.k, kw))
         self.settings_seen.append(settings)
-        return Ans(mode, q)
+        a = Ans(mode, q)
+        run = kw.get("run")
+        if run is not None and run.stop_for(mode)():  # stops as the engine would, at its first step
+            a.d["stopped"] = run.stop_for(mode)()
+        return a
 
     def answer_modes(self, q, modes, settings, run=None, partials=False):
         """As RagPipeline.answer_modes: an event with each mode's final answer when it is done."""
@@ -1065,9 +1069,11 @@ def test_two_sessions_with_different_uploads_do_not_see_each_other(app, tmp_path
         docs = out[5]["answers"]["token"]["docs"]
         assert [d["title"] for d in docs] == [mine]  # K clamped to the one passage there is
         assert out[5]["answers"]["token"]["corpus"] == f"Your documents: {mine}.txt"
-        assert other not in out[4].lower() and mine in out[4]
+        table = out[4][out[4].index("<table"):]  # the passages shown (the sentence above them quotes answers)
+        assert other not in table.lower() and mine in table
     assert {d["title"] for d in rf[5]["answers"]["token"]["docs"]} <= {d[0] for d in DOCS}
-    assert "zorblax" not in rf[4].lower() and "glimmerfin" not in rf[4].lower()
+    table = rf[4][rf[4].index("<table"):]
+    assert "zorblax" not in table.lower() and "glimmerfin" not in table.lower()
     # the stateless API still answers from the built-in corpus
     assert json.loads(client(app[1]).predict("Where is the Zorblax Festival held?", 2, 1, 2, "fast", "offline",
                                   api_name="/ask"))["corpus"] == "Test corpus"
@@ -1309,5 +1315,11 @@ def test_a_second_question_from_the_same_visitor_stops_the_first_which_writes_no
     next(third)
     h.choose_corpus("builtin", None, progress=noprogress, request=me)  # a switch stops it too
     assert list(third) == []
-    status, stop = h.stop_run(me)
+    fourth = h.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
+    next(fourth)
+    status, stop = h.stop_run(me)  # Stop: the run ends at once but still shows what it has
     assert "Stopped" in status and stop.visible is False
+    cards = list(fourth)[-1][1:4]
+    assert all("cut: stopped" in c and "rag-continue-btn" in c for c in cards)
+    again = ask_all(h, "What is Venus?", None, progress=noprogress, request=me, k=1)
+    assert "Q: What is Venus?" in again[1] and "cut:" not in again[1]  # the next question is not stopped

@@ -408,6 +408,7 @@ def evaluate(
                 "hit": reader_hit(a.docs, item.answers) if a.docs else read_hit.get("dense"),
                 "docs": [{"id": d.id, "title": d.title, "prior": d.prior, "posterior": post}
                          for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs))],
+                "cues": [c["kind"] for c in a.cues],  # what the page told the reader beside this answer
                 **({"candidates": a.candidates} if a.candidates else {}),
                 **({"drops": a.passage_drop} if a.passage_drop else {}),
             }
@@ -478,6 +479,25 @@ def faithfulness(res: list[dict]) -> dict:
     return {"n": len(tops), "top_drop": _mean(tops), "other_drop": _mean(others), "agree": _mean(agree)}
 
 
+def cue_quality(res: list[dict]) -> dict:
+    """How well the "the passages may not hold the answer" cue finds the answers whose passages
+    lack a gold answer (records with "hit" False): flagged, precision = P(lack | flagged),
+    recall = P(flagged | lack), over the n records; and how many got the not-English cue.
+
+    >>> cue_quality([{"hit": False, "cues": ["may_lack_answer"]}, {"hit": True, "cues": ["may_lack_answer"]},
+    ...              {"hit": False, "cues": []}, {"hit": True, "cues": ["not_english"]}])
+    {'n': 4, 'lacking': 2, 'flagged': 2, 'precision': 0.5, 'recall': 0.5, 'not_english': 1}
+    """
+    res = [x for x in res if "cues" in x]
+    flagged = [x for x in res if "may_lack_answer" in x["cues"]]
+    lacking = [x for x in res if not x.get("hit")]
+    both = sum(1 for x in flagged if not x.get("hit"))
+    return {"n": len(res), "lacking": len(lacking), "flagged": len(flagged),
+            "precision": both / len(flagged) if flagged else float("nan"),
+            "recall": both / len(lacking) if lacking else float("nan"),
+            "not_english": sum("not_english" in x["cues"] for x in res)}
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
@@ -502,7 +522,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             "em": _mean(x["em"] for x in res), "f1": _mean(x["f1"] for x in res),
             "contains": _mean(x["contains"] for x in res), "n": len(res),
             "given_retrieval": given_retrieval(res),
-            **({"faithfulness": faithfulness(res)} if mode != "closed-book" else {}),
+            **({"faithfulness": faithfulness(res), "cues": cue_quality(res)} if mode != "closed-book" else {}),
             "seconds_p50": statistics.median(x["seconds"] for x in res),
             "tokens_mean": _mean(x["n_tokens"] for x in res),
             "by_type": {
@@ -513,7 +533,8 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             },
             "by_source": {
                 src: {**answer_scores([x for x, rec in zip(res, records) if rec.get("source") == src]),
-                      "given_retrieval": given_retrieval([x for x, rec in zip(res, records) if rec.get("source") == src])}
+                      "given_retrieval": given_retrieval([x for x, rec in zip(res, records) if rec.get("source") == src]),
+                      "cues": cue_quality([x for x, rec in zip(res, records) if rec.get("source") == src])}
                 for src in sources
             },
         }
@@ -597,6 +618,19 @@ def format_report(report: dict) -> str:
             f = g["faithfulness"]
             lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {f['n']} | {f['top_drop']:.2f} "
                          f"| {f['other_drop']:.2f} | {_pct(f['agree'])} |")
+    cued = [g for g in gens if g.get("cues", {}).get("n")]
+    if cued:
+        lines += ["", "### Cues: \"the passages may not hold the answer\" against passages that lack a gold answer",
+                  "", "| mode | passages from | n | lacking | flagged | precision | recall | not English |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for g in cued:
+            by = g.get("by_source") or {}
+            parts = [("all", g["cues"])] + ([(src, b["cues"]) for src, b in by.items()]
+                                            if 1 < len(by) <= MAX_SOURCES_SHOWN else [])
+            for name, c in parts:
+                lines.append(f"| {titles[g['mode']]} | {g['retriever']}{'' if name == 'all' else ', ' + name} | {c['n']} "
+                             f"| {c['lacking']} | {c['flagged']} | {_pct(c['precision'])} | {_pct(c['recall'])} "
+                             f"| {c['not_english']} |")
     if gens:
         types = list(gens[0]["by_type"])
         counts = {t: gens[0]["by_type"][t]["n"] for t in types}

@@ -85,11 +85,11 @@ def rank_by_rag_token(gen: Generator, state0: GenState, first_lp: torch.Tensor, 
     for z in torch.argsort(prior, descending=True).tolist():
         if stop is not None and stop():
             return None
-        l, _ = score_candidates(gen, gen.select(state0, torch.tensor([z])), first_lp[z : z + 1],
-                                [cands[c] for c in alive], gen.pad_token_id)  # (1, C', T')
-        idx, t = torch.tensor(alive), l.shape[2]
-        lp[z, idx, :t] = l[0]
-        acc[idx, :t] = torch.logaddexp(acc[idx, :t], prior[z] + l[0])  # (C', T')  the prior enters per token
+        got, _ = score_candidates(gen, gen.select(state0, torch.tensor([z])), first_lp[z : z + 1],
+                                  [cands[c] for c in alive], gen.pad_token_id)  # (1, C', T')
+        idx, t = torch.tensor(alive), got.shape[2]
+        lp[z, idx, :t] = got[0]
+        acc[idx, :t] = torch.logaddexp(acc[idx, :t], prior[z] + got[0])  # (C', T')  the prior enters per token
         read.append(z)
         seen[idx] += 1
         rest = (rest - prior[z].exp()).clamp(min=0.0)
@@ -103,9 +103,9 @@ def rank_by_rag_token(gen: Generator, state0: GenState, first_lp: torch.Tensor, 
     win = max(alive, key=lambda c: float(lower[c]))
     todo = [z for z in range(K) if z not in read]
     if todo and len(cands[win]):  # the winner under the docs the race did not need
-        l, _ = score_candidates(gen, gen.select(state0, torch.tensor(todo)), first_lp[todo], [cands[win]],
-                                gen.pad_token_id)  # (K', 1, T')
-        lp[todo, win, : l.shape[2]] = l[:, 0]
+        got, _ = score_candidates(gen, gen.select(state0, torch.tensor(todo)), first_lp[todo], [cands[win]],
+                                  gen.pad_token_id)  # (K', 1, T')
+        lp[todo, win, : got.shape[2]] = got[:, 0]
     doc_lp = lp[:, win, : len(cands[win])]  # (K, T)
     exact = float(rag_token_logprob(doc_lp, prior))
     bounded = {c for c in range(C) if c != win and int(seen[c]) < K}  # the others were read under every doc

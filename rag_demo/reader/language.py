@@ -4,11 +4,13 @@ another language gets a note on the page instead of a confident answer with no c
 Questions name what they ask with a handful of function words: who, what, the, of in English;
 qui, quel, la, de in French; wer, die, von in German; and so on. A question whose words hold more
 of another language's function words than of English's is taken for that language. A question
-with neither ("Mona Lisa painter") counts as English.
+with neither ("Mona Lisa painter") counts as English. A question mostly in letters of another
+script (Cyrillic, Chinese, Arabic, ...) is named by its script.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 
 QUESTION_WORDS = frozenset("who whom whose what when where which why how".split())
 ENGLISH = frozenset("""
@@ -26,7 +28,12 @@ OTHER = {
                "una un",
     "Italian": "chi che quale quali quando dove come perché è il lo gli di del della ha sono con per una un",
     "Portuguese": "quem qual quais quando onde como porque é os as do da dos das em com para uma um foi",
+    "Dutch": "wie wat waar wanneer hoe waarom welke welk de het een van en op met naar heeft zijn werd",
 }
+# Scripts other than Latin, by the first word of their letters' Unicode names.
+SCRIPTS = {"CYRILLIC": "Cyrillic script", "CJK": "Chinese or Japanese script", "HIRAGANA": "Japanese script",
+           "KATAKANA": "Japanese script", "HANGUL": "Korean script", "ARABIC": "Arabic script",
+           "HEBREW": "Hebrew script", "GREEK": "Greek script", "DEVANAGARI": "Devanagari script", "THAI": "Thai script"}
 OTHER_WORDS = {lang: frozenset(ws.split()) - ENGLISH for lang, ws in OTHER.items()}
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 
@@ -34,6 +41,11 @@ _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 def language_of(question: str) -> str:
     """"English", or the language whose function words the question holds more of than English's. A
     question with an English question word is English ("who sang La Vie en rose")."""
+    letters = [c for c in question if c.isalpha()]
+    scripts = [unicodedata.name(c, "?").split()[0] for c in letters]
+    if letters and sum(s != "LATIN" for s in scripts) * 2 > len(letters):
+        top = max(set(scripts) - {"LATIN"}, key=scripts.count)
+        return SCRIPTS.get(top, f"{top.title()} script")
     ws = [w.casefold() for w in _WORD.findall(question)]
     if any(w in QUESTION_WORDS for w in ws):
         return "English"

@@ -282,6 +282,16 @@ def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One visitor's run. superseded(): a newer question, Stop or a switch took over and this run
+    must write nothing more; cancelled(): decoding should stop (superseded, or Stop pressed: then
+    the run still shows what it answered, marked stopped)."""
+
+    superseded: Callable[[], bool]
+    cancelled: Callable[[], bool]
+
+
 class Handlers:
     """The event handlers behind every button and endpoint; the wiring in `build_app` names
     them (`h.ask_session`, ...). They hold the stack pool and the serving limits; tests call
@@ -290,25 +300,30 @@ class Handlers:
     def __init__(self, pool: PipelinePool, default_stack: str = "offline", serving: Serving | None = None) -> None:
         self.pool, self.default_stack, self.serving = pool, default_stack, serving
         self._runs: dict[str, int] = {}  # each visitor's (session hash's) current run number
+        self._stopped: dict[str, int] = {}  # the run number each visitor last pressed Stop on
         self._runs_lock = threading.Lock()
 
-    def begin_run(self, request: Any) -> Callable[[], bool]:
+    def begin_run(self, request: Any) -> Turn:
         """A new run for this visitor (browser tab): any run of theirs still going is superseded
         (it stops decoding at its next step and writes nothing more to the page). -> the new run's
-        own "superseded?" check."""
+        `Turn`."""
         key = getattr(request, "session_hash", None)
         if key is None:
-            return lambda: False
+            return Turn(lambda: False, lambda: False)
         with self._runs_lock:
             n = self._runs.get(key, 0) + 1
             self._runs[key] = n
-        return lambda: self._runs.get(key) != n
+        superseded = lambda: self._runs.get(key) != n  # noqa: E731
+        return Turn(superseded, lambda: superseded() or self._stopped.get(key) == n)
 
     def stop_run(self, request: gr.Request = None):
-        """Stop this visitor's running question: its decoding ends at the next step, its cards keep
-        what they show, and the page says it was stopped."""
-        self.begin_run(request)
-        return '<div class="rag-status-note">Stopped: the answers stop where they were.</div>', _stop(False)
+        """Stop this visitor's running question: its decoding ends at the next step and its cards
+        show what was answered so far, marked stopped, each with a button to finish it."""
+        key = getattr(request, "session_hash", None)
+        with self._runs_lock:
+            if key is not None:
+                self._stopped[key] = self._runs.get(key, 0)
+        return '<div class="rag-status-note">Stopped: the answers end where they were.</div>', _stop(False)
 
     def fresh(self, s: Session | None) -> Session:
         return s if isinstance(s, Session) else Session(stack=self.default_stack)
@@ -360,6 +375,48 @@ class Handlers:
                 refusal = str(e)
         return render_cost(cost, refusal, self.serving.budget if self.serving else None)
 
+    REACHED = ("k", "num_beams", "max_new_tokens")  # the knobs the server's budget bounds hardest
+
+    def reach(self, s=None, **settings):
+        """The K, beams and max-new-tokens sliders reach only as far as this server admits now
+        with the other settings as they are (the budget at the machine's current speed), and say
+        so; nothing changes while the models load, without a budget, or when the settings are
+        invalid (the cost line says why)."""
+        s = self.fresh(s)
+        pipe = self.pool.loaded(s.stack)
+        skip = tuple(gr.skip() for _ in self.REACHED)
+        if pipe is None or not hasattr(pipe, "estimate") or self.serving is None or self.serving.budget is None:
+            return skip
+        try:
+            settings = settings_from_inputs(**settings)
+        except ValueError:
+            return skip
+        out = []
+        for name in self.REACHED:
+            spec, lo, hi = KNOBS[name], int(KNOBS[name].lo), int(KNOBS[name].hi)
+            if name == "k":
+                hi = min(hi, len(active_index(s, pipe)))
+
+            def admitted(v: int) -> bool:
+                try:
+                    self.serving.check(pipe, TYPICAL_QUESTION, settings.merged(**{name: v}))
+                    return True
+                except ValueError:
+                    return False
+
+            top = lo
+            if admitted(hi):
+                top = hi
+            else:  # the largest admitted value, by bisection (the cost grows with each of these knobs)
+                a, b = lo, hi
+                while a < b:
+                    mid = (a + b + 1) // 2
+                    a, b = (mid, b) if admitted(mid) else (a, mid - 1)
+                top = a
+            note = "" if top == int(KNOBS[name].hi) else f" This server admits up to {top} with your other settings."
+            out.append(gr.Slider(maximum=max(top, lo), info=spec.help + note))
+        return tuple(out)
+
     @page_event
     def on_load(self, s: Session | None):
         """Stream the default stack's loading progress into the status line, then say what is
@@ -393,7 +450,7 @@ class Handlers:
         streamed: the cards grow token by token, each final as soon as its mode is done, then the
         final outputs. A visitor has one question at a time: asking again stops the one running,
         which writes nothing more to the page. `settings`: the controls' values by knob name."""
-        superseded = self.begin_run(request)
+        turn = self.begin_run(request)
         s = self.fresh(s)
         settings = _settings(**settings)
         with user_errors():
@@ -401,8 +458,8 @@ class Handlers:
             pipe, s = session_pipeline(self.pool, s, progress)
         yield _partial_outputs({})  # the cards wait for their turn; the old answers are gone
         for kind, value in _answering(pipe, question, settings, s=s, serving=self.serving, request=request,
-                                      cancelled=superseded):
-            if superseded():  # a newer question or a corpus switch took over: write nothing more
+                                      cancelled=turn.cancelled):
+            if turn.superseded():  # a newer question or a corpus switch took over: write nothing more
                 return
             if kind == "partial":
                 yield _partial_outputs(value)
@@ -545,7 +602,7 @@ class Handlers:
                      new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this session's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
-        superseded = self.begin_run(request)
+        turn = self.begin_run(request)
         s = self.fresh(s)
         with user_errors():
             check_passage_chosen(pid, s)
@@ -559,7 +616,9 @@ class Handlers:
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
         result, s = _answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request,
-                                cancelled=superseded)
+                                cancelled=turn.cancelled)
+        if turn.superseded():  # a newer question or a corpus switch took over: write nothing
+            return tuple(gr.skip() for _ in range(1 + len(MODES) + 7))
         gr.Info(f"Passage {pid!r} edited in your copy of the index (the shared index and the models are unchanged).")
         return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
@@ -581,7 +640,7 @@ class Handlers:
         """Finish a card that was cut (time limit, or stopped): answer its mode again over the same
         passages with the same settings, with the whole time limit for that one mode. -> its card,
         the passages, the raw answers updated, the Stop button hidden."""
-        superseded = self.begin_run(request)
+        turn = self.begin_run(request)
         s = self.fresh(s)
         with user_errors():
             if not raw or mode not in (raw.get("answers") or {}):
@@ -589,9 +648,16 @@ class Handlers:
             pipe, s = session_pipeline(self.pool, s, progress)
             settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
                                    **{n: v for n, v in raw["settings"].items() if n in KNOBS})
-            run = self.serving.run(None, request, superseded) if self.serving else None
+            if self.serving:
+                run = self.serving.run(None, request, turn.cancelled)
+            else:
+                from rag_demo.pipeline import Run
+
+                run = Run(cancelled=turn.cancelled)
             progress(0.1, desc=f"{MODE_TITLES[mode]}: answering again with a fresh time budget")
             a = _answer_again(pipe, raw, mode, settings, run)
+        if turn.superseded():
+            return tuple(gr.skip() for _ in range(len(MODES) + 4))
         answers = {**raw["answers"], mode: _finite(a.to_dict())}
         raw = {**raw, "answers": answers}
         anc = anchors(answers)

@@ -92,6 +92,29 @@ PAGE_JS = """() => {
         card.querySelectorAll('a.rag-tok.rag-active').forEach((t) => t.classList.remove('rag-active'));
         if (open) { want.hidden = false; tok.classList.add('rag-active'); }
     });
+    // A setting's number box: the slider clamps a typed value into its range when the box loses
+    // focus or Enter is pressed; say so beside it, so that no value is changed silently.
+    const typed = (ev) => {
+        const box = ev.target;
+        const knob = box instanceof HTMLInputElement && box.type === 'number' && box.closest('[id^=rag-knob-]');
+        if (!knob || (ev.type === 'keydown' && ev.key !== 'Enter')) return;
+        const range = knob.querySelector('input[type=range]');
+        if (!range) return;
+        const v = Number(box.value), lo = Number(range.min), hi = Number(range.max);
+        let note = knob.querySelector('.rag-range-msg');
+        if (box.value === '' || (v >= lo && v <= hi)) { if (note) note.remove(); return; }
+        if (!note) {
+            note = document.createElement('div');
+            note.className = 'rag-range-msg';
+            note.setAttribute('role', 'alert');
+            knob.appendChild(note);
+        }
+        const name = (knob.querySelector('[data-testid=block-info]') || {}).textContent || 'This setting';
+        note.textContent = `${box.value} is out of range: ${name.trim()} goes from ${lo} to ${hi} here, so it is set to ${
+            v < lo ? lo : hi}.`;
+    };
+    document.addEventListener('keydown', typed, true);
+    document.addEventListener('blur', typed, true);
 }"""
 COUNTER_JS = """(q) => {
   const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
@@ -226,23 +249,29 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
             h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
         ).then(h.estimate, inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
-               show_progress="hidden", api_visibility="private")
+               show_progress="hidden", api_visibility="private"
+               ).then(h.reach, inputs=[session], inputs_kwargs=settings_in, outputs=[knobs[n] for n in h.REACHED],
+                      queue=False, show_progress="hidden", api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
         # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
         preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,
                      show_progress="hidden", api_visibility="private")
         gr.on([c.change for c in settings_in.values()], h.estimate, inputs=[session], inputs_kwargs=settings_in,
               outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
+        # the sliders the budget bounds reach only as far as the server admits now
+        reached = [knobs[n] for n in h.REACHED]
+        gr.on([c.change for c in settings_in.values()], h.reach, inputs=[session], inputs_kwargs=settings_in,
+              outputs=reached, queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
         # asking again while a question runs starts the new one ("multiple"): the handler stops the old
         # one, which writes nothing more to the page (Handlers.begin_run)
-        asking = gr.on(
+        gr.on(
             [ask_btn.click, question.submit], h.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
             outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, trigger_mode="multiple",
             **model,
         )
-        stop_btn.click(h.stop_run, outputs=[status, stop_btn], cancels=[asking], queue=False,
+        stop_btn.click(h.stop_run, outputs=[status, stop_btn], queue=False,
                        api_visibility="private")
         upload_btn.click(
             h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],

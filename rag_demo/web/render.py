@@ -41,7 +41,7 @@ PALETTE = (
 CUT_REASONS = {
     "max_new_tokens": "max new tokens reached",
     "time_limit": "time limit reached",
-    "cancelled": "cancelled",
+    "cancelled": "stopped",
 }
 
 
@@ -250,7 +250,8 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
     parts = [head, render_preset(a.get("settings")), asked, answer, cues, meta, render_timings(a["timings"])]
     if a.get("stopped") in ("time_limit", "cancelled"):  # cut before its end: it can be finished
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
-                     f'again, with a fresh share of the time limit">Continue this answer</button>')
+                     f'again from the start over the same passages, with the whole time limit for it">'
+                     f'Answer this mode in full</button>')
     if mode == "closed-book":
         parts.append(
             '<div class="rag-note">No passages: the generator answers from what its weights memorised '
