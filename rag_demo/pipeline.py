@@ -122,13 +122,13 @@ class Answer:
     # RAG-Sequence, RAG-Token with token_drafts: [{"text", "logprob"}], "upper_bound": True where the number is one
     candidates: list[dict] = field(default_factory=list)
     stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
-    # RAG modes, the token inspector (#12): per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
+    # RAG modes, the token inspector: per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
     # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
     # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
     inspector: list[dict] = field(default_factory=list)
     # RAG modes: per retrieved passage z, how much log p(y|x) of this answer drops when z is taken
     # away (p(z|x) renormalised over the rest; marginalize.logprob_without_each, no model pass);
-    # None where nothing would be left (K = 1). The faithfulness check of the attributions (#12).
+    # None where nothing would be left (K = 1). The faithfulness check of the attributions.
     passage_drop: list[float | None] = field(default_factory=list)
     # the question as the generator read it (RagSettings.recase_question); "" when as typed
     read_question: str = ""

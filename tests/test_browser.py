@@ -275,7 +275,7 @@ WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through
 
 
 def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_away(page, server):
-    """#12: the RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
+    """The RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
     before its answer is complete, then the final card; the partial text is a prefix of it.
     Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row.
     Greedy: its tokens are final as they come, so they are coloured while decoding (beam search
@@ -338,7 +338,7 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
 
 
 def test_beam_search_streams_its_current_best_hypothesis(page, server):
-    """#12 with the default 2 beams: the RAG-Token card shows the best hypothesis so far, as plain
+    """With the default 2 beams: the RAG-Token card shows the best hypothesis so far, as plain
     text (it may still change, so it is not coloured), then the final card, coloured."""
     wait_ready(page, server)
     small_settings(page, k=2, max_new=16)
@@ -659,7 +659,7 @@ def choose_corpus(pg, label: str) -> None:
 
 
 def test_switch_to_the_factbook_and_answer_from_it_then_back(factbook_page):
-    """#13: the corpus dropdown's second built-in corpus. Choosing the CIA World Factbook builds
+    """The corpus dropdown's second built-in corpus. Choosing the CIA World Factbook builds
     (or loads) its index; the answer and the passages shown then come from the Factbook (titled
     "<country>: <section>", linked to the CIA's page); choosing the first corpus goes back."""
     from playwright.sync_api import expect

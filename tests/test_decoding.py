@@ -82,11 +82,11 @@ import torch
 from rag_demo.config import Decoding, RagSettings
 from rag_demo.models.stopping import StopRule
 from rag_demo.rag import engine
-from rag_demo.rag.decoding import Hyp, Rows, _strip, search
+from rag_demo.rag.decoding import Hyp, Rows, search
 from rag_demo.rag.hooks import PAPER
 from rag_demo.reader.drafts import rank_by_rag_token
 from rag_demo.reader.spans import SpanConstraint
-from rag_demo.models.generators import Generator, Span, _joined
+from rag_demo.models.generators import Generator, Span
 from rag_demo.rag.marginalize import doc_log_prior
 
 A, B, EOS, PAD = 0, 1, 2, 3
@@ -349,7 +349,6 @@ def test_a_soft_end_right_after_an_initial_does_not_end_the_answer():
     assert toks(soft) == [["A", "B", "EOS"]] and lp_close(soft[0].logprob, ln(.7, .6, .8))
     assert rule.hits(torch.tensor([B, B, EOS, A]), torch.tensor([A, -1, A, A])).tolist() == [False, True, True, False]
     assert [rule.ends_at([A, B, B], i) for i in range(3)] == [False, False, True]
-    assert _strip([A, B, B, PAD], rule, PAD) == [A, B, B] and _strip([A, B, PAD], rule, PAD) == [A, B]
     def table(doc, prefix):  # Table G's doc 1 where it has a row, else A .25 B .25 EOS .5
         return G.get((doc, prefix), (.25, .25, .5))
 
@@ -390,16 +389,6 @@ def test_one_token_limit():
 
 
 # ---------------------------------------------------------------- padding in finished beams
-
-
-def test_strip_cuts_after_eos_or_trailing_padding():
-    """A finished beam's token row is padded to max_new_tokens: cut after the first EOS (EOS
-    kept); without EOS (a beam stopped by the limit), trailing PAD ids go, leading ones stay."""
-    assert _strip([A, EOS, PAD, PAD], [EOS], PAD) == [A, EOS]
-    assert _strip([A, EOS, B, EOS], [EOS], PAD) == [A, EOS]
-    assert _strip([A, B, PAD, PAD], [EOS], PAD) == [A, B]
-    assert _strip([PAD, A], [EOS], PAD) == [PAD, A]
-    assert _strip([A, B], [EOS], PAD) == [A, B]
 
 
 def test_beam_search_trims_pad_tokens_the_model_chose_at_the_limit():
@@ -594,9 +583,14 @@ def _hand_span(pieces: list[str]):
     ("Dante|'s Inferno", False), ("Dante|'s", False), ("Paris.|", False), ("|Paris", False),
 ])
 def test_where_a_copy_may_stop(marked, joined):
-    """| marks the boundary: inside a word or a number (a copy may neither open nor end there) or not."""
-    p = marked.index("|")
-    assert _joined(marked.replace("|", ""), p) is joined
+    """| marks a token boundary: inside a word or a number (a copy may neither open nor end there) or
+    not. The text's own edges are never inside."""
+    left, right = marked.split("|")
+    span, _ = _hand_span([x for x in (left, right) if x])
+    if left and right:  # token 1 opens after the boundary; a copy ending with token 0 ends at it
+        assert (1 not in span.starts) is joined and (1 not in span.stops) is joined
+    else:
+        assert 0 in span.starts and len(span) in span.stops and not joined
 
 
 def test_span_constraint_copies_whole_words_and_whole_numbers():

@@ -1,4 +1,4 @@
-"""The token inspector's numbers (#12), on tiny random BART with EOS suppressed (8-token answers).
+"""The token inspector's numbers, on tiny random BART with EOS suppressed (8-token answers).
 
 Answer.inspector carries, per shown token, each doc's p(y_i | x, z, y_<i) and top next tokens
 (and RAG-Token's mixture's): they must agree with the attribution rows the heatmap shows, the
@@ -113,15 +113,25 @@ def test_passage_drop_is_the_answers_log_prob_lost_without_each_passage(pipe, mo
 
 
 def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe):
-    """The page's "answer without it" (handlers._answer_without, library calls only): the new answers
-    are those of the remaining passages, the change is Answer.passage_drop's."""
+    """The page's "answer without it" (Handlers.without_passage, as the page and /without_passage
+    call it): the new answers are those of the remaining passages, the change is
+    Answer.passage_drop's; a bad request gets the page's error naming what is wrong."""
+    import gradio as gr
+
+    from rag_demo.serving.pool import PipelinePool
+    from rag_demo.serving.session import Session
     from rag_demo.web import handlers, render
+
+    h = handlers.Handlers(PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=lambda s: None))
+
+    def without(raw, pid):
+        return h.without_passage(pid, raw, Session(stack="offline"), progress=lambda *a, **k: None)[0]
 
     out = pipe.answers(Q, ["sequence", "token", "closed-book"])
     raw = {"question": Q, "settings": pipe.settings.to_dict(),
            "answers": {m: a.to_dict() for m, a in out.items()}}
     docs = raw["answers"]["token"]["docs"]
-    res = handlers._answer_without(pipe, raw, docs[0]["id"])
+    res = without(raw, docs[0]["id"])
     assert list(res["modes"]) == ["sequence", "token"] and res["dropped"]["rank"] == 1 and res["k"] == 3
     for m in ("sequence", "token"):  # the paper stack: each mode has its own question encoder and ranking
         mine = raw["answers"][m]["docs"]
@@ -137,10 +147,10 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     assert html.count("<tr data-mode=") == 2 and "How faithful" in html and "renormalised over the other 2" in html
     for bad, msg in ((None, "no answer yet"), ({**raw, "answers": {"closed-book": raw["answers"]["closed-book"]}},
                                                 "not among")):
-        with pytest.raises(ValueError, match=msg):
-            handlers._answer_without(pipe, bad, docs[0]["id"])
-    with pytest.raises(ValueError, match="not among"):
-        handlers._answer_without(pipe, raw, "no-such#0")
+        with pytest.raises(gr.Error, match=msg):
+            without(bad, docs[0]["id"])
+    with pytest.raises(gr.Error, match="not among"):
+        without(raw, "no-such#0")
     one = {**raw, "answers": {"token": pipe.answer(Q, "token", k=1).to_dict()}}
-    with pytest.raises(ValueError, match="only one passage"):
-        handlers._answer_without(pipe, one, one["answers"]["token"]["docs"][0]["id"])
+    with pytest.raises(gr.Error, match="only one passage"):
+        without(one, one["answers"]["token"]["docs"][0]["id"])

@@ -1,4 +1,4 @@
-"""The reader's settings (#11): prior temperature, question position, passage sentences, and
+"""The reader's settings: prior temperature, question position, passage sentences, and
 the prefill shared by RAG-Token and RAG-Sequence. Validation, what each value changes, and that
 sharing changes nothing but the time. Offline stack made of real MiniLM (retriever and
 sentence chooser) and a tiny random Llama with SmolLM2's real tokenizer, over a 3-passage corpus."""

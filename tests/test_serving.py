@@ -1,4 +1,4 @@
-"""Nothing a visitor does can take the demo down (#10): the page's maximum settings sent to a
+"""Nothing a visitor does can take the demo down: the page's maximum settings sent to a
 launched `app.py` (Vital Articles, the offline stack) get an answer or a clear refusal within the
 configured time limit, the app's peak RSS stays under its budget, and a normal question is
 answered right after. Slow (loads the real models); CI runs it.

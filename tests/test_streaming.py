@@ -1,4 +1,4 @@
-"""Streaming (#12): answers handed out as they are decoded, on tiny random models.
+"""Streaming: answers handed out as they are decoded, on tiny random models.
 
 What must hold: listening changes nothing (same tokens, same log p(y|x)); every partial answer
 is a prefix of the final one; RAG-Token's partial attribution rows are exactly the final

@@ -402,7 +402,7 @@ class AnsweringPipe(FakePipe):
 
 
 def ask_all(h, *args, **kwargs):
-    """ask_session streams (#12): the outputs it yields last are the final ones."""
+    """ask_session streams: the outputs it yields last are the final ones."""
     out = None
     for out in h.ask_session(*args, **kwargs):
         pass
@@ -429,10 +429,13 @@ def test_the_three_cards_come_from_one_call_each_shown_when_done():
     """One answer_modes call a question (RAG-Token reuses RAG-Sequence's prefill and drafts), and
     the streamed output carries each card final before the next mode is asked."""
     pipe = AnsweringPipe()
+    pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
     finals = []
-    for kind, value in handlers._answering(pipe, "What is Mars?", RagSettings(k=1)):
-        if kind == "partial":
-            finals.append(([m for m, a in value.items() if a.get("final")], len(pipe.calls)))
+    for out in handlers.Handlers(pool).ask_session("What is Mars?", None, progress=noprogress, k=1):
+        cards = out[1:1 + len(MODES)]
+        done = [m for m, c in zip(MODES, cards) if isinstance(c, str) and "rag-total" in c]
+        if done and (not finals or finals[-1][0] != done):
+            finals.append((done, len(pipe.calls)))
     assert pipe.modes_calls == [list(MODES)]
     assert finals == [(list(MODES[: i + 1]), i + 1) for i in range(len(MODES))]  # card i final before mode i+1 ran
 
@@ -582,7 +585,7 @@ def test_default_unavailable_names_the_reason_offline(monkeypatch):
     assert reason is None or "HF_HUB_OFFLINE" in reason
 
 
-# ---------------------------------------------------------------- the reader settings (#11)
+# ---------------------------------------------------------------- the reader settings
 
 
 def reader_pool(pipe=None):
@@ -891,7 +894,7 @@ def test_ask_session_renders_answers_passages_tokens_heatmap(app):
 
 @pytest.mark.slow
 def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
-    """/ask_stream (#12): partial answers while decoding (done false), RAG-Token's a prefix of its
+    """/ask_stream: partial answers while decoding (done false), RAG-Token's a prefix of its
     final answer, then /ask's own dict (done true); /ask itself is unchanged (one final dict)."""
     c = client(app[1])
     settings = {"k": 2, "num_beams": 1, "max_new_tokens": 12, "sequence_decoding": "thorough",
