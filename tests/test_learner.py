@@ -62,6 +62,9 @@ def test_the_sentence_under_the_cards_says_why_the_modes_agree_or_differ_from_th
     assert "differ" in differ and "spread" in differ and "0.43" in differ and "0.82" in differ
     assert "Rio de Janeiro" in differ and "Brasília" in differ
     assert explain_modes({"closed-book": _answer("closed-book", "x", [])}) == ""
+    stopped = explain_modes({"sequence": _answer("sequence", "Brasília.", spread, [0.82, 0.17, 0.01]),
+                             "token": _answer("token", "Rio", spread, stopped="cancelled")})
+    assert "RAG-Token stopped before its end" in stopped and "differ" not in stopped  # no lesson from a cut answer
 
 
 def test_the_passage_table_shows_the_retrievers_own_prior_beside_the_reweighted_one():

@@ -386,6 +386,11 @@ def explain_modes(answers: dict[str, dict]) -> str:
     seq, tok, cb = answers.get("sequence"), answers.get("token"), answers.get("closed-book")
     if not seq or not tok or not tok.get("docs"):
         return ""
+    cut = [MODE_TITLES[m] for m, a in (("sequence", seq), ("token", tok)) if a.get("stopped") in ("time_limit", "cancelled")]
+    if cut:  # a cut answer is not the mode's answer: nothing to compare yet
+        which = " and ".join(cut)
+        return (f'<div class="rag-why"><b>Compare the modes once both have finished:</b> {esc(which)} stopped '
+                "before its end; “Answer this mode in full” on the card finishes it.</div>")
     docs = tok["docs"]
     order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
     top = docs[order[0]]
