@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 def _check(pipe, corpus: str) -> None:
     for lesson in LESSONS[corpus]:
         assert lesson["title"] and lesson["look"] and lesson["questions"], lesson
-        for q in lesson["questions"]:
+        for q in lesson["questions"]:  # each question says what both RAG modes answer, or how they fail
+            said = {**lesson.get("expect", {}).get(q, {}), **lesson.get("fails", {}).get(q, {})}
+            assert set(said) == {"sequence", "token"}, (lesson["title"], q)
             a = pipe.answers(q, ["sequence", "token"])
             for mode, want in lesson.get("expect", {}).get(q, {}).items():
                 assert want.casefold() in a[mode].text.casefold(), (lesson["title"], q, mode, a[mode].text)
