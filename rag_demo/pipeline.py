@@ -37,6 +37,7 @@ from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob,
 from rag_demo.reader.aided import AidedReader, prompt
 from rag_demo.reader.focus import focus_passages
 from rag_demo.reader.language import language_of
+from rag_demo.reader.text import occurs_in
 from rag_demo.reader.truecase import recase
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -445,8 +446,9 @@ class RagPipeline:
             doc_post = None
         timings = {**timings, **g.timings}
         timings["total"] = sum(timings.values())
+        text = gen.decode(g.tokens)
         return Answer(
-            question=q, mode=mode, text=gen.decode(g.tokens),
+            question=q, mode=mode, text=text,
             tokens=[pieces[i] for i in shown], token_ids=[g.tokens[i] for i in shown],
             docs=docs, token_doc_posteriors=post.tolist() if post is not None else [],
             top_docs=post.argmax(-1).tolist() if post is not None and len(shown) else [],
@@ -455,7 +457,8 @@ class RagPipeline:
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=_ranked_candidates(gen, g),
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
-            read_question="" if read_q == q else read_q, settings=s.to_dict(), cues=cues or [],
+            read_question="" if read_q == q else read_q, settings=s.to_dict(),
+            cues=(cues or []) + unread(text, docs, g.stopped),
         )
 
     @staticmethod
@@ -589,6 +592,18 @@ def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
                         f"matches the question at {best:.2f}, below {mm.doubt_below:.2f}, where the retrieved "
                         "passages mostly lacked the answer. The generator answers anyway."})
     return out
+
+
+def unread(text: str, docs: list, stopped: str = "eos") -> list[dict]:
+    """The cue of a RAG answer none of whose passages holds its words (as a run of tokens): the
+    generator wrote it from its weights, or rephrased; nothing for a cut or empty answer."""
+    answer = text.strip().rstrip(".")
+    if not docs or not answer or stopped in ("time_limit", "cancelled"):
+        return []
+    if any(occurs_in(answer, f"{d.title} {d.text}") for d in docs):
+        return []
+    return [{"kind": "not_in_passages", "text": "No passage contains these words: the generator wrote this answer "
+             "from its own weights (or rephrased a passage). Check it against the passages below."}]
 
 
 def _either(a: Callable[[], bool] | None, b: Callable[[], bool]) -> Callable[[], bool]:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rag_demo.models.cost import CostModel, Speed, Timed
-from rag_demo.pipeline import cues
+from rag_demo.pipeline import cues, unread
 from rag_demo.reader.language import language_of
 from rag_demo.serving.admission import time_shares
 from rag_demo.web.render import explain_modes, render_answer, render_passages, render_tokens
@@ -39,6 +39,15 @@ def test_cues_say_when_the_passages_may_not_hold_the_answer_and_when_the_questio
     assert [c["kind"] for c in french] == ["not_english"] and "French" in french[0]["text"]
     assert cues("Who won the 2022 FIFA World Cup?", SimpleNamespace(doubt_below=None), [0.1]) == []  # not calibrated
     assert [c["kind"] for c in cues("Qui a peint la Joconde ?")] == ["not_english"]  # closed-book too
+
+
+def test_an_answer_no_passage_contains_is_said_to_come_from_the_weights():
+    docs = [SimpleNamespace(title="Penicillin", text="Alexander Fleming discovered penicillin in 1928.")]
+    assert unread("Alexander Fleming.", docs) == [] and unread("1928", docs) == []
+    said = unread("Howard Florey.", docs)
+    assert [c["kind"] for c in said] == ["not_in_passages"] and "own weights" in said[0]["text"]
+    assert unread("Fleming discovered", docs) == [] and unread("Flem", docs) != []  # whole words only
+    assert unread("Howard", docs, stopped="time_limit") == [] and unread("Howard", []) == []  # cut; closed-book
 
 
 def _answer(mode, text, priors, post=None, **kw):
@@ -122,4 +131,5 @@ def test_timed_calls_feed_the_speed():
     speed = Speed()
     gen = Timed(Slow(), CostModel(prefill_s_per_token=0.001), speed)
     assert gen.prefill([[1] * 10, [2] * 10]) == ("lp", "state")
-    assert speed.ratio == pytest.approx(0.02 / (20 * 0.001), rel=0.5)  # 20 tokens priced, ~20 ms taken
+    # 20 tokens priced at 20 ms, at least 20 ms taken (a busy machine only makes it longer)
+    assert speed.ratio is not None and 0.95 <= speed.ratio < 20

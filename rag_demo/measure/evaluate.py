@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rag_demo.reader.text import match_tokens, normalize_answer
+from rag_demo.reader.text import normalize_answer, occurs_in
 from rag_demo.config import MODES, RagSettings
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,6 @@ def f1_score(prediction: str, golds: list[str]) -> float:
     return max(_f1(p, normalize_answer(g).split()) for g in golds)
 
 
-def _contains(hay: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return n > 0 and any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
-
-
 def has_answer(text: str, golds: list[str]) -> bool:
     """True when some gold answer's tokens occur as a contiguous token sequence in `text`
     (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
@@ -91,8 +86,7 @@ def has_answer(text: str, golds: list[str]) -> bool:
     >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
     (True, False)
     """
-    hay = match_tokens(text)
-    return any(_contains(hay, match_tokens(g)) for g in golds)
+    return any(occurs_in(g, text) for g in golds)
 
 
 def contains_answer(prediction: str, golds: list[str]) -> float:
@@ -480,21 +474,26 @@ def faithfulness(res: list[dict]) -> dict:
 
 
 def cue_quality(res: list[dict]) -> dict:
-    """How well the "the passages may not hold the answer" cue finds the answers whose passages
-    lack a gold answer (records with "hit" False): flagged, precision = P(lack | flagged),
-    recall = P(flagged | lack), over the n records; and how many got the not-English cue.
+    """How well the cues beside an answer tell the truth. "the passages may not hold the answer"
+    against records whose passages lack a gold answer ("hit" False): flagged, precision = P(lack |
+    flagged), recall = P(flagged | lack); "no passage contains these words": how many, and how many
+    of them are wrong (no gold answer in the answer, "contains" 0); how many got the not-English cue.
 
-    >>> cue_quality([{"hit": False, "cues": ["may_lack_answer"]}, {"hit": True, "cues": ["may_lack_answer"]},
-    ...              {"hit": False, "cues": []}, {"hit": True, "cues": ["not_english"]}])
-    {'n': 4, 'lacking': 2, 'flagged': 2, 'precision': 0.5, 'recall': 0.5, 'not_english': 1}
+    >>> cue_quality([{"hit": False, "contains": 0, "cues": ["may_lack_answer", "not_in_passages"]},
+    ...              {"hit": True, "contains": 1, "cues": ["may_lack_answer"]},
+    ...              {"hit": False, "contains": 1, "cues": ["not_in_passages"]},
+    ...              {"hit": True, "contains": 1, "cues": ["not_english"]}])
+    {'n': 4, 'lacking': 2, 'flagged': 2, 'precision': 0.5, 'recall': 0.5, 'unread': 2, 'unread_wrong': 0.5, 'not_english': 1}
     """
     res = [x for x in res if "cues" in x]
     flagged = [x for x in res if "may_lack_answer" in x["cues"]]
     lacking = [x for x in res if not x.get("hit")]
+    unread = [x for x in res if "not_in_passages" in x["cues"]]
     both = sum(1 for x in flagged if not x.get("hit"))
     return {"n": len(res), "lacking": len(lacking), "flagged": len(flagged),
             "precision": both / len(flagged) if flagged else float("nan"),
             "recall": both / len(lacking) if lacking else float("nan"),
+            "unread": len(unread), "unread_wrong": _mean(float(not x.get("contains")) for x in unread),
             "not_english": sum("not_english" in x["cues"] for x in res)}
 
 
@@ -620,9 +619,10 @@ def format_report(report: dict) -> str:
                          f"| {f['other_drop']:.2f} | {_pct(f['agree'])} |")
     cued = [g for g in gens if g.get("cues", {}).get("n")]
     if cued:
-        lines += ["", "### Cues: \"the passages may not hold the answer\" against passages that lack a gold answer",
-                  "", "| mode | passages from | n | lacking | flagged | precision | recall | not English |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "### Cues: \"the passages may not hold the answer\" against passages that lack a gold answer; "
+                  "\"no passage contains these words\" and how often those answers are wrong", "",
+                  "| mode | passages from | n | lacking | flagged | precision | recall | not in passages | of them wrong "
+                  "| not English |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for g in cued:
             by = g.get("by_source") or {}
             parts = [("all", g["cues"])] + ([(src, b["cues"]) for src, b in by.items()]
@@ -630,7 +630,7 @@ def format_report(report: dict) -> str:
             for name, c in parts:
                 lines.append(f"| {titles[g['mode']]} | {g['retriever']}{'' if name == 'all' else ', ' + name} | {c['n']} "
                              f"| {c['lacking']} | {c['flagged']} | {_pct(c['precision'])} | {_pct(c['recall'])} "
-                             f"| {c['not_english']} |")
+                             f"| {c['unread']} | {_pct(c['unread_wrong'])} | {c['not_english']} |")
     if gens:
         types = list(gens[0]["by_type"])
         counts = {t: gens[0]["by_type"][t]["n"] for t in types}

@@ -33,3 +33,15 @@ def match_tokens(text: str) -> list[str]:
     """
     s = "".join(" " if ch in _PUNCT else ch for ch in text.lower())
     return _ARTICLES.sub(" ", s).split()
+
+
+def occurs_in(needle: str, text: str) -> bool:
+    """Do `needle`'s match_tokens occur as a contiguous run of `text`'s (DPR's has_answer for one
+    answer)? Token match, not substring: "1961" is not in "19612", nor "art" in "party".
+
+    >>> occurs_in("Seurat", "Georges Seurat's work"), occurs_in("art", "a party")
+    (True, False)
+    """
+    hay, want = match_tokens(text), match_tokens(needle)
+    n = len(want)
+    return n > 0 and any(hay[i : i + n] == want for i in range(len(hay) - n + 1))
