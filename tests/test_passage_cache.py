@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.knowledge.corpus import Passage  # noqa: E402
+from rag_demo.models.cost import CostModel, ModelDims  # noqa: E402
 from rag_demo.models.passage_kv import PassageKVCache  # noqa: E402
 from rag_demo.rag import engine  # noqa: E402
 from rag_demo.rag.hooks import PAPER  # noqa: E402
@@ -273,3 +274,35 @@ def test_the_cache_alone():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_bytes"):
             PassageKVCache(bad)
+
+
+def test_the_cost_model_prices_only_the_tokens_run():
+    """Kept passage tokens make the prefill cheaper, never the memory (every row still holds
+    them); with nothing kept the estimate is the worst case it always was."""
+    dims = ModelDims(layers=30, kv_width=192, vocab=49152, dtype_bytes=4)
+    cm = CostModel()
+    worst = cm.request(dims, "token", 5, 2, 32, 550)
+    assert cm.request(dims, "token", 5, 2, 32, 550, cached_tokens=0) == worst
+    sec, byt = cm.request(dims, "token", 5, 2, 32, 550, cached_tokens=5 * 150)
+    assert byt == worst[1]
+    assert sec == pytest.approx(worst[0] - 5 * 150 * cm.prefill_s_per_token)
+    assert cm.request(dims, "token", 5, 2, 32, 550, cached_tokens=10**6)[0] >= 32 * cm.step_s  # never below no prefill
+
+
+def test_the_pipelines_estimate_knows_what_is_kept(three_passage_pipe, smollm_tokenizer_folder):
+    """RagPipeline.estimate on known passages prices the prefill of their own prompts less what
+    the generator keeps: cheaper once they have been read; without passages it stays the worst case."""
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1, seed=4)
+    texts = [d.text for d in DOCS[:3]]
+    pipe = three_passage_pipe(gen, texts, RagSettings(preset="paper", k=3, max_new_tokens=3, answer_style="short"))
+    q = QUESTIONS[0]
+    worst = pipe.estimate(q, ["token", "sequence"])
+    passages = pipe.retrieve(q, "token", 3).passages
+    before = pipe.estimate(q, ["token", "sequence"], passages=passages)
+    assert before.seconds <= worst.seconds
+    pipe.answers(q, ["token", "sequence"])
+    after = pipe.estimate(q, ["token", "sequence"], passages=passages)
+    assert after.seconds < before.seconds and after.peak_bytes == before.peak_bytes
+    assert pipe.estimate(q, ["token", "sequence"]).seconds == pytest.approx(worst.seconds)
