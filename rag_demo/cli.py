@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
+    be.add_argument("--skip-reask", action="store_true", help="skip asking each question again with another setting "
+                    "(retrieval temperature, one passage fewer, the other preset) to time the passage cache")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")

@@ -306,3 +306,31 @@ def test_the_pipelines_estimate_knows_what_is_kept(three_passage_pipe, smollm_to
     after = pipe.estimate(q, ["token", "sequence"], passages=passages)
     assert after.seconds < before.seconds and after.peak_bytes == before.peak_bytes
     assert pipe.estimate(q, ["token", "sequence"]).seconds == pytest.approx(worst.seconds)
+
+
+def test_bench_reasks_count_the_cache(three_passage_pipe, smollm_tokenizer_folder):
+    """bench's re-ask measurement on a tiny pipeline: the cold ask runs every passage, a re-ask
+    with another temperature or one passage fewer reads them all from the cache, the other preset
+    (another prompt opening) runs them again; its summary rows and targets follow."""
+    from rag_demo.measure import bench
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1, seed=4)
+    pipe = three_passage_pipe(gen, [d.text for d in DOCS[:3]], RagSettings(preset="aided", k=3, max_new_tokens=3,
+                                                                          num_beams=1))
+    r = bench.reasks(pipe, QUESTIONS[:1], ["sequence", "token", "closed-book"], pipe.settings, lambda msg: None)
+    assert [x["misses"] for x in r["cold"]] == [3, 3, 3] and [x["hits"] for x in r["cold"]] == [0, 0, 0]
+    assert r["temperature"][0]["hits"] == 3 and r["temperature"][0]["misses"] == 0
+    assert r["without"][0]["hits"] == 2 and r["without"][0]["misses"] == 0
+    assert r["preset"][0]["hits"] == 0 and r["preset"][0]["misses"] == 3
+    assert set(r["temperature"][0]["speedup"]) == {"sequence", "token", "closed-book"}
+    assert 0 < r["temperature"][0]["cache_bytes"] <= r["max_bytes"]
+    rows = bench._reask_rows(r)
+    assert set(rows) == {"cold", "temperature", "without", "preset"}
+    targets = bench._targets({"latency": {}, "memory": {"rss_warm": 1e9}, "reask": r})
+    assert targets["re-ask, one passage taken away: time to first token p50"]["value"] == rows["without"][0]
+    assert "re-ask" in bench.format_results({"n": 1, "stack": "x", "settings": {"k": 3, "max_new_tokens": 3},
+                                             "latency": {}, "reask": r, "targets": targets,
+                                             "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
+                                             "machine": {"processor": "p", "cpus": 2, "torch": "t", "threads": 2},
+                                             "load_avg": {"start": [], "end": []}})
