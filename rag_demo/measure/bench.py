@@ -242,8 +242,9 @@ def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
 def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, say: Callable[[str], None]) -> dict:
     """Each question asked with no passage kept ("cold"), then again: with another retrieval
     temperature, with one passage taken away (K-1: the lowest-ranked one) and with the other
-    preset (K and max new tokens kept), each right after a cold ask of its own. {variant: [asked(...) per question]} plus the caches'
-    bound; an answer's speed-up is its cold time over its re-asked time."""
+    preset (K and max new tokens kept), each right after a cold ask of its own. {variant:
+    [asked(...) per question]} plus the caches' bound; an answer's speed-up is its cold time over
+    its re-asked time."""
     other = "paper" if settings.preset == "aided" else "aided"
     t = settings.decoding.prior_temperature
     variants = {"temperature": settings.merged(prior_temperature=2.0 if t != 2.0 else 1.0),
@@ -260,11 +261,11 @@ def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, 
             cold = asked(pipe, q, modes, settings)
             out["cold"].append(cold)
             again = asked(pipe, q, modes, s)
-            again["speedup"] = {m: cold["modes"][m] / again["modes"][m] for m in again["modes"] if again["modes"][m] > 0}
+            again["speedup"] = {m: cold["modes"][m] / secs for m, secs in again["modes"].items() if secs > 0}
             out[name].append(again)
-            say(f"re-ask {i}/{len(questions)}, {REASKS[name]}: first token {cold['ttft']:.2f} -> {again['ttft']:.2f} s, "
-                f"total {cold['total']:.2f} -> {again['total']:.2f} s, {again['hits']} passages kept, "
-                f"{again['misses']} run (load {load_avg()})")
+            say(f"re-ask {i}/{len(questions)}, {REASKS[name]}: first token {cold['ttft']:.2f} -> "
+                f"{again['ttft']:.2f} s, total {cold['total']:.2f} -> {again['total']:.2f} s, {again['hits']} passages "
+                f"kept, {again['misses']} run (load {load_avg()})")
     out["max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe))
     return out
 

@@ -6,8 +6,9 @@
     scoring   rows·T teacher-forced tokens             x score_s_per_token
 (S prompt length, T max new tokens, B beams; thorough RAG-Sequence scores all C ≤ K·B candidates
 under all K docs; "kept": passage tokens whose keys and values an earlier question left in the
-generator's passage cache, which a prefill does not run). `calibrate` measures the constants on this CPU; attention's growth with
-context is not modelled (a small share of a small model's time at these prompt lengths). Memory
+generator's passage cache, which a prefill does not run). `calibrate` measures the constants on
+this CPU; attention's growth with context is not modelled (a small share of a small model's time
+at these prompt lengths). Memory
 counts the KV caches (rows x tokens x layers x 2 x kv width), their copies while beams are
 reordered, the per-step logits and the scoring chunks. docs/DESIGN.md §10.
 """

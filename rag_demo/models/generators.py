@@ -890,22 +890,23 @@ class DecoderOnlyGenerator(Generator):
             layers = out.past_key_values.layers
             for r in range(R):  # row r's passage: its last lens[r] of the first Ws own positions
                 cols = slice(Ws - int(lens[r]), Ws)
-                self.passage_cache.put(keys[r], _stacked([(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]))
-            state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)
+                own = [(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]  # (heads, L, d) per layer
+                self.passage_cache.put(keys[r], _stacked(own))
+            state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
             return self._first_step(out.logits, rest_ids, score_last, state)
         if missing:  # some kept: the others' passages run on their own, as rows of their own width
-            rows = torch.tensor(missing)
+            rows = torch.tensor(missing)  # (M,) the rows whose passages run
             Wm = int(lens[rows].max())
             # `cache` is used for these rows only: its own buffers get their passages, its prefix is the opening
-            self.model.model(
-                input_ids=seg_ids[rows, Ws - Wm:], position_ids=seg_pos[rows, Ws - Wm:],
-                attention_mask=torch.cat([torch.ones((len(missing), s), dtype=torch.long), seg_mask[rows, Ws - Wm:]], dim=1),
-                past_key_values=cache, use_cache=True, prefix_cache=cache, prefill=True,
-            )
+            cols = slice(Ws - Wm, Ws)
+            part_mask = torch.cat([torch.ones((len(missing), s), dtype=torch.long), seg_mask[rows, cols]], dim=1)  # (M, s+Wm)
+            self.model.model(input_ids=seg_ids[rows, cols], position_ids=seg_pos[rows, cols], attention_mask=part_mask,
+                             past_key_values=cache, use_cache=True, prefix_cache=cache, prefill=True)
             self.passage_tokens_run += int(lens[rows].sum())
             for i, r in enumerate(missing):
                 cols = slice(Wm - int(lens[r]), Wm)
-                kept[r] = _stacked([(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers])  # (layers, 2, h, L, d)
+                own = [(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers]  # (heads, L, d) per layer
+                kept[r] = _stacked(own)  # (layers, 2, heads, L, d)
                 self.passage_cache.put(keys[r], kept[r])  # read below, never written
         # every row's own cache: its passage's kept keys and values, ending aligned, then room for the rests
         rows_cache = []
@@ -924,7 +925,7 @@ class DecoderOnlyGenerator(Generator):
             input_ids=rest_ids, attention_mask=mask, position_ids=rest_pos, past_key_values=cache, use_cache=True,
             prefix_cache=cache, prefill=True, logits_to_keep=score_last + 1,  # SDPA, as the one-call prefill
         )
-        state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)
+        state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
         return self._first_step(out.logits, rest_ids, score_last, state)
 
     @torch.inference_mode()

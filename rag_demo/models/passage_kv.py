@@ -79,7 +79,7 @@ class PassageKVCache:
         size = kv.numel() * kv.element_size()
         if size > self.max_bytes:
             return False
-        own = kv.detach()
+        own = kv.detach()  # (layers, 2, heads, L, d)
         if own.untyped_storage().nbytes() != size or not own.is_contiguous():  # part of a larger buffer: copy it
             own = own.clone(memory_format=torch.contiguous_format)  # (layers, 2, heads, L, d)
         with self._lock:
