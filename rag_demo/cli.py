@@ -31,7 +31,7 @@ def _spec(args) -> StackSpec:
     if args.cache_dir:
         kw["cache_dir"] = args.cache_dir
     for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype", "passage_dtype", "index_kind",
-                 "index_rerank"):
+                 "index_rerank", "passage_cache_mb"):
         if getattr(args, name, None) not in (None, ""):
             kw[name] = getattr(args, name)
     return StackSpec(**kw)
@@ -82,6 +82,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "bfloat16 where the CPU has native bfloat16, else float32)")
     p.add_argument("--passage-dtype", help=f"passage embeddings (index builds): {', '.join(GENERATOR_DTYPES)} (default "
                    "auto: bfloat16 autocast where the CPU has native bfloat16, else float32; questions are float32)")
+    p.add_argument("--passage-cache-mb", type=int, default=StackSpec.passage_cache_mb,
+                   help="offline generator: MiB of passages' keys and values kept for later questions "
+                   "(0: none; default 512)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
     p.add_argument("--index-kind", default=StackSpec.index_kind, help=f"{', '.join(INDEX_KINDS)} (default auto: exact "
                    "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")
@@ -167,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
+    be.add_argument("--skip-reask", action="store_true", help="skip asking each question again with another setting "
+                    "(retrieval temperature, one passage fewer, the other preset) to time the passage cache")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")

@@ -494,14 +494,19 @@ class RagPipeline:
     # -- what a request costs -----------------------------------------------------
     WARM_UP_QUESTION = "What is the capital of France?"
 
-    def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None, **overrides) -> Cost:
+    def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None,
+                 passages: list[Passage] | None = None, **overrides) -> Cost:
         """Time and peak extra memory of answering `question` in `modes`, before running it
         (models.cost.CostModel; worst case: every answer runs to max_new_tokens, passages take their
-        whole max_doc_tokens). The modes run one after another: seconds add, memory peaks once.
-        Computed once per question, settings and cost model: the server's checks before and
-        after the queue ask for the same estimate."""
+        whole max_doc_tokens, none is in the generator's passage cache). The modes run one after
+        another: seconds add, memory peaks once. Computed once per question, settings and cost
+        model: the server's checks before and after the queue ask for the same estimate.
+        `passages` (a question answered again on known passages, e.g. one taken away): priced as
+        their own prompts, without the passage tokens whose keys and values are kept now."""
         q = check_question(question)
         s = (settings or self.settings).merged(**overrides)
+        if passages is not None:  # what is kept changes from one request to the next: not memoised
+            return self._estimate(q, modes, s, passages)
         key = (q, tuple(modes), s, id(self.cost_model), len(self.index), round(self.speed.factor, 1))
         if key not in self._estimates:
             if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
@@ -509,26 +514,31 @@ class RagPipeline:
             self._estimates[key] = self._estimate(q, modes, s)
         return dataclasses.replace(self._estimates[key])  # a copy: callers mark it heavy
 
-    def _estimate(self, q: str, modes: list[str], s: RagSettings) -> Cost:
-        q = recase(q) if s.aids.recase_question else q  # "?" added: what the generator reads, passages aside
-        k = min(s.decoding.k, len(self.index))
+    def _estimate(self, q: str, modes: list[str], s: RagSettings, passages: list[Passage] | None = None) -> Cost:
+        pairs = [(p.title, p.text) for p in passages or []]
+        q = recase(q, pairs) if s.aids.recase_question else q  # "?" added: what the generator reads
+        k = min(s.decoding.k, len(self.index)) if passages is None else len(passages)
         seconds, peak, per_mode = 0.0, 0, {}
         longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
-        lengths: dict[tuple[int, bool], int] = {}  # (generator, with a passage) -> prompt tokens
+        lengths: dict[tuple[int, bool], tuple[int, int]] = {}  # (generator, with a passage) -> (prompt, kept) tokens
         for mode in [check_mode(m) for m in modes]:
             gen = self.stack.modes[mode].generator
             key = (id(gen), mode != "closed-book")
             if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
-                doc = longest if key[1] else None
-                lengths[key] = len(prompt(gen, q, doc, s.decoding, s.aids))  # the longest a passage can make it
-            prompt_tokens = lengths[key]
+                if key[1] and passages is not None:  # these passages' own prompts, less what is kept of them
+                    prompts = [prompt(gen, q, p, s.decoding, s.aids) for p in passages]
+                    lengths[key] = (max(len(p) for p in prompts), gen.cached_tokens(prompts))
+                else:  # the longest a passage can make it
+                    lengths[key] = (len(prompt(gen, q, longest if key[1] else None, s.decoding, s.aids)), 0)
+            prompt_tokens, cached = lengths[key]
             drafts = "none"
             if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
                 # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
                 shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
                 drafts = "shared" if shared else "own"
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
-                                               thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts)
+                                               thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
+                                               cached_tokens=cached)
             sec *= self.speed.factor  # at the speed the generator runs now
             per_mode[mode] = sec
             seconds += sec

@@ -13,7 +13,13 @@ Owns the speed and memory numbers of the demo, printed as markdown tables and sa
    the same random weights (tiny, and "base": BERT-base DPR + BART-base, realistic depth), fed
    the same context ids, mask and doc scores; outputs must be equal token for token;
 6. cold start to first answer, in a fresh process: with the cached index, and without one
-   (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it).
+   (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it);
+7. re-asking: each question asked in all modes with no passage kept, then asked again with
+   another retrieval temperature, with one passage taken away and with the other preset: time to
+   first token, each answer's time, and the generator's passage cache (hits, misses, bytes).
+
+The latency runs (1-2) empty the passage caches before every answer: they time a question whose
+passages the generator has not read before (the prompt's opening stays kept, as on a live server).
 
 Every timing is wall clock on a shared machine: the load average is printed next to them.
 """
@@ -32,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from rag_demo.config import KNOBS, RagSettings
+from rag_demo.config import KNOBS, MODES, RagSettings
 from rag_demo.models.generators import pad_rows
 from rag_demo.measure.reference import compare_with_transformers, reference_cases
 
@@ -51,6 +57,12 @@ TARGETS = {  # name -> (limit, unit, direction): "max" passes when measured <= l
     "RAG-Token / plain batched generate": (1.15, "x", "max"),
     "engine / transformers RAG (base)": (1.0, "x", "max"),
 }
+# 7: a question asked again with another setting (each a target of its own)
+REASKS = {"temperature": "another retrieval temperature", "without": "one passage taken away",
+          "preset": "the other preset"}
+for _k, _what in REASKS.items():
+    TARGETS[f"re-ask, {_what}: time to first token p50"] = (0.3, "s", "max")
+    TARGETS[f"re-ask, {_what}: slowest answer's speed-up p50"] = (2.0, "x", "min")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -103,6 +115,22 @@ def _ms(s: float) -> str:
 # ---------------------------------------------------------------- 1-2 latency per stage
 
 
+def passage_caches(pipe) -> list:
+    """The passage caches of the stack's generators, each once (BART keeps none)."""
+    caches = {}
+    for mm in pipe.stack.modes.values():
+        cache = getattr(mm.generator, "passage_cache", None)
+        if cache is not None:
+            caches[id(cache)] = cache
+    return list(caches.values())
+
+
+def forget_passages(pipe) -> None:
+    """Empty every passage cache: the next question runs as if its passages were never read."""
+    for cache in passage_caches(pipe):
+        cache.clear()
+
+
 def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
     """Answer with its partial answers streamed (answer_modes with partials); -> (seconds from the
     call to the first partial answer holding a token, or None if none came; the Answer)."""
@@ -128,10 +156,12 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
         rec = {s: [] for s in STAGES}
         rec.update(tokens=[], ttft=[], generate_streamed=[])
         for i, q in enumerate(questions, 1):
+            forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
             a = pipe.answer(q, mode, settings)
             for s in STAGES:
                 rec[s].append(a.timings.get(s, 0.0))
             rec["tokens"].append(len(a.token_ids))
+            forget_passages(pipe)
             ttft, b = streamed(pipe, q, mode, settings)
             rec["ttft"].append(ttft if ttft is not None else b.timings["total"])
             rec["generate_streamed"].append(b.timings["generate"])
@@ -166,10 +196,12 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
         docs, scores = r.passages, r.scores
         prompts = [prompt(gen, q, p, settings.decoding, settings.aids) for p in docs]
         reader = AidedReader(settings.aids, settings.decoding, gen, q, docs, prompts) if settings.aids_on() else PAPER
+        forget_passages(pipe)  # both sides prefill every passage
         g = rag_token(gen, prompts, scores * mm.score_scale, settings.decoding, reader)
         n = len(g.tokens)
         plain = plain_generate(gen, prompts, n)
         if i == 0:  # the first pair warms both paths up; measure again
+            forget_passages(pipe)
             g = rag_token(gen, prompts, scores * mm.score_scale, settings.decoding, reader)
             plain = plain_generate(gen, prompts, n)
         rows.append({"tokens": n, "rag_generate": g.timings["generate"], "rag_attribute": g.timings["attribute"],
@@ -179,6 +211,79 @@ def token_overhead(pipe, questions: list[str], settings: RagSettings, say: Calla
     ratio = [r["rag_generate"] / r["plain"] for r in rows]
     ratio_all = [(r["rag_generate"] + r["rag_attribute"]) / r["plain"] for r in rows]
     return {"rows": rows, "ratio_p50": statistics.median(ratio), "ratio_with_attribution_p50": statistics.median(ratio_all)}
+
+
+# ---------------------------------------------------------------- 7 re-asking
+
+
+def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
+    """One request of `modes` with its partial answers streamed, as the page asks: seconds to the
+    first partial answer holding a token (any mode), to the end, each mode's own answer time,
+    and what the passage caches did meanwhile."""
+    caches = passage_caches(pipe)
+    before = [c.stats() for c in caches]
+    first, answers = None, {}
+    t0 = time.perf_counter()
+    for e in pipe.answer_modes(question, modes, settings, partials=True):
+        if e.final:
+            answers[e.mode] = e.answer
+        elif first is None and (e.answer["token_ids"] or any(x["text"] for x in e.answer["drafts"])):
+            first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    after = [c.stats() for c in caches]
+    return {"ttft": first if first is not None else total, "total": total,
+            "modes": {m: a.timings["total"] for m, a in answers.items()},
+            "answers": {m: a.text for m, a in answers.items()},
+            "hits": sum(a.hits - b.hits for a, b in zip(after, before)),
+            "misses": sum(a.misses - b.misses for a, b in zip(after, before)),
+            "cache_bytes": sum(a.bytes for a in after)}
+
+
+def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, say: Callable[[str], None]) -> dict:
+    """Each question asked with no passage kept ("cold"), then again: with another retrieval
+    temperature, with one passage taken away (K-1: the lowest-ranked one) and with the other
+    preset (K and max new tokens kept), each right after a cold ask of its own. {variant:
+    [asked(...) per question]} plus the caches' bound; an answer's speed-up is its cold time over
+    its re-asked time."""
+    other = "paper" if settings.preset == "aided" else "aided"
+    t = settings.decoding.prior_temperature
+    variants = {"temperature": settings.merged(prior_temperature=2.0 if t != 2.0 else 1.0),
+                "preset": settings.merged(preset=other, k=settings.decoding.k,  # K and answer length kept
+                                          max_new_tokens=settings.decoding.max_new_tokens)}
+    if settings.decoding.k > 1:
+        variants["without"] = settings.merged(k=settings.decoding.k - 1)
+    out: dict = {"cold": [], **{v: [] for v in variants}}
+    asked(pipe, questions[0], modes, settings)  # warm-up: the prompts' openings of both presets kept, as on a server
+    asked(pipe, questions[0], modes, variants["preset"])
+    for i, q in enumerate(questions, 1):
+        for name, s in variants.items():
+            forget_passages(pipe)
+            cold = asked(pipe, q, modes, settings)
+            out["cold"].append(cold)
+            again = asked(pipe, q, modes, s)
+            again["speedup"] = {m: cold["modes"][m] / secs for m, secs in again["modes"].items() if secs > 0}
+            out[name].append(again)
+            say(f"re-ask {i}/{len(questions)}, {REASKS[name]}: first token {cold['ttft']:.2f} -> "
+                f"{again['ttft']:.2f} s, total {cold['total']:.2f} -> {again['total']:.2f} s, {again['hits']} passages "
+                f"kept, {again['misses']} run (load {load_avg()})")
+    out["max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe))
+    return out
+
+
+def _reask_rows(r: dict) -> dict:
+    """{variant: (ttft p50, total p50, slowest answer's speed-up p50, {mode: speed-up p50}, hits,
+    misses, peak bytes)}; the speed-ups are None for the cold asks."""
+    rows = {}
+    for name in ("cold", *REASKS):
+        xs = r.get(name) or []
+        if not xs:
+            continue
+        ups = [x["speedup"] for x in xs if x.get("speedup")]
+        per_mode = {m: percentile([u[m] for u in ups if m in u], 50) for m in (ups[0] if ups else {})}
+        rows[name] = (percentile([x["ttft"] for x in xs], 50), percentile([x["total"] for x in xs], 50),
+                      percentile([min(u.values()) for u in ups], 50) if ups else None, per_mode,
+                      sum(x["hits"] for x in xs), sum(x["misses"] for x in xs), max(x["cache_bytes"] for x in xs))
+    return rows
 
 
 # ---------------------------------------------------------------- 4 index throughput
@@ -257,6 +362,20 @@ def format_results(r: dict) -> str:
         lines += ["", f"RAG-Token generate / plain batched `model.generate` of the same K prompts, same number of "
                       f"tokens (p50 over {len(t['rows'])} questions): **{t['ratio_p50']:.2f}x** "
                       f"({t['ratio_with_attribution_p50']:.2f}x with the attribution pass)."]
+    if r.get("reask"):
+        lines += ["", "### Asked again with another setting (all modes in one request, streamed)", "",
+                  "Each question asked with no passage kept (cold), then at once again. p50 over questions; "
+                  "speed-up: an answer's cold time over its re-asked time (slowest: the least of the modes'); "
+                  "passages kept / run: summed over the questions.", "",
+                  "| ask | time to first token p50, ms | request p50, ms | speed-up p50, slowest answer "
+                  "| speed-up p50 per mode | passages kept / run | passage cache, MB |",
+                  "|---|---:|---:|---:|---|---:|---:|"]
+        names = {"cold": "first ask (cold)", **{k: f"again, {v}" for k, v in REASKS.items()}}
+        for name, (ttft, total, up, per_mode, hits, misses, peak) in _reask_rows(r["reask"]).items():
+            modes = ", ".join(f"{m} {x:.2f}x" for m, x in per_mode.items()) or "-"
+            lines.append(f"| {names[name]} | {_ms(ttft)} | {_ms(total)} | {'-' if up is None else f'{up:.2f}x'} "
+                         f"| {modes} | {hits} / {misses} | {peak / 2**20:.1f} |")
+        lines.append(f"\nPassage cache bound: {r['reask']['max_bytes'] / 2**20:.0f} MB.")
     m = r["memory"]
     lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
               f"| RSS after loading the stack and index | {_gb(m['rss_loaded'])} |",
@@ -316,6 +435,11 @@ def _targets(r: dict) -> dict:
         measured["RAG-Token / plain batched generate"] = r["token_overhead"]["ratio_p50"]
     if r.get("reference", {}).get("base"):
         measured["engine / transformers RAG (base)"] = max(x["ratio"] for x in r["reference"]["base"].values())
+    for name, (ttft, _, up, _, _, _, _) in _reask_rows(r.get("reask") or {}).items():
+        if name in REASKS:
+            measured[f"re-ask, {REASKS[name]}: time to first token p50"] = ttft
+            if up is not None:
+                measured[f"re-ask, {REASKS[name]}: slowest answer's speed-up p50"] = up
     out = {}
     for name, (limit, unit, direction) in TARGETS.items():
         bound = "<=" if direction == "max" else ">="
@@ -349,6 +473,8 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["stack"] = pipe.stack.describe()
     r["memory"] = {"rss_loaded": rss_bytes()}
     r["latency"] = latency(pipe, questions, modes, settings, say)
+    if not getattr(args, "skip_reask", False) and passage_caches(pipe):
+        r["reask"] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # the page's order
     if "token" in modes and not args.skip_reference:
         r["token_overhead"] = token_overhead(pipe, questions[: max(1, min(len(questions), args.reference_n))],
                                              settings, say)
@@ -372,7 +498,8 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["memory"]["peak_end"] = peak_rss_bytes()
     del pipe
     r["cold"] = {}
-    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype]
+    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype,
+             "--passage-cache-mb", str(spec.passage_cache_mb)]
     if spec.name == "paper":
         extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
     say("Cold start with the cached index ...")

@@ -1,12 +1,14 @@
 """What a question costs in generator work, estimated before it runs.
 
 `CostModel` prices one mode's answer from K, beams, max new tokens and prompt lengths:
-    prefill   K·S prompt tokens                        x prefill_s_per_token
+    prefill   K·S prompt tokens, less those kept       x prefill_s_per_token
     decoding  T steps of R rows (R = K·B, or B)        x (step_s + R·row_s)
     scoring   rows·T teacher-forced tokens             x score_s_per_token
 (S prompt length, T max new tokens, B beams; thorough RAG-Sequence scores all C ≤ K·B candidates
-under all K docs). `calibrate` measures the constants on this CPU; attention's growth with
-context is not modelled (a small share of a small model's time at these prompt lengths). Memory
+under all K docs; "kept": passage tokens whose keys and values an earlier question left in the
+generator's passage cache, which a prefill does not run). `calibrate` measures the constants on
+this CPU; attention's growth with context is not modelled (a small share of a small model's time
+at these prompt lengths). Memory
 counts the KV caches (rows x tokens x layers x 2 x kv width), their copies while beams are
 reordered, the per-step logits and the scoring chunks. docs/DESIGN.md §10.
 """
@@ -78,11 +80,13 @@ class CostModel:
 
     def request(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
                 thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20,
-                drafts: str = "none") -> tuple[float, int]:
+                drafts: str = "none", cached_tokens: int = 0) -> tuple[float, int]:
         """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens).
         drafts (RAG-Token, RagSettings.token_drafts): "own" decodes each doc's drafts too, "shared"
         takes RAG-Sequence's (asked in the same request); either way its k·B + B candidates may be
-        scored under all k docs (rank_by_rag_token's worst case)."""
+        scored under all k docs (rank_by_rag_token's worst case). cached_tokens: prompt tokens of
+        the k prompts whose keys and values are kept (`Generator.cached_tokens`): not prefilled,
+        still held by every row's cache (0, the worst case, when nothing is known)."""
         S, T, B = prompt_tokens, new_tokens, beams
         kv = dims.kv_bytes_per_token
         step_logits = 3 * 4 * dims.vocab  # float32 logits, log-softmax and mixing copies, per row
@@ -97,7 +101,8 @@ class CostModel:
         else:
             cands = k * B if thorough else 1
             rows, prefill_rows, scored = k * B, k, k * cands
-        seconds = (prefill_rows * S * self.prefill_s_per_token
+        prefilled = max(0, prefill_rows * S - cached_tokens)  # tokens the prefill runs
+        seconds = (prefilled * self.prefill_s_per_token
                    + T * (self.step_s + rows * self.row_s)
                    + (T * (self.step_s + draft_rows * self.row_s) if draft_rows else 0.0)
                    + scored * T * self.score_s_per_token)
@@ -190,9 +195,12 @@ class Timed:
         return getattr(self._gen, name)
 
     def prefill(self, prompts, score_last: int = 0):
+        # kept passages are not run: priced as run, a re-ask would look like a faster machine
+        cached = getattr(self._gen, "cached_tokens", None)
+        kept = cached(prompts, score_last) if cached is not None else 0
         t0 = time.perf_counter()
         out = self._gen.prefill(prompts, score_last=score_last)
-        tokens = len(prompts) * max(len(p) for p in prompts)
+        tokens = len(prompts) * max(len(p) for p in prompts) - kept
         self._speed.observe(tokens * self._model.prefill_s_per_token, time.perf_counter() - t0)
         return out
 

@@ -15,6 +15,7 @@ Every method returns float32 log-probabilities (log_softmax of the logits).
 """
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_bidirectional_mask
 
 from rag_demo.models import Doc
+from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
+from rag_demo.models.passage_kv import PassageKVCache
 from rag_demo.models.stopping import StopRule
 
 # Most float32 logits alive at once when teacher-forcing (advance_gather): 32M x 4 bytes = 128 MB,
@@ -95,6 +98,18 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int, left: bool = False, min_wi
     return ids, mask
 
 
+class Prompt(list):
+    """A decoder-only prompt's token ids (a list, usable wherever one is) with where its passage
+    lies: `passage` = (start, end), the whole tokens [start, end) holding the passage's "title:
+    text" (None: no passage, or its tokens could not be told apart). `DecoderOnlyGenerator.prefill`
+    keeps those tokens' keys and values for later questions (PassageKVCache); any split is exact,
+    this one makes a passage's tokens the same in every prompt that reads it."""
+
+    def __init__(self, ids: Sequence[int], passage: tuple[int, int] | None = None):
+        super().__init__(ids)
+        self.passage = passage
+
+
 # A prefix shorter than this runs with the rest of the prompt: one more model call costs more
 # than recomputing a few tokens per row.
 MIN_SHARED_PREFIX = 16
@@ -148,6 +163,14 @@ class GrowingLayer(DynamicLayer):
     def _blank(self) -> "GrowingLayer":
         """An empty layer of the same kind (SharedPrefixLayer: over the same shared prefix)."""
         return GrowingLayer()
+
+    def holding(self, k: torch.Tensor, v: torch.Tensor, n: int) -> "GrowingLayer":
+        """This (empty) layer made to hold the first n positions of the buffers k, v (R, heads,
+        capacity, d), which become its own: the rest is spare room the next tokens are written into."""
+        self.lazy_initialization(k, v)
+        self._k, self._v, self._n = k, v, n
+        self.keys, self.values = k[..., :n, :], v[..., :n, :]  # (R, heads, n, d) views
+        return self
 
     def selected(self, rows: torch.Tensor) -> "GrowingLayer":
         """A new layer holding `rows` (the source is unchanged). One copy: the rows of the whole
@@ -220,7 +243,8 @@ class SharedPrefixLayer(GrowingLayer):
 
 def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                            prefix_cache: Cache | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+                            prefix_cache: Cache | None = None, prefill: bool = False, **kwargs
+                            ) -> tuple[torch.Tensor, None]:
     """Attention over a shared prefix plus each row's own positions (SharedPrefixLayer), exact.
 
     Up to EAGER_MAX_QUERIES queries a row (a decoding step, a teacher-forced answer):
@@ -232,7 +256,10 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
     rows' own positions, its last n columns. More queries (a prefill: compute-bound, where SDPA's
     fused kernel is faster than these matmuls): the prefix joins each row's keys and SDPA runs
     as usual (it repeats the keys per query head: with many rows and few queries, as when
-    teacher-forcing a dozen candidates, those copies cost more than the attention).
+    teacher-forcing a dozen candidates, those copies cost more than the attention). `prefill`:
+    SDPA whatever the number of queries, so a prompt's last tokens run after its kept passages
+    (`DecoderOnlyGenerator._prefill_passages`) read them as a prefill of the whole prompt does
+    (in bfloat16 the matmuls here round the scores to bfloat16, SDPA does not).
 
     Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
     attention unchanged. query (R, H, L, d), key/value (R, Hkv, n, d) -> (R, L, H, d)."""
@@ -241,7 +268,7 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     R, H, L, d = query.shape
-    if L > EAGER_MAX_QUERIES:  # a prefill: compute-bound, where SDPA's fused kernel is faster
+    if L > EAGER_MAX_QUERIES or prefill:  # a prefill: compute-bound, where SDPA's fused kernel is faster
         full_k = torch.cat([layer.prefix_k.expand(R, -1, -1, -1), key], dim=2)  # (R, Hkv, P+n, d)
         full_v = torch.cat([layer.prefix_v.expand(R, -1, -1, -1), value], dim=2)  # (R, Hkv, P+n, d)
         return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
@@ -373,6 +400,11 @@ class Generator:
         prompt tokens given the tokens before them, from the same forward pass."""
         raise NotImplementedError
 
+    def cached_tokens(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> int:
+        """How many of the prompts' tokens a prefill would not run because their keys and values
+        are kept from earlier questions (passages: DecoderOnlyGenerator.passage_cache); 0 here."""
+        return 0
+
     def question_tail(self, prompt: Sequence[int], question: str) -> tuple[int, int] | None:
         """(n_question, n_after): where the question's tokens sit in `prompt`, counted from its
         end (prompt[-(n_question + n_after):-n_after]), when the generator predicts them (a
@@ -459,6 +491,15 @@ class Generator:
         if self.is_special(token_id):
             return str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
         return self.tokenizer.decode([int(token_id)])
+
+
+def _stacked(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Per-layer (keys, values), each (heads, L, d), as one tensor (layers, 2, heads, L, d) (a copy)."""
+    k0 = layers[0][0]
+    out = k0.new_empty((len(layers), 2, *k0.shape))  # (layers, 2, heads, L, d)
+    for i, (k, v) in enumerate(layers):
+        out[i, 0], out[i, 1] = k, v
+    return out
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -552,12 +593,16 @@ class EncoderDecoderGenerator(Generator):
         )
 
 
+_MODEL_KEYS = itertools.count()  # each generator's own number in its passage cache's keys
+
+
 class DecoderOnlyGenerator(Generator):
     """A chat LM (SmolLM2-135M-Instruct): the doc goes into the prompt."""
 
     kind = DECODER_ONLY
 
-    def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct"):
+    def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct",
+                 passage_cache_bytes: int = DEFAULT_PASSAGE_CACHE_BYTES):
         self.model = model.eval()
         use_shared_prefix_attention(self.model)  # prefill shares the prompts' opening: SharedPrefixLayer
         self.tokenizer = tokenizer
@@ -569,6 +614,11 @@ class DecoderOnlyGenerator(Generator):
         self._kept: list[tuple[tuple[int, ...], _GrowingCache]] = []  # recent prefixes' KV (`_prefix_kv`)
         self._kept_lock = threading.Lock()
         self.prefix_tokens_run = 0  # prefix tokens the model actually ran (tests read it)
+        # passages' keys and values after the prompt's opening, kept for later questions (`prefill`);
+        # its keys start with this generator's own key, so one cache may serve several generators
+        self.passage_cache = PassageKVCache(passage_cache_bytes)
+        self._model_key = (name, next(_MODEL_KEYS))
+        self.passage_tokens_run = 0  # passage tokens the model actually ran (tests read it)
 
     def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
@@ -620,15 +670,42 @@ class DecoderOnlyGenerator(Generator):
         return self._short_rule
 
     def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after", examples=()):
-        ids = self.tokenizer.apply_chat_template(
-            self.messages(question, doc, max_doc_tokens, style, question_position, examples), add_generation_prompt=True,
-            tokenize=True
-        )
+        """A `Prompt`: the chat template's token ids, with where the passage's tokens lie."""
+        turns = self.messages(question, doc, max_doc_tokens, style, question_position, examples)
+        ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
+        ids = list(ids)
+        passage = None
+        if doc is not None:
+            before = f"Question: {question}\n\n" if question_position == "both" else ""
+            passage = self._passage_tokens(turns, ids, before, f"{doc.title}: {self._doc_text(doc, max_doc_tokens)}")
         if style == "short":  # open the answer with the cue; the model writes the span after it
-            ids = list(ids) + self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
-        return list(ids)
+            ids += self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
+        return Prompt(ids, passage)
+
+    def _passage_tokens(self, turns: list[dict], ids: list[int], before: str, passage: str) -> tuple[int, int] | None:
+        """[start, end): the tokens of `ids` (the chat template's tokens of `turns`) lying wholly
+        inside `passage`, which the last turn holds right after `before`. A token that straddles
+        either edge (a passage ending in a space merges it with the newline after it) is left
+        out, so the same passage gives the same tokens in any prompt. None where the template's
+        text cannot be matched to its tokens (a tokenizer without character offsets)."""
+        if not getattr(self.tokenizer, "is_fast", False):
+            return None
+        content = turns[-1]["content"]
+        if not content.startswith(before + passage):
+            return None
+        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        at = text.rfind(content)
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if at < 0 or list(enc["input_ids"]) != ids:  # the template tokenised its text otherwise
+            return None
+        a = at + len(before)
+        b = a + len(passage)
+        offsets = enc["offset_mapping"]
+        start = next((j for j, (x, _) in enumerate(offsets) if x >= a), len(ids))
+        end = next((j for j in range(start, len(ids)) if offsets[j][1] > b), len(ids))
+        return (start, end) if start < end else None
 
     def title_answer_ids(self, title: str) -> list[int]:
         """A passage's title as a short answer, " Title.", tokenized the way an answer after the cue
@@ -700,23 +777,24 @@ class DecoderOnlyGenerator(Generator):
 
     @torch.inference_mode()
     def prefill(self, prompts, score_last: int = 0):
-        """The K doc prompts share their opening (system prompt, chat header, worked examples:
-        `shared_prefix`): that prefix runs once, as one row, its KV cache is held once for every
-        row (SharedPrefixLayer), and only the rest of each prompt runs per row, left-padded after
-        the prefix (the padding
-        is masked out and skipped by the position ids, so every row reads exactly its prompt).
-        The prefix's own KV comes from `_prefix_kv`, which reuses what earlier questions share."""
+        """The K doc prompts share their opening (system prompt, chat header, worked examples):
+        it runs once, as one row, its KV cache is held once for every row (SharedPrefixLayer), and
+        only the rest of each prompt runs per row, left-padded after it (the padding is masked out
+        and skipped by the position ids, so every row reads exactly its prompt). The opening's own
+        KV comes from `_prefix_kv`, which reuses what earlier questions share; each passage's from
+        `passage_cache` where an earlier question computed it (`_prefill_passages`)."""
         if not 0 <= score_last < min(len(p) for p in prompts):
             raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
+        split = self._passage_split(prompts, score_last)
+        if split is not None:
+            return self._prefill_passages(prompts, score_last, *split)
         P = shared_prefix(prompts, keep=score_last + 1)
         if len(prompts) == 1 and self.KEPT_PREFIXES:  # one row (closed-book): its opening can be kept too
             P = max(0, len(prompts[0]) - score_last - 1)
             P = P if P >= MIN_SHARED_PREFIX else 0
         cache, head = _GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:
-            one = self._prefix_kv(tuple(prompts[0][:P]))  # (1, heads, P, d)
-            # held once for all R rows (not a copy in each): each row's cache holds its own positions only
-            cache = _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
+            cache = self._opening_cache(tuple(prompts[0][:P]))
             head = torch.ones((len(prompts), P), dtype=torch.long)  # (R, P)
         ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
         mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
@@ -728,10 +806,127 @@ class DecoderOnlyGenerator(Generator):
             logits_to_keep=score_last + 1,
         )
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=P + tail_mask.sum(-1))
+        return self._first_step(out.logits, ids, score_last, state)
+
+    def _opening_cache(self, opening: tuple[int, ...]) -> "_GrowingCache":
+        """An empty R-row cache over `opening`'s KV, held once for all rows (SharedPrefixLayer:
+        not a copy in each row; each row's cache holds its own positions only)."""
+        one = self._prefix_kv(opening)  # (1, heads, P, d) per layer
+        return _GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
+
+    @staticmethod
+    def _first_step(logits: torch.Tensor, ids: torch.Tensor, score_last: int, state: GenState):
+        """-> the next-token log-probs (R, V) from the prefill's logits (R, n+1, V), and the state,
+        with the log-probs of the last n prompt tokens (ids (R, W)) when asked for."""
         if score_last:
-            lp = _log_softmax(out.logits[:, :-1])  # (R, n, V): position j predicts token j+1
+            lp = _log_softmax(logits[:, :-1])  # (R, n, V): position j predicts token j+1
             state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)
-        return _log_softmax(out.logits[:, -1]), state  # (R, V)
+        return _log_softmax(logits[:, -1]), state  # (R, V)
+
+    def _passage_split(self, prompts, score_last: int) -> tuple[int, list[int]] | None:
+        """(s, ends): where each prompt's passage lies, cut as [opening: ..s][passage: s..end][rest]
+        with the opening the same tokens in every prompt and the rest holding at least the last
+        score_last + 1 tokens (the positions whose logits the prefill keeps); None when the prompts
+        cannot be split so (no `Prompt.passage`, an opening too short to keep) or no cache is kept."""
+        if not self.passage_cache.max_bytes or not all(getattr(p, "passage", None) for p in prompts):
+            return None
+        s = min(p.passage[0] for p in prompts)
+        first = prompts[0]
+        s = next((i for i in range(s) if any(p[i] != first[i] for p in prompts[1:])), s)  # shared by every prompt
+        ends = [p.passage[1] for p in prompts]
+        if s < MIN_SHARED_PREFIX or any(e <= s or len(p) - e <= score_last for p, e in zip(prompts, ends)):
+            return None
+        return s, ends
+
+    def _passage_keys(self, prompts, s: int, ends: list[int]) -> list[tuple]:
+        """Each prompt's passage's key in `passage_cache`: everything its keys and values depend
+        on (this model, its dtype, the opening's tokens, the passage's tokens)."""
+        opening, dtype = tuple(prompts[0][:s]), next(self.model.parameters()).dtype
+        return [(self._model_key, dtype, opening, tuple(p[s:e])) for p, e in zip(prompts, ends)]
+
+    def cached_tokens(self, prompts, score_last: int = 0) -> int:
+        split = self._passage_split(prompts, score_last)
+        if split is None:
+            return 0
+        s, ends = split
+        keys = self._passage_keys(prompts, s, ends)
+        return sum(e - s for k, e in zip(keys, ends) if k in self.passage_cache)
+
+    @torch.inference_mode()
+    def _prefill_passages(self, prompts, score_last: int, s: int, ends: list[int]):
+        """`prefill` of prompts cut as [opening][passage][rest] (`_passage_split`). Each row's own
+        positions are [padding][its passage][padding][its rest]: the passages end aligned, the
+        rests end aligned (the rests are the question's part, the same tokens in every row unless
+        a passage's last token merged into it). A passage's keys and values depend only on the
+        opening and its own tokens (causal attention; positions count from the opening, padding
+        skipped), so they are taken from `passage_cache` when an earlier prefill kept them, keyed
+        by model, dtype, opening and passage tokens. With none kept, passages and rests run in one
+        call, as without a cache, and the passages are kept from it; else the passages not kept run
+        first (and are kept), then the rests, every row at once, against [opening][its passage].
+        Exact up to float summation order; the question part runs through SDPA (`prefill=True`)
+        as in a whole prefill."""
+        R = len(prompts)
+        opening = tuple(prompts[0][:s])
+        cache = self._opening_cache(opening)
+        segs = [p[s:e] for p, e in zip(prompts, ends)]
+        seg_ids, seg_mask = pad_rows(segs, self.pad_token_id, left=True)  # (R, Ws) passages end aligned
+        rest_ids, rest_mask = pad_rows([p[e:] for p, e in zip(prompts, ends)], self.pad_token_id, left=True)  # (R, Wr)
+        lens = seg_mask.sum(-1)  # (R,) passage tokens per row
+        seg_pos = s + (seg_mask.cumsum(-1) - 1).clamp(min=0)  # (R, Ws) positions skip the padding
+        rest_pos = s + lens.unsqueeze(1) + (rest_mask.cumsum(-1) - 1).clamp(min=0)  # (R, Wr)
+        mask = torch.cat([torch.ones((R, s), dtype=torch.long), seg_mask, rest_mask], dim=1)  # (R, s+Ws+Wr)
+        Ws = seg_ids.shape[1]
+        prefix = cache.layers[0].prefix_k  # (1, heads, s, d)
+        keys = self._passage_keys(prompts, s, ends)
+        kept = [self.passage_cache.get(k) for k in keys]  # (layers, 2, heads, L, d) each, or None
+        missing = [r for r in range(R) if kept[r] is None]
+        if len(missing) == R:  # nothing kept: one call over passages and rests, as without a cache
+            out = self.model(
+                input_ids=torch.cat([seg_ids, rest_ids], dim=1), attention_mask=mask,
+                position_ids=torch.cat([seg_pos, rest_pos], dim=1), past_key_values=cache, use_cache=True,
+                prefix_cache=cache, prefill=True, logits_to_keep=score_last + 1,
+            )
+            self.passage_tokens_run += int(lens.sum())
+            layers = out.past_key_values.layers
+            for r in range(R):  # row r's passage: its last lens[r] of the first Ws own positions
+                cols = slice(Ws - int(lens[r]), Ws)
+                own = [(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]  # (heads, L, d) per layer
+                self.passage_cache.put(keys[r], _stacked(own))
+            state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
+            return self._first_step(out.logits, rest_ids, score_last, state)
+        if missing:  # some kept: the others' passages run on their own, as rows of their own width
+            rows = torch.tensor(missing)  # (M,) the rows whose passages run
+            Wm = int(lens[rows].max())
+            # `cache` is used for these rows only: its own buffers get their passages, its prefix is the opening
+            cols = slice(Ws - Wm, Ws)
+            part_mask = torch.cat([torch.ones((len(missing), s), dtype=torch.long), seg_mask[rows, cols]], dim=1)  # (M, s+Wm)
+            self.model.model(input_ids=seg_ids[rows, cols], position_ids=seg_pos[rows, cols], attention_mask=part_mask,
+                             past_key_values=cache, use_cache=True, prefix_cache=cache, prefill=True)
+            self.passage_tokens_run += int(lens[rows].sum())
+            for i, r in enumerate(missing):
+                cols = slice(Wm - int(lens[r]), Wm)
+                own = [(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers]  # (heads, L, d) per layer
+                kept[r] = _stacked(own)  # (layers, 2, heads, L, d)
+                self.passage_cache.put(keys[r], kept[r])  # read below, never written
+        # every row's own cache: its passage's kept keys and values, ending aligned, then room for the rests
+        rows_cache = []
+        for li, layer in enumerate(cache.layers):
+            h, d = prefix.shape[1], prefix.shape[-1]
+            k = prefix.new_empty((R, h, Ws + rest_ids.shape[1] + GrowingLayer.GROW, d))  # (R, heads, capacity, d)
+            v = torch.empty_like(k)  # (R, heads, capacity, d): the room after Ws is written before it is read
+            for r in range(R):
+                a = Ws - int(lens[r])
+                k[r, :, :a], v[r, :, :a] = 0, 0  # padding: masked, but never NaN
+                k[r, :, a: Ws] = kept[r][li, 0]  # (heads, L, d) copied: the cache's own stays unwritten
+                v[r, :, a: Ws] = kept[r][li, 1]
+            rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(k, v, Ws))
+        cache = _GrowingCache(rows_cache)
+        out = self.model(
+            input_ids=rest_ids, attention_mask=mask, position_ids=rest_pos, past_key_values=cache, use_cache=True,
+            prefix_cache=cache, prefill=True, logits_to_keep=score_last + 1,  # SDPA, as the one-call prefill
+        )
+        state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
+        return self._first_step(out.logits, rest_ids, score_last, state)
 
     @torch.inference_mode()
     def _hidden(self, state, tokens):

