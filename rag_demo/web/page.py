@@ -102,7 +102,8 @@ PAGE_JS = """() => {
         if (!range) return;
         const v = Number(box.value), lo = Number(range.min), hi = Number(range.max);
         let note = knob.querySelector('.rag-range-msg');
-        if (box.value === '' || (v >= lo && v <= hi)) { if (note) note.remove(); return; }
+        // the value the note set is in range too: only another value the visitor enters clears it
+        if (box.value === '' || (v >= lo && v <= hi)) { if (note && note.dataset.set !== box.value) note.remove(); return; }
         if (!note) {
             note = document.createElement('div');
             note.className = 'rag-range-msg';
@@ -110,8 +111,9 @@ PAGE_JS = """() => {
             knob.appendChild(note);
         }
         const name = (knob.querySelector('[data-testid=block-info]') || {}).textContent || 'This setting';
+        note.dataset.set = String(v < lo ? lo : hi);
         note.textContent = `${box.value} is out of range: ${name.trim()} goes from ${lo} to ${hi} here, so it is set to ${
-            v < lo ? lo : hi}.`;
+            note.dataset.set}.`;
     };
     document.addEventListener('keydown', typed, true);
     document.addEventListener('blur', typed, true);
