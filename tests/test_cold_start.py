@@ -227,3 +227,37 @@ def test_the_cache_defaults_to_a_persistent_volume_when_the_host_mounts_one(tmp_
     assert converted_smollm_dir(spec, Path(where) / gguf).parent == mount / "rag-demo-cache" / "models"
     monkeypatch.setenv("RAG_DEMO_CACHE", str(tmp_path / "chosen"))  # an explicit choice wins
     assert config.default_cache_dir() == tmp_path / "chosen"
+
+
+# ---------------------------------------------------------------- what the page shows
+
+
+def test_the_page_says_which_retriever_and_how_far_the_build_is(staged):
+    """Each RAG card carries a note naming BM25 while the dense index builds; the status line says
+    how far the build is; its timer re-renders the status until the dense index serves, then stops;
+    a card from the dense index has no note."""
+    from rag_demo.serving.pool import PipelinePool
+    from rag_demo.serving.session import Session
+    from rag_demo.web.handlers import Handlers
+    from rag_demo.web.render import render_answer
+    from rag_demo.web.session_view import render_status
+
+    pipe, gated, _ = staged
+    pool = PipelinePool.of(pipe, unavailable=lambda stack: None)
+    a = pipe.answers(QUESTION, ["token", "closed-book"])
+    card = render_answer(a["token"].to_dict())
+    assert 'data-retriever="bm25 (dense index building: 0%)"' in card and "retrieved by <b>BM25</b>" in card
+    assert 'data-cue="retriever"' not in render_answer(a["closed-book"].to_dict())
+    status = render_status(pool, Session())
+    assert 'data-retriever="bm25"' in status and "0 of 6 passages embedded (0%)" in status
+    h = Handlers(pool)
+    shown, timer = h.index_progress(None)
+    assert shown == status and timer == {"__type__": "update"}  # keeps ticking
+
+    gated.go.set()
+    pipe.index_build.wait(120)
+    shown, timer = h.index_progress(None)
+    assert 'data-retriever="dense"' in shown and "being built" not in shown
+    assert timer.active is False
+    b = pipe.answer(QUESTION, "token")
+    assert 'data-cue="retriever"' not in render_answer(b.to_dict())

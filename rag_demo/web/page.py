@@ -227,6 +227,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
             api_name="status", concurrency_limit=None, show_progress="hidden",
         ).then(h.estimate, inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
                show_progress="hidden", api_visibility="private")
+        # while the dense index is built in the background the status line shows how far (Handlers.index_progress)
+        timer = gr.Timer(2.0)
+        timer.tick(h.index_progress, inputs=[session], outputs=[status, timer], queue=False, show_progress="hidden",
+                   api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
         # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
         preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,
