@@ -632,20 +632,23 @@ class RagPipeline:
     def warm_up(self, progress: Callable[[str], None] | None = None) -> float:
         """Answer one question in every mode (first-call allocations, lazy inits) and calibrate the
         cost model on this CPU; -> seconds taken. After this a first real question is as fast as
-        any other."""
+        any other. A background index build waits meanwhile: the calibration measures this CPU,
+        not the CPU shared with the build."""
+        with self.index_build.paused() if self.index_build is not None else contextlib.nullcontext():
+            return self._warm_up(progress)
+
+    def _warm_up(self, progress: Callable[[str], None] | None = None) -> float:
         t0 = time.perf_counter()
         if progress:
             progress("Warming up: one question in every mode ...")
         k = min(self.settings.decoding.k, len(self.index))
-        # a background index build waits: the calibration measures this CPU, not the CPU shared with it
-        with self.index_build.paused() if self.index_build is not None else contextlib.nullcontext():
-            self.answers(self.WARM_UP_QUESTION, list(self.stack.modes), k=k)
-            if progress:
-                progress("Calibrating the cost model on this CPU ...")
-            self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
-            self.speed = Speed()  # measured afresh against the calibrated model: this is the machine's own speed
-            self.answers(self.WARM_UP_QUESTION, ["token"], k=k)
-            self.speed.settle()
+        self.answers(self.WARM_UP_QUESTION, list(self.stack.modes), k=k)
+        if progress:
+            progress("Calibrating the cost model on this CPU ...")
+        self.cost_model = self.cost_model.calibrate(self.stack.modes["token"].generator)
+        self.speed = Speed()  # measured afresh against the calibrated model: this is the machine's own speed
+        self.answers(self.WARM_UP_QUESTION, ["token"], k=k)
+        self.speed.settle()
         return time.perf_counter() - t0
 
 
