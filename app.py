@@ -4,7 +4,11 @@ The page is served at once; the models and the index load (and warm up) in the b
 the page shows their progress. Options: --stack offline|paper, --corpus-file FILE (serve your own
 documents instead of Wikipedia Vital Articles; tests use it to start fast), --knowledge-dataset DIR
 --knowledge-index FILE (a knowledge dataset in transformers' RAG format, its stored vectors used as
-they are: rag_demo/knowledge/hf_format.py), --port, --host.
+they are: rag_demo/knowledge/hf_format.py), --generator-dtype auto|float32|bfloat16, --port, --host.
+When the corpus's dense index is not cached (a first start), the page answers at once with BM25's
+passages, each card saying so, while the dense index is built in the background; answers switch to
+it when it is complete (docs/DESIGN.md §6b). RAG_DEMO_TEST_EMBED_DELAY (seconds per passage) slows
+that build down, for tests only.
 The page's corpus dropdown also offers the CIA World Factbook (its index is built by the first
 session that picks it, then cached on disk and shared).
 
@@ -32,7 +36,7 @@ from rag_demo.serving import memory  # noqa: E402 - torch-free, before anything 
 
 memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
 
-from rag_demo.config import STACKS  # noqa: E402
+from rag_demo.config import GENERATOR_DTYPES, STACKS  # noqa: E402
 from rag_demo.serving.pool import PipelinePool, stack_factory  # noqa: E402
 from rag_demo.web.page import MODEL_CONCURRENCY, build_app, launch  # noqa: E402
 
@@ -50,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--knowledge-dataset", metavar="DIR", help="serve this knowledge dataset (transformers' RAG format: "
                    "a save_to_disk folder with title, text, embeddings) with its stored vectors; needs --knowledge-index")
     p.add_argument("--knowledge-index", metavar="FILE", help="the FAISS index file of --knowledge-dataset")
+    p.add_argument("--generator-dtype", default=os.environ.get("RAG_DEMO_GENERATOR_DTYPE", "auto"),
+                   choices=GENERATOR_DTYPES, help="offline generator weights (default auto: bfloat16 where the CPU "
+                   "has it natively, else float32)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to serve on (0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         knowledge = load_knowledge(*paths, say=lambda msg: print(f"[rag-demo] {msg}", file=sys.stderr)) if paths else None
     except ValueError as e:
         sys.exit(f"error: {e}")
-    pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge))
+    pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge, generator_dtype=args.generator_dtype))
     stack = args.stack
     reason = pool.unavailable(stack)
     if reason:

@@ -167,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--n", type=int, default=20, help="questions per mode (default 20)")
     be.add_argument("--qa", default="assets/qa_dev.jsonl", help="questions are taken from this QA file")
     be.add_argument("--modes", default="token,sequence,closed-book", help="comma-separated modes")
-    be.add_argument("--skip-cold-build", action="store_true", help="skip cold start without a cached index (~3-5 min)")
+    be.add_argument("--skip-cold-build", action="store_true", help="skip the cold starts without a cached index "
+                    "(each embeds every passage: minutes)")
+    be.add_argument("--cold-only", action="store_true", help="only the cold starts without a cache: the CLI's, and the "
+                    "app's to its first answer and to its dense index complete (float32 generator, and bfloat16 "
+                    "where the CPU has it natively)")
     be.add_argument("--skip-reference", action="store_true", help="skip the comparison with transformers' RAG classes")
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
     be.add_argument("--skip-reask", action="store_true", help="skip asking each question again with another setting "

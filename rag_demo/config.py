@@ -378,11 +378,24 @@ def check_question(question: object) -> str:
 
 # ---------------------------------------------------------------- the model stacks
 
+# A host's persistent volume: a Hugging Face Space with persistent storage mounts it here, and
+# everything else on a Space's disk is gone after a restart.
+PERSISTENT_MOUNT = Path("/data")
+# Tests only: seconds the app's background index build waits per passage it embeds, so that a small
+# corpus builds slowly enough for a test (a browser's) to ask a question while it runs
+# (serving/pool.stack_factory reads it; docs/DESIGN.md §6b). Unset in real use.
+TEST_EMBED_DELAY_ENV = "RAG_DEMO_TEST_EMBED_DELAY"
+
+
 def default_cache_dir() -> Path:
-    """Where indexes (and converted models) are cached: $RAG_DEMO_CACHE, else the user's cache dir."""
+    """Where indexes and the converted SmolLM2 are cached: $RAG_DEMO_CACHE; else
+    PERSISTENT_MOUNT/rag-demo-cache (/data: a Space's persistent storage) when that folder exists
+    and is writable, so a restarted Space finds them; else the user's cache dir."""
     env = os.environ.get("RAG_DEMO_CACHE")
     if env:
         return Path(env).expanduser()
+    if PERSISTENT_MOUNT.is_dir() and os.access(PERSISTENT_MOUNT, os.W_OK | os.X_OK):
+        return PERSISTENT_MOUNT / "rag-demo-cache"
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("rag-demo"))

@@ -13,6 +13,7 @@ paper's hot-swap: same models, different knowledge.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import queue
@@ -25,9 +26,12 @@ import torch
 
 from rag_demo.config import RagSettings, StackSpec, check_mode, check_question
 from rag_demo.knowledge.ann import expected_recall, settings_for
+from rag_demo.knowledge.bm25 import BM25Retriever
+from rag_demo.knowledge.building import IndexBuild
 from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge
-from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_or_build_index
+from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_cached_index, load_or_build_index
+from rag_demo.knowledge.retrievers import BM25WhileBuilding, DenseRetriever
 from rag_demo.models.cost import Cost, CostModel, Speed, Timed, model_dims
 from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
@@ -41,6 +45,9 @@ from rag_demo.reader.text import occurs_in
 from rag_demo.reader.truecase import recase
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
+# A corpus this small embeds in seconds: load() builds its index before answering, as it always did
+# (the demo's uploads and fixture corpora); larger ones answer with BM25 while it is built.
+BACKGROUND_MIN_PASSAGES = 1000
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,10 @@ class Answer:
     settings: dict = field(default_factory=dict)
     # honest cues shown with the answer: [{"kind": "may_lack_answer" | "not_english", "text"}]
     cues: list = field(default_factory=list)
+    # which retriever chose the passages: "dense", or while the dense index is built in the
+    # background "bm25 (dense index building: 40%)"; "" when the caller gave them (answer_from) or
+    # none were read (closed-book)
+    retriever: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -150,15 +161,17 @@ class Retrieval:
     passages: list[Passage]
     scores: torch.Tensor  # (K,) retrieval inner products q(x)·d(z)
     timings: dict[str, float]  # seconds: encode, retrieve
+    retriever: str = "dense"  # the label of the retriever that chose them (Answer.retriever)
 
 
 class RagPipeline:
-    """A loaded stack, an index, and default settings. Thread-compatible for reads."""
+    """A loaded stack, a retriever (its index), and default settings. Thread-compatible for reads."""
 
     def __init__(self, stack: LoadedStack, index: PassageIndex, settings: RagSettings | None = None,
                  index_info: IndexInfo | None = None):
         self.stack = stack
-        self.index = index
+        self.index = index  # the retriever: dense over this index (index_in_background may swap it)
+        self.index_build: IndexBuild | None = None  # a dense index being built in the background
         self.settings = settings or RagSettings.for_stack(stack.name)
         self.index_info = index_info
         self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
@@ -174,9 +187,14 @@ class RagPipeline:
         progress: Progress | None = None,
         rebuild_index: bool = False,
         knowledge: Knowledge | None = None,
+        background_index: bool = False,
+        slow_build: float = 0.0,
     ) -> "RagPipeline":
         """Load the stack's models, then the index for `corpus` (Vital Articles by default), or
         use `knowledge` (a loaded knowledge dataset: its vectors and FAISS index as they are).
+        `background_index`: a corpus of BACKGROUND_MIN_PASSAGES or more whose index is not
+        cached is answered from at once, with BM25, while its dense index is built
+        (`index_in_background`); `slow_build`: seconds per passage that build waits (tests only).
 
         progress(fraction or None, message) is called before each slow step and while passages
         are embedded (models 0-0.5, index 0.5-1.0): what the CLI prints and the app's status shows.
@@ -197,7 +215,10 @@ class RagPipeline:
             say(0.5, "Loading the Wikipedia Vital Articles passages ...")
             corpus = load_vital_articles(cache_dir=spec.cache_dir)
         pipe = cls(stack, None, settings)  # type: ignore[arg-type]
-        pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))
+        if background_index and (len(corpus) >= BACKGROUND_MIN_PASSAGES or slow_build):
+            pipe.index_in_background(corpus, progress, rebuild_index, slow_build)
+        else:
+            pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))
         return pipe
 
     def build_index(self, corpus: Corpus, progress: Progress | None = None, rebuild: bool = False,
@@ -217,6 +238,55 @@ class RagPipeline:
         how = "loaded from cache" if info.source == "cache" else "built and cached"
         say(hi, f"Index {how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
         return index, info
+
+    @property
+    def index(self) -> Any:
+        """The retriever's index: the dense `PassageIndex`, or while it is built a `PendingIndex`
+        (the corpus and its size; what needs the vectors is refused, saying so)."""
+        return self.retriever.index
+
+    @index.setter
+    def index(self, index: PassageIndex) -> None:
+        self.retriever = DenseRetriever(index)
+
+    def index_in_background(self, corpus: Corpus, progress: Progress | None = None, rebuild: bool = False,
+                            slow_build: float = 0.0) -> IndexBuild | None:
+        """Useful at once, exact soon: the dense index of `corpus` from the disk cache when it is
+        intact (-> None: the pipeline retrieves densely at once); else BM25 over `corpus` retrieves
+        (`BM25WhileBuilding`: every Answer says so in `retriever`) while a background thread builds
+        the dense index, which then replaces it in one assignment, no restart (-> that build,
+        also `self.index_build`). The build pauses while the pipeline warms up."""
+        say = progress or (lambda frac, msg: None)
+        spec, encoder = self.stack.spec, self.stack.ctx_encoder
+        ann = settings_for(spec.index_kind, len(corpus), encoder.dim, spec.index_rerank)
+        say(0.5, f"Loading the index of {corpus.name} ({len(corpus):,} passages) ...")
+        cached = None if rebuild else load_cached_index(corpus, encoder, spec.cache_dir, ann)
+        if cached is not None:
+            self.index, self.index_info = cached
+            say(1.0, f"Index loaded from cache in {self.index_info.seconds:.1f} s ({len(corpus):,} passages)")
+            return None
+        say(0.6, f"No dense index cached: indexing the {len(corpus):,} passages for BM25 (seconds), to answer "
+                 "while the dense index is built ...")
+        build = IndexBuild(corpus, encoder, spec.cache_dir, ann, rebuild, slow_build)
+        self.retriever = BM25WhileBuilding(build, BM25Retriever(corpus))
+        self.index_build = build
+        build.on_ready(self._dense_ready)
+        build.start()
+        say(0.9, f"Answering with BM25 while the dense index of {corpus.name} is built in the background")
+        return build
+
+    def _dense_ready(self, index: PassageIndex, info: IndexInfo) -> None:
+        self.index_info = info
+        self.retriever = DenseRetriever(index)  # one assignment: a question in flight keeps its retriever
+
+    def index_building(self) -> bool:
+        """Whether a dense index is being built in the background (answers retrieve with BM25)."""
+        return self.index_build is not None and self.index_build.running
+
+    def retrieval_status(self) -> str | None:
+        """What the status line says about retrieval: None while the dense index serves; how far
+        its build is (and that BM25 retrieves meanwhile) while it is built."""
+        return self.retriever.status
 
     def with_index(self, index: PassageIndex, info: IndexInfo | None = None) -> "RagPipeline":
         """Same models, another index: the hot-swap (no retraining)."""
@@ -265,7 +335,7 @@ class RagPipeline:
                 ) -> Iterator[AnswerEvent]:
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], s.decoding.k)
-            yield from self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen)
+            yield from self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever)
         if "closed-book" in modes:
             yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
 
@@ -293,19 +363,20 @@ class RagPipeline:
         mm = self.stack.modes[check_mode(mode)]
         k = self.settings.decoding.k if k is None else k
         self._check_k(k)
+        retriever = self.retriever  # this question's, even if the dense index completes meanwhile
         t0 = time.perf_counter()
         qv = mm.question_encoder.encode_questions([q])  # step 1: encode (1, D)
         t1 = time.perf_counter()
-        scores, passages = self.index.search(qv, k)  # step 2: retrieve (1, K)
+        scores, passages = retriever.search(q, qv, k)  # step 2: retrieve (K,)
         t2 = time.perf_counter()
-        return Retrieval(passages[0], torch.from_numpy(scores[0].copy()), {"encode": t1 - t0, "retrieve": t2 - t1})
+        return Retrieval(passages, torch.from_numpy(scores.copy()), {"encode": t1 - t0, "retrieve": t2 - t1},
+                         retriever.label)
 
     def passage_scores(self, question: str, mode: str, passages: list[Passage]) -> torch.Tensor:
         """Retrieval scores q(x)·d(z) (K,) of given passages of this index (e.g. BM25's picks)
         under `mode`'s question encoder, as `retrieve` would have scored them."""
         qv = self.stack.modes[check_mode(mode)].question_encoder.encode_questions([check_question(question)])  # (1, D)
-        rows = [self.index.corpus.position(p.id) for p in passages]
-        return torch.from_numpy((self.index.embeddings[rows] @ qv[0]).astype("float32"))  # (K,)
+        return torch.from_numpy(self.retriever.scores(qv, passages))  # (K,)
 
     def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
                     settings: RagSettings | None = None, timings: dict | None = None,
@@ -330,7 +401,8 @@ class RagPipeline:
         return {e.mode: e.answer for e in self._from_passages(q, modes, passages, scores, s, timings, run or Run(), None)}
 
     def _from_passages(self, q: str, modes: list[str], passages: list[Passage], scores: torch.Tensor, s: RagSettings,
-                       timings: dict | None, run: Run, listen: Listen | None) -> Iterator[AnswerEvent]:
+                       timings: dict | None, run: Run, listen: Listen | None, retrieved_by: str = ""
+                       ) -> Iterator[AnswerEvent]:
         """Steps 2b-4 of the RAG modes over these passages, each mode's Answer as an event."""
         shared: dict[int, SharedPrefill] = {}
         fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
@@ -379,7 +451,9 @@ class RagPipeline:
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if s.aids.passage_sentences:
                 t["focus"] = focus_s
-            yield AnswerEvent(mode, True, self._answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores)))
+            answer = self._answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores))
+            answer.retriever = retrieved_by
+            yield AnswerEvent(mode, True, answer)
 
     def _closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
         gen = Timed(self.stack.modes["closed-book"].generator, self.cost_model, self.speed)
@@ -571,7 +645,12 @@ class RagPipeline:
     def warm_up(self, progress: Callable[[str], None] | None = None) -> float:
         """Answer one question in every mode (first-call allocations, lazy inits) and calibrate the
         cost model on this CPU; -> seconds taken. After this a first real question is as fast as
-        any other."""
+        any other. A background index build waits meanwhile: the calibration measures this CPU,
+        not the CPU shared with the build."""
+        with self.index_build.paused() if self.index_build is not None else contextlib.nullcontext():
+            return self._warm_up(progress)
+
+    def _warm_up(self, progress: Callable[[str], None] | None = None) -> float:
         t0 = time.perf_counter()
         if progress:
             progress("Warming up: one question in every mode ...")

@@ -90,3 +90,24 @@ def test_targets_are_the_issues_bars_in_both_directions():
     assert t["engine / transformers RAG (base)"]["measured"] == "not run"
     r["throughput"]["passages_per_s"] = 150.0
     assert bench._targets(r)["index build throughput"]["result"] == "PASS"
+
+
+def test_the_apps_cold_start_is_reported_and_checked_against_its_bars():
+    """bench --cold-only: launch to the first answer (with the retriever it names) and to the
+    dense index complete, per generator precision; the float32 run has both bars, bfloat16 the
+    dense index's, and a precision that did not run (no native bfloat16) says so."""
+    cold = {"cold_uncached": {"seconds": 150.0},
+            "app_float32": {"first_answer_s": 48.2, "ready_s": 41.0, "first_retriever": "bm25 (dense index building: 31%)",
+                            "dense_complete_s": 131.5, "second_retriever": "dense", "first_answer": "Seurat"}}
+    r = {"cold": cold, "machine": {"processor": "x", "cpus": 2, "torch": "2", "threads": 2},
+         "load_avg": {"start": [0.1], "end": [0.2]}}
+    t = bench._targets(r)
+    assert t["app cold start: first answer (float32 generator)"]["result"] == "PASS"  # 48.2 <= 60
+    assert t["app cold start: dense index complete (float32 generator)"]["result"] == "FAIL"  # 131.5 > 120
+    assert t["app cold start: dense index complete (bfloat16 generator)"]["measured"] == "not run"
+    assert t["cold start without a cache"]["result"] == "FAIL" and "RAG-Token p50" in t  # not run, listed
+    r["targets"] = t
+    text = bench.format_cold_only(r)
+    assert "| float32 | 41.0 s | 48.2 s | bm25 (dense index building: 31%) | 131.5 s | dense |" in text
+    assert "RAG-Token p50" not in text  # only the cold starts' targets
+    assert bench.format_cold_starts({"cold_uncached": {"seconds": 1.0}}) == []

@@ -692,3 +692,58 @@ def test_switch_to_the_factbook_and_answer_from_it_then_back(factbook_page):
     expect(page.locator("#rag-examples")).to_contain_text("What is Mars?")
     ask(page, "What is Mars?")
     assert page.locator("#rag-passages .rag-ptitle").first.inner_text().strip() == "Mars"
+
+
+# The fixture corpus's 7 passages are embedded in one batch, then the build waits this long per
+# passage (RAG_DEMO_TEST_EMBED_DELAY, tests only): its dense index completes ~140 s after the app
+# began loading, leaving a question asked right after "Live" time to be answered from BM25.
+SLOW_BUILD_S_PER_PASSAGE = 20
+DENSE_TIMEOUT_MS = 400_000
+
+
+@pytest.fixture(scope="module")
+def slow_build_page(browser, free_port, stop_process, tmp_path_factory):
+    """A page of its own app with an empty index cache whose dense index builds slowly, in the
+    module's browser."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+           "RAG_DEMO_CACHE": str(tmp_path_factory.mktemp("slow_build") / "cache"),
+           "RAG_DEMO_TEST_EMBED_DELAY": str(SLOW_BUILD_S_PER_PASSAGE)}
+    with _serve(free_port(), env, "browser_app_slow_build.log", stop_process) as url:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(30_000)
+        try:
+            yield pg, url
+        finally:
+            pg.screenshot(path=str(SHOTS / "end-slow-build.png"), full_page=True)
+            ctx.close()
+
+
+def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answers(slow_build_page):
+    """Useful at once, exact soon: the page answers while its dense index is still being built,
+    and each RAG card says plainly that BM25 chose its passages and why; the status line shows the
+    build's progress; once the build completes the same question is answered from the dense index
+    (no note), without a restart."""
+    page, url = slow_build_page
+    wait_ready(page, url)
+    status = page.locator(".rag-status")
+    assert status.get_attribute("data-retriever") == "bm25", status.inner_text()
+    assert "The dense index is being built" in status.inner_text()
+    small_settings(page, k=2, max_new=8)
+    ask(page, "Who devised pointillism?")
+    for mode in ("sequence", "token"):
+        note = page.locator(f"#rag-answer-{mode} .rag-retriever")
+        assert note.is_visible(), f"{mode}: no retriever note"
+        assert "BM25" in note.inner_text() and "dense index building" in note.inner_text(), note.inner_text()
+    assert page.locator("#rag-answer-closed-book .rag-retriever").count() == 0  # it reads no passage
+    assert page.locator(".rag-status").get_attribute("data-retriever") == "bm25"  # it was still building
+    shot(page, "06-answered-during-the-build")
+    page.wait_for_selector(".rag-status[data-retriever='dense']", state="attached", timeout=DENSE_TIMEOUT_MS)
+    assert "being built" not in page.locator(".rag-status").inner_text()
+    timed_ask(page, "Who devised pointillism?")
+    for mode in ("sequence", "token"):
+        assert page.locator(f"#rag-answer-{mode} .rag-retriever").count() == 0, f"{mode}: still BM25"
+        card_checks(page, mode, k=2)
+    rows = page.locator("#rag-passages table.rag-ptable tbody tr")
+    assert rows.count() == 2 and rows.first.locator(".rag-ptitle").inner_text().strip() == "seurat"
+    shot(page, "07-dense-after-the-build")

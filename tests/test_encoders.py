@@ -63,6 +63,27 @@ def test_minilm_passages_keep_input_order_and_report_progress(minilm: MiniLMEnco
         minilm.encode_passages(passages, batch_size=0)
 
 
+def test_minilm_batches_by_token_count_and_keeps_input_order(minilm: MiniLMEncoder, passages: list[Passage],
+                                                              monkeypatch: pytest.MonkeyPatch):
+    """Batches are formed by tokens, not characters: "a, b, c, ..." is short in characters and long
+    in tokens, so it is embedded first; and the vectors come back in input order, equal to one
+    passage at a time (float32: padding changes only the rounding, as above)."""
+    dense = Passage("dense#0", "Dense", "a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, v, w, x")
+    airy = Passage("airy#0", "Airy", "interconnectedness " * 4)
+    assert len(dense.text) < len(airy.text) and minilm.passage_lengths([dense])[0] > minilm.passage_lengths([airy])[0]
+    batch = [airy, *passages[:6], dense]
+    seen: list[str] = []
+    real = type(minilm)._passages_batch
+    monkeypatch.setattr(minilm, "_passages_batch", lambda ps: (seen.extend(p.id for p in ps), real(minilm, ps))[1])
+    got = minilm.encode_passages(batch, batch_size=2, show_bar=False)  # (8, D)
+    lengths = minilm.passage_lengths(batch)
+    assert [lengths[[p.id for p in batch].index(i)] for i in seen] == sorted(lengths, reverse=True)
+    assert seen.index(dense.id) < seen.index(airy.id)
+    monkeypatch.undo()
+    one_by_one = np.concatenate([minilm.encode_passages([p], show_bar=False) for p in batch])
+    np.testing.assert_allclose(got, one_by_one, rtol=0, atol=1e-5)
+
+
 def test_minilm_retrieves_seurat_for_the_grande_jatte_question(minilm: MiniLMEncoder):
     titles = [
         GRANDE_JATTE,
@@ -187,6 +208,9 @@ def test_dpr_context_encoder_encodes_title_text_pairs(ctx_folder: Path):
     # measured here; 1e-5 (~40 ulps at |x| = 2.5) for other CPUs, far below the 1e-3 the format makes
     np.testing.assert_allclose(d[0], expected, rtol=0, atol=1e-5)
     assert np.abs(d[0] - flat).max() > 1e-3  # the pair format matters
+    # batches are formed by the pair's tokens: [CLS] title [SEP] text [SEP]
+    assert enc.passage_lengths(ps) == [len(pair["input_ids"][0]), len(tok("Seurat", ps[1].text)["input_ids"])]
+    np.testing.assert_allclose(enc.encode_passages(ps, batch_size=1), d, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="encodes passages only"):
         enc.encode_questions(["who painted it?"])
 

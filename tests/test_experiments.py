@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check")
+         "memory_check", "index_build_profile")
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,18 @@ def test_memory_check_reports_rss(exp, capsys):
     assert exp("memory_check").main(["--one", "default", "--tiny", "--requests", "2", "--threads", "2"]) == 0
     out = capsys.readouterr().out
     assert "default: RSS after warm-up" in out and "after 2 requests on 2 threads" in out
+
+
+def test_index_build_profile_reports_padding_stages_and_both_batchings(exp, capsys):
+    assert exp("index_build_profile").main(["--tiny", "--passage-dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    pad = re.search(r"sorted by characters ([\d.]+)x, by tokens ([\d.]+)x", out)
+    assert pad and 1.0 <= float(pad.group(2)) <= float(pad.group(1)), out  # token order never pads more
+    assert "tokenising" in out and "forward + pooling" in out and "FAISS add" in out
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert {"characters", "tokens"} <= set(rows)
+    # the same float32 vectors, whichever batching: rounding only (1e-5 as in test_encoders)
+    assert float(rows["tokens"].rstrip(" |").rsplit(" | ", 1)[1]) <= 1e-5
 
 
 @pytest.mark.slow

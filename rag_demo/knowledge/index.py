@@ -230,14 +230,16 @@ def _saved_chunk(path: Path, rows: int, dim: int) -> np.ndarray | None:
 
 
 def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
-                    progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+                    progress: Callable[[int, int], None] | None = None,
+                    on_chunk: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
     """(N, D) vectors of the corpus's passages, embedded RESUME_CHUNK at a time in corpus order.
 
     Each finished chunk is saved as `partial/chunk-<start>.npy`; chunks already there (from an
     interrupted build of the same key: the folder is named after it) are read instead of
     embedded, and a chunk file that does not load with the right shape is embedded again. A
     folder that cannot be written just means no checkpoints. One tqdm bar (stderr) and
-    `progress(done, total)` count the saved chunks as done."""
+    `progress(done, total)` count the saved chunks as done. `on_chunk(start, vectors)` gets each
+    chunk's (c, D) vectors once they are final (read back or embedded), rows start..start+c."""
     n, dim, chunk = len(corpus), encoder.dim, RESUME_CHUNK
     out = np.zeros((n, dim), np.float32)  # (N, D)
     todo = []
@@ -247,6 +249,8 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
             todo.append(start)
         else:
             out[start : start + len(saved)] = saved  # (c, D)
+            if on_chunk is not None:
+                on_chunk(start, saved)
     done = n - sum(min(chunk, n - start) for start in todo)
     if done:
         log.info("resuming the index build in %s: %d of %d passages were embedded before", partial, done, n)
@@ -273,6 +277,8 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
                                               show_bar=False)  # (c, D)
             out[start : start + len(rows)] = vectors
             done += len(rows)
+            if on_chunk is not None:
+                on_chunk(start, vectors)
             if writable:
                 try:
                     _save_chunk(partial / f"chunk-{start:09d}.npy", vectors)
@@ -282,6 +288,23 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
     return out
 
 
+def load_cached_index(corpus: Corpus, encoder: Encoder, cache_dir: Path,
+                      ann: AnnSettings | None = None) -> tuple[PassageIndex, IndexInfo] | None:
+    """The cached index of kind `ann` for (corpus, encoder) when it is there and intact, else
+    None (an unusable one is logged: the next build replaces it)."""
+    start = time.perf_counter()
+    key = cache_key(corpus, encoder, ann)
+    folder = Path(cache_dir) / "indexes" / key
+    if not folder.exists():
+        return None
+    try:
+        index = _load(folder, key, corpus, encoder, ann)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, _StaleCache) as e:
+        log.warning("index cache %s is unusable (%s: %s); rebuilding it", folder, type(e).__name__, e)
+        return None
+    return index, IndexInfo("cache", time.perf_counter() - start, folder, len(index), key)
+
+
 def load_or_build_index(
     corpus: Corpus,
     encoder: Encoder,
@@ -289,24 +312,21 @@ def load_or_build_index(
     progress: Callable[[int, int], None] | None = None,
     rebuild: bool = False,
     ann: AnnSettings | None = None,
+    on_chunk: Callable[[int, np.ndarray], None] | None = None,
 ) -> tuple[PassageIndex, IndexInfo]:
     """The index of kind `ann` (default flat) for (corpus, encoder) from the cache when it is
-    intact, else built and cached."""
+    intact, else built (`embed_resumably`: progress and on_chunk as there) and cached."""
     if not len(corpus):
         raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
     start = time.perf_counter()
+    if not rebuild and (cached := load_cached_index(corpus, encoder, cache_dir, ann)) is not None:
+        return cached
     key = cache_key(corpus, encoder, ann)
     folder = Path(cache_dir) / "indexes" / key
-    if folder.exists() and not rebuild:
-        try:
-            index = _load(folder, key, corpus, encoder, ann)
-            return index, IndexInfo("cache", time.perf_counter() - start, folder, len(index), key)
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError, _StaleCache) as e:
-            log.warning("index cache %s is unusable (%s: %s); rebuilding it", folder, type(e).__name__, e)
     partial = _partial_folder(folder)
     if rebuild:
         shutil.rmtree(partial, ignore_errors=True)  # asked to rebuild: trust no earlier chunk either
-    index = PassageIndex(corpus, embed_resumably(corpus, encoder, partial, progress), ann=ann)
+    index = PassageIndex(corpus, embed_resumably(corpus, encoder, partial, progress, on_chunk), ann=ann)
     try:
         _save(folder, key, index, encoder)
     except OSError as e:

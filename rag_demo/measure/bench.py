@@ -13,7 +13,11 @@ Owns the speed and memory numbers of the demo, printed as markdown tables and sa
    the same random weights (tiny, and "base": BERT-base DPR + BART-base, realistic depth), fed
    the same context ids, mask and doc scores; outputs must be equal token for token;
 6. cold start to first answer, in a fresh process: with the cached index, and without one
-   (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it);
+   (a fresh cache folder, so all passages are embedded; `--skip-cold-build` skips it): the CLI,
+   which embeds every passage before it answers, and the app (`app.py`), which answers with BM25
+   while it builds the dense index: from launch to the first answer over HTTP (whichever
+   retriever, as the answer labels it) and to the dense index complete, with the generator in
+   float32 and, where the CPU has native bfloat16, in bfloat16 (`--cold-only` runs only these).
 7. re-asking: each question asked in all modes with no passage kept, then asked again with
    another retrieval temperature, with one passage taken away and with the other preset: time to
    first token, each answer's time, and the generator's passage cache (hits, misses, bytes).
@@ -54,6 +58,9 @@ TARGETS = {  # name -> (limit, unit, direction): "max" passes when measured <= l
     "warm app RSS": (3.0, "GB", "max"),
     "index build throughput": (150.0, "passages/s", "min"),
     "cold start without a cache": (120.0, "s", "max"),
+    "app cold start: first answer (float32 generator)": (60.0, "s", "max"),
+    "app cold start: dense index complete (float32 generator)": (120.0, "s", "max"),
+    "app cold start: dense index complete (bfloat16 generator)": (60.0, "s", "max"),
     "RAG-Token / plain batched generate": (1.15, "x", "max"),
     "engine / transformers RAG (base)": (1.0, "x", "max"),
 }
@@ -321,6 +328,113 @@ def cold_start(question: str, cache_dir: Path | None, extra: list[str], timeout:
     return {"seconds": dt, "answer": answer, "load_avg_after": load_avg()}
 
 
+DENSE_READY_LINE = "The dense index of the"  # what the app's pool logs when the swap is done
+
+
+def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout: float = 1800) -> dict:
+    """A fresh `python app.py` over `cache_dir` (empty: nothing cached): wall seconds from launch
+    to the first answer of `/ask` (asked as soon as the page is served; it waits for the stack to
+    be ready) and the retriever that answer names, then to the log line saying the dense index is
+    complete (None if it was complete before, i.e. cached), then the retriever of a second answer."""
+    import socket
+    import threading
+    import urllib.request
+
+    from gradio_client import Client
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "RAG_DEMO_CACHE": str(cache_dir)}
+    cmd = [sys.executable, "app.py", "--port", str(port), "--generator-dtype", generator_dtype]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    seen: dict[str, float] = {}
+    log: list[str] = []
+
+    def read() -> None:  # the app's log, each line timed as it comes
+        for line in proc.stdout:  # type: ignore[union-attr]
+            log.append(line.rstrip())
+            if DENSE_READY_LINE in line and "complete" in line:
+                seen.setdefault("dense", time.perf_counter() - t0)
+            elif "stack is ready" in line:
+                seen.setdefault("ready", time.perf_counter() - t0)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}/"
+
+    def answer() -> dict:
+        r = Client(url, verbose=False).predict(question, api_name="/ask")
+        return json.loads(r) if isinstance(r, str) else r
+
+    try:
+        while True:
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"app.py did not serve {url}: " + "\n".join(log[-30:]))
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        first = answer()
+        t_first = time.perf_counter() - t0
+        while "dense" not in seen and time.perf_counter() - t0 < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError("app.py exited: " + "\n".join(log[-30:]))
+            if first["answers"]["token"].get("retriever") == "dense":
+                break  # dense from the start: nothing was built in the background
+            time.sleep(0.2)
+        second = answer()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"generator_dtype": generator_dtype, "first_answer_s": t_first, "ready_s": seen.get("ready"),
+            "first_retriever": first["answers"]["token"].get("retriever"),
+            "first_answer": first["answers"]["token"]["text"], "dense_complete_s": seen.get("dense"),
+            "second_retriever": second["answers"]["token"].get("retriever"), "load_avg_after": load_avg()}
+
+
+def run_cold_starts(question: str, spec, extra: list[str], say: Callable[[str], None]) -> dict:
+    """Every cold start with an empty cache, one after another: the CLI's (`extra`: its stack
+    flags; it embeds every passage, then answers) and, for the offline stack, the app's with the
+    generator in float32 and, where the CPU has native bfloat16, in bfloat16."""
+    from rag_demo.models.stacks import cpu_has_native_bf16
+
+    out = {}
+    say("Cold start of the CLI without a cache (embeds every passage, then answers; minutes) ...")
+    with tempfile.TemporaryDirectory(prefix="rag-bench-cache-") as tmp:
+        out["cold_uncached"] = cold_start(question, Path(tmp), extra)
+    app_dtypes = ("float32", "bfloat16") if cpu_has_native_bf16() else ("float32",)
+    for dtype in app_dtypes if spec.name == "offline" else ():
+        say(f"Cold start of the app without a cache, generator in {dtype} (answers with BM25 while it builds) ...")
+        with tempfile.TemporaryDirectory(prefix="rag-bench-cache-") as tmp:
+            out[f"app_{dtype}"] = c = cold_start_app(question, Path(tmp), dtype)
+        say(f"  first answer at {c['first_answer_s']:.1f} s ({c['first_retriever']}), dense index complete at "
+            f"{c['dense_complete_s'] or float('nan'):.1f} s, then {c['second_retriever']}")
+    return out
+
+
+def format_cold_starts(cold: dict) -> list[str]:
+    """The app's cold starts as a table (empty when none ran)."""
+    rows = [(k.removeprefix("app_"), c) for k, c in cold.items() if k.startswith("app_")]
+    if not rows:
+        return []
+    lines = ["", "### Cold start of the app with an empty cache (launch to ...)", "",
+             "| generator | stack ready | first answer | its retriever | dense index complete | next answer's retriever |",
+             "|---|---:|---:|---|---:|---|"]
+    for dtype, c in rows:
+        ready = f"{c['ready_s']:.1f} s" if c.get("ready_s") is not None else "-"
+        dense = f"{c['dense_complete_s']:.1f} s" if c.get("dense_complete_s") is not None else "-"
+        lines.append(f"| {dtype} | {ready} | {c['first_answer_s']:.1f} s | {c['first_retriever']} | {dense} "
+                     f"| {c['second_retriever']} |")
+    return lines
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -390,6 +504,7 @@ def format_results(r: dict) -> str:
                        ("cold_uncached", "cold start to first answer, no cache (embeds every passage)")):
         c = r.get("cold", {}).get(key)
         lines.append(f"| {label} | {c['seconds']:.1f} s |" if c else f"| {label} | skipped |")
+    lines += format_cold_starts(r.get("cold", {}))
     if r.get("reference"):
         lines += ["", "### Our engine vs transformers' RAG classes, same weights and inputs", "",
                   "| checkpoint | mode | n_docs | questions | same outputs | ours s p50 | transformers s p50 "
@@ -402,7 +517,20 @@ def format_results(r: dict) -> str:
                              f"| {x['ratio']:.2f} | {x['ratio_generate_only']:.2f} |")
         same = all(x["same"] for modes in r["reference"].values() for x in modes.values())
         lines.append(f"\nsame outputs: {'yes' if same else 'no'}")
-    lines += ["", "### Targets", "", "| target | limit | measured | result |", "|---|---:|---:|---|"]
+    return "\n".join(lines + _targets_and_machine(r))
+
+
+def format_cold_only(r: dict) -> str:
+    """`bench --cold-only`: the cold starts, the targets they measure, the machine."""
+    lines = ["### Cold starts with an empty cache", "", "| what | value |", "|---|---:|",
+             f"| CLI `ask`, to the first answer (embeds every passage first) | {r['cold']['cold_uncached']['seconds']:.1f} s |"]
+    lines += format_cold_starts(r["cold"])
+    targets = {k: t for k, t in r["targets"].items() if "cold start" in k}
+    return "\n".join(lines + _targets_and_machine({**r, "targets": targets}))
+
+
+def _targets_and_machine(r: dict) -> list[str]:
+    lines = ["", "### Targets", "", "| target | limit | measured | result |", "|---|---:|---:|---|"]
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['bound']} {t['limit']:g} {t['unit']} | {t['measured']} | {t['result']} |")
     mc = r["machine"]
@@ -410,12 +538,12 @@ def format_results(r: dict) -> str:
                   f"Load average at start {r['load_avg']['start']}, end {r['load_avg']['end']} "
                   f"(the bench's own {mc['threads']} threads count; well above {mc['threads']} means other jobs "
                   "shared the cores and the timings are upper bounds)."]
-    return "\n".join(lines)
+    return lines
 
 
 def _targets(r: dict) -> dict:
     measured = {}
-    lat = r["latency"]
+    lat = r.get("latency", {})
     if "token" in lat:
         measured["RAG-Token p50"] = percentile(lat["token"]["total"], 50)
     if "sequence" in lat:
@@ -426,11 +554,18 @@ def _targets(r: dict) -> dict:
     rag = [m for m in lat if m != "closed-book"]
     if rag:
         measured["retrieval p50"] = percentile(lat[rag[0]]["retrieve"], 50)
-    measured["warm app RSS"] = r["memory"]["rss_warm"] / 1e9
+    if r.get("memory"):
+        measured["warm app RSS"] = r["memory"]["rss_warm"] / 1e9
     if r.get("throughput"):
         measured["index build throughput"] = r["throughput"]["passages_per_s"]
     if r.get("cold", {}).get("cold_uncached"):
         measured["cold start without a cache"] = r["cold"]["cold_uncached"]["seconds"]
+    for dtype in ("float32", "bfloat16"):
+        c = r.get("cold", {}).get(f"app_{dtype}")
+        if c and dtype == "float32":
+            measured["app cold start: first answer (float32 generator)"] = c["first_answer_s"]
+        if c and c.get("dense_complete_s") is not None:
+            measured[f"app cold start: dense index complete ({dtype} generator)"] = c["dense_complete_s"]
     if r.get("token_overhead"):
         measured["RAG-Token / plain batched generate"] = r["token_overhead"]["ratio_p50"]
     if r.get("reference", {}).get("base"):
@@ -469,6 +604,17 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
                                      **{n: getattr(args, n, None) for n in KNOBS})
     r: dict = {"n": len(questions), "settings": settings.to_dict(),
                "load_avg": {"start": load_avg()}, "machine": machine_info()}
+    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype,
+             "--passage-cache-mb", str(spec.passage_cache_mb)]
+    if spec.name == "paper":
+        extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
+    if getattr(args, "cold_only", False):
+        r["stack"] = spec.name
+        r["cold"] = run_cold_starts(questions[0], spec, extra, say)
+        r["load_avg"]["end"] = load_avg()
+        r["targets"] = _targets(r)
+        print(format_cold_only(r))
+        return _save(r, args.out, say)
     pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()
     r["memory"] = {"rss_loaded": rss_bytes()}
@@ -498,20 +644,18 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     r["memory"]["peak_end"] = peak_rss_bytes()
     del pipe
     r["cold"] = {}
-    extra = ["--stack", spec.name, "--generator-dtype", spec.generator_dtype, "--passage-dtype", spec.passage_dtype,
-             "--passage-cache-mb", str(spec.passage_cache_mb)]
-    if spec.name == "paper":
-        extra += ["--rag-token", spec.rag_token, "--rag-sequence", spec.rag_sequence, "--ctx-encoder", spec.ctx_encoder]
     say("Cold start with the cached index ...")
     r["cold"]["cold_cached"] = cold_start(questions[0], Path(spec.cache_dir), extra)
     if not args.skip_cold_build:
-        say("Cold start without a cache (embeds every passage; minutes) ...")
-        with tempfile.TemporaryDirectory(prefix="rag-bench-cache-") as tmp:
-            r["cold"]["cold_uncached"] = cold_start(questions[0], Path(tmp), extra)
+        r["cold"].update(run_cold_starts(questions[0], spec, extra, say))
     r["load_avg"]["end"] = load_avg()
     r["targets"] = _targets(r)
     print(format_results(r))
-    out = Path(args.out)
+    return _save(r, args.out, say)
+
+
+def _save(r: dict, path: str, say: Callable[[str], None]) -> int:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(r, indent=1, default=str), encoding="utf-8")
     say(f"Saved {out}")

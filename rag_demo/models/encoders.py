@@ -102,6 +102,11 @@ class Encoder(abc.ABC):
     def _passages_batch(self, passages: list[Doc]) -> torch.Tensor:
         """(B, D) vectors of one batch of passages."""
 
+    def passage_lengths(self, passages: list[Doc]) -> list[int]:
+        """How long each passage is for batching (a batch pads to its longest): characters here;
+        the encoders with a tokenizer count the tokens they will really feed the model."""
+        return [len(p.title) + len(p.text) for p in passages]
+
     def encode_questions(self, questions: list[str]) -> np.ndarray:
         """(N, D) float32 question vectors."""
         if not questions:
@@ -115,14 +120,16 @@ class Encoder(abc.ABC):
     ) -> np.ndarray:
         """(N, D) float32 passage vectors, in input order.
 
-        Batches hold passages of similar length (sorted longest first, so padding is small and
-        the slowest batch comes first); a tqdm bar goes to stderr (unless show_bar is False) and
+        Batches hold passages of similar length in tokens (`passage_lengths`, sorted longest
+        first, so padding is small and the slowest batch comes first; a passage's vector does not
+        depend on its batch beyond float rounding); a tqdm bar goes to stderr (unless show_bar is False) and
         `progress(done, total)` is called after every batch. With `passage_dtype` bfloat16 the
         forward passes run under bfloat16 autocast; the vectors come back float32.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is out of range: use 1 or more ({PASSAGE_BATCH} is a good default).")
-        order = sorted(range(len(passages)), key=lambda i: -len(passages[i].title) - len(passages[i].text))
+        lengths = self.passage_lengths(passages) if len(passages) > batch_size else [0] * len(passages)
+        order = sorted(range(len(passages)), key=lambda i: -lengths[i])
         out = np.zeros((len(passages), self.dim), np.float32)  # (N, D)
         with (
             torch.inference_mode(),
@@ -192,8 +199,18 @@ class MiniLMEncoder(Encoder):
     def _questions_batch(self, questions: list[str]) -> torch.Tensor:
         return self._embed(questions)
 
+    @staticmethod
+    def _passage_texts(passages: list[Doc]) -> list[str]:
+        return [f"{p.title}: {p.text}" for p in passages]
+
+    def passage_lengths(self, passages: list[Doc]) -> list[int]:
+        # tokens, not characters: sorted by characters, batches of 16 padded 20% more tokens than
+        # they held (docs/results.md)
+        ids = self.tokenizer(self._passage_texts(passages), truncation=True, max_length=MAX_TOKENS)["input_ids"]
+        return [len(x) for x in ids]
+
     def _passages_batch(self, passages: list[Doc]) -> torch.Tensor:
-        return self._embed([f"{p.title}: {p.text}" for p in passages])
+        return self._embed(self._passage_texts(passages))
 
 
 # ---------------------------------------------------------------- DPR (paper stack)
@@ -264,6 +281,11 @@ class DPRPassageEncoder(Encoder):
         raise ValueError(
             f"{self.name} encodes passages only: encode questions with the question encoder of the RAG checkpoint."
         )
+
+    def passage_lengths(self, passages: list[Doc]) -> list[int]:
+        ids = self.tokenizer([p.title for p in passages], [p.text for p in passages], truncation=True,
+                             max_length=MAX_TOKENS)["input_ids"]
+        return [len(x) for x in ids]
 
     def _passages_batch(self, passages: list[Doc]) -> torch.Tensor:
         enc = self.tokenizer(

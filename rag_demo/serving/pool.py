@@ -7,13 +7,14 @@ no gradio: the page (ui.py) reads the pool's state and shows it.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from rag_demo.config import RagSettings, StackSpec
+from rag_demo.config import TEST_EMBED_DELAY_ENV, RagSettings, StackSpec
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
@@ -60,16 +61,21 @@ def default_corpora() -> dict[str, tuple[str, Callable[[], Any]]]:
 
 
 def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSettings | None = None,
-                  knowledge: Any = None):
+                  knowledge: Any = None, **spec: Any):
     """factory(stack, progress) -> RagPipeline over `corpus_fn()` (Vital Articles by default), or
     over `knowledge` (a loaded knowledge.Knowledge, shared by the stacks whose passage encoder
-    fits it): `RagPipeline.load`, which relays its progress. Imports the library lazily."""
+    fits it): `RagPipeline.load`, which relays its progress. A large corpus whose dense index is
+    not cached answers with BM25 at once while that index is built in the background
+    (`RagPipeline.index_in_background`; $RAG_DEMO_TEST_EMBED_DELAY, seconds per passage, slows
+    that build down for tests). `spec`: StackSpec fields (e.g. generator_dtype). Imports the
+    library lazily."""
+    slow = float(os.environ.get(TEST_EMBED_DELAY_ENV) or 0)
 
     def factory(stack: str, progress: Progress) -> Any:
         from rag_demo.pipeline import RagPipeline
 
-        return RagPipeline.load(StackSpec(name=stack), corpus_fn() if corpus_fn else None, settings, progress,
-                                knowledge=knowledge)
+        return RagPipeline.load(StackSpec(name=stack, **spec), corpus_fn() if corpus_fn else None, settings,
+                                progress, knowledge=knowledge, background_index=True, slow_build=slow)
 
     return factory
 
@@ -169,6 +175,11 @@ class PipelinePool:
                 report(None, f"Warmed up in {secs:.1f} s")
             self._pipes[stack] = pipe
             report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
+            build = getattr(pipe, "index_build", None)
+            if build is not None:  # answering with BM25 until its dense index is complete
+                build.on_ready(lambda index, info: _log(
+                    f"The dense index of the {stack} stack is complete ({len(index):,} passages, "
+                    f"{time.perf_counter() - t0:.1f} s after the load began): answers retrieve with it now"))
         except Exception as e:  # noqa: BLE001 - shown to the user, the app keeps serving
             self._errors[stack] = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
             report(None, f"Loading the {stack} stack failed: {self._errors[stack]}")

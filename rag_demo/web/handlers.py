@@ -444,6 +444,17 @@ class Handlers:
             s,
         )
 
+    def index_progress(self, s: Session | None):
+        """The status line every few seconds while the session's stack answers with BM25 because its
+        dense index is built in the background; -> (status, timer): the timer stops once the dense
+        index serves, or when the stack is neither loaded nor loading (on_load reports that)."""
+        s = self.fresh(s)
+        pipe = self.pool.loaded(s.stack)
+        if pipe is None:  # on_load streams the loading progress
+            return gr.skip(), gr.skip() if self.pool.loading(s.stack) else gr.Timer(active=False)
+        building = getattr(pipe, "index_building", None)
+        return render_status(self.pool, s, pipe), gr.skip() if callable(building) and building() else gr.Timer(active=False)
+
     @page_event
     def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
         """Answer in all three modes from this session's corpus (upload and edits included),

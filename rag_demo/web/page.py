@@ -254,6 +254,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                show_progress="hidden", api_visibility="private"
                ).then(h.reach, inputs=[session], inputs_kwargs=settings_in, outputs=[knobs[n] for n in h.REACHED],
                       queue=False, show_progress="hidden", api_visibility="private")
+        # while the dense index is built in the background the status line shows how far (Handlers.index_progress)
+        timer = gr.Timer(2.0)
+        timer.tick(h.index_progress, inputs=[session], outputs=[status, timer], queue=False, show_progress="hidden",
+                   api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
         # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
         preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,

@@ -247,7 +247,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'title="{esc(decoding_tip(a["decoding"]))}">{esc(a["decoding"])}</span>{k}{stop}</div>'
     )
     cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
-    parts = [head, render_preset(a.get("settings")), asked, answer, cues, meta, render_timings(a["timings"])]
+    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta, render_timings(a["timings"])]
     if a.get("stopped") in ("time_limit", "cancelled"):  # cut before its end: it can be finished
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
                      f'again from the start over the same passages, with the whole time limit for it">'
@@ -280,6 +280,18 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f'<ol class="rag-note">{cands}</ol></details>'
             )
     return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
+
+
+def render_retriever(a: dict) -> str:
+    """A card's note when its passages did not come from the dense index: while that index is
+    built in the background, BM25 chose them (Answer.retriever says so, and how far the build was)."""
+    label = a.get("retriever") or ""
+    if not label.startswith("bm25"):
+        return ""
+    return (f'<div class="rag-cue rag-retriever" data-cue="retriever" data-retriever="{esc(label)}">Passages retrieved '
+            f"by <b>BM25</b> (they share the question's words), not by the dense retriever: <code>{esc(label)}</code>. "
+            "p(z|x) is still the dense encoders' softmax over them. Ask again once the status line says the dense "
+            "index is complete, to see retrieval by meaning.</div>")
 
 
 def render_preset(settings: dict | None) -> str:

@@ -50,11 +50,21 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note:
         )
     index = active_index(s, pipe) if s.stack == pipe.stack.name else pipe.index
     edits = f'<span class="rag-tag">{plural(len(s.edits), "passage")} edited in your copy</span>' if s.edits else ""
+    building = retrieval_note(pipe) if index is pipe.index else ""
     return (
-        f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}">'
+        f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}" '
+        f'data-retriever="{"bm25" if building else "dense"}">'
         f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
-        f"({plural(len(index.corpus), 'passage')}){edits}{note_html}</div>"
+        f"({plural(len(index.corpus), 'passage')}){edits}{building}{note_html}</div>"
     )
+
+
+def retrieval_note(pipe: Any) -> str:
+    """The status line's note while the stack's dense index is built in the background (how far,
+    and that BM25 retrieves meanwhile: RagPipeline.retrieval_status); "" once it serves."""
+    status = getattr(pipe, "retrieval_status", None)
+    text = status() if callable(status) else None
+    return f'<div class="rag-status-note rag-building">{esc(text)}</div>' if text else ""
 
 
 def lessons(corpus: Any, n: int = 6) -> list[dict]:
