@@ -143,7 +143,7 @@ class Answer:
     # what ran: the preset ("paper" or "aided", and its title), every knob, the aids that were on,
     # the knobs changed from the preset (RagSettings.to_dict)
     settings: dict = field(default_factory=dict)
-    # honest cues shown with the answer: [{"kind": "may_lack_answer" | "not_english", "text"}]
+    # honest cues shown with the answer: [{"kind": "may_lack_answer" | "not_in_passages" | "not_english", "text"}]
     cues: list = field(default_factory=list)
     # which retriever chose the passages: "dense", or while the dense index is built in the
     # background "bm25 (dense index building: 40%)"; "" when the caller gave them (answer_from) or
