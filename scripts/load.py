@@ -105,11 +105,17 @@ def launch(corpus_files: list[str], extra: list[str], log_path: Path) -> tuple[s
 
 def wait_ready(url: str, timeout: float) -> float:
     """Waits until the status endpoint says a stack is live (loaded and warmed up); seconds waited."""
+    import httpx
     from gradio_client import Client
 
     t0 = time.monotonic()
-    c = Client(url, verbose=False)
+    c = None
     while time.monotonic() - t0 < timeout:
+        try:  # an app given by --url may still be starting: its port refuses until it listens
+            c = c or Client(url, verbose=False)
+        except (OSError, httpx.ConnectError):
+            time.sleep(2)
+            continue
         status = c.predict(api_name="/status")
         if "data-stack=" in str(status[0] if isinstance(status, (list, tuple)) else status):
             return time.monotonic() - t0
