@@ -149,6 +149,8 @@ def instrument(prof: Profile, gen) -> None:
     prof.patch(aided, "choose_among_drafts", "choose among drafts")
     prof.patch(drafts, "rank_by_rag_token", "branch and bound")
     prof.patch(engine, "inspect_answer", "inspector pass")
+    if hasattr(engine, "inspect_and_score"):  # the inspector's pass scoring the winner too
+        prof.patch(engine, "inspect_and_score", "inspector pass, scoring the winner")
     prof.patch(engine, "score_candidates", "score the winner")
     prof.patch(decoding, "score_candidates", "score candidates")
     prof.patch(drafts, "score_candidates", "score candidates")
