@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--reference-n", type=int, default=5, help="questions for the reference comparison (default 5)")
     be.add_argument("--skip-reask", action="store_true", help="skip asking each question again with another setting "
                     "(retrieval temperature, one passage fewer, the other preset) to time the passage cache")
+    be.add_argument("--generator-dtypes", help="offline stack: comma-separated generator precisions to time "
+                    f"(latency and re-asks), each in the same run ({', '.join(GENERATOR_DTYPES)}; default: auto and "
+                    "float32, i.e. both where the CPU has native bfloat16; --generator-dtype alone: that one)")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")

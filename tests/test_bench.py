@@ -73,23 +73,46 @@ def test_the_latency_table_names_the_beam_count_it_ran_with():
 
 
 def test_targets_are_the_issues_bars_in_both_directions():
-    """bench's targets table: time limits pass at or below, index throughput at or above; an
-    unmeasured target says so rather than passing."""
+    """bench's targets table: time limits pass at or below, index throughput at or above; each
+    generator precision has its own latency bars; an unmeasured target says so rather than passing."""
     lat = {"token": {"total": [1.4, 1.6, 1.2], "retrieve": [0.001] * 3, "ttft": [0.5, 0.9, 0.7],
                      "generate": [1.0, 1.0, 1.0], "generate_streamed": [1.01, 1.2, 1.03]},
            "sequence": {"total": [2.6, 2.7, 2.4], "retrieve": [0.001] * 3}}
-    r = {"latency": lat, "memory": {"rss_warm": 1.5e9}, "throughput": {"passages_per_s": 149.0},
-         "cold": {"cold_uncached": {"seconds": 95.0}}}
+    f32 = {"token": {"total": [2.4, 2.6, 2.0], "retrieve": [0.001] * 3, "ttft": [0.9, 1.1, 1.0],
+                     "generate": [1.0] * 3, "generate_streamed": [1.0] * 3},
+           "sequence": {"total": [2.6, 2.4, 2.4], "retrieve": [0.001] * 3}}
+    r = {"latency": {"bfloat16": lat, "float32": f32}, "memory": {"rss_warm": 1.5e9},
+         "throughput": {"passages_per_s": 149.0}, "cold": {"cold_uncached": {"seconds": 95.0}}}
     t = bench._targets(r)
-    assert t["RAG-Token p50"]["value"] == 1.4 and t["RAG-Token p50"]["result"] == "PASS"
-    assert t["RAG-Sequence p50"]["result"] == "FAIL"  # 2.6 > 2.5
-    assert t["RAG-Token time to first token p50"]["value"] == 0.7 and t["RAG-Token time to first token p50"]["result"] == "PASS"
-    assert t["RAG-Token streamed / quiet generate p50"]["value"] == pytest.approx(1.03)
+    assert t["RAG-Token p50 (bfloat16 generator)"]["value"] == 1.4
+    assert t["RAG-Token p50 (bfloat16 generator)"]["result"] == "PASS"
+    assert t["RAG-Sequence p50 (bfloat16 generator)"]["result"] == "FAIL"  # 2.6 > 2.5
+    assert t["RAG-Token time to first token p50 (bfloat16 generator)"]["value"] == 0.7
+    assert t["RAG-Token p50 (float32 generator)"]["result"] == "PASS"  # 2.4 <= 2.5: float32's own bar
+    assert t["RAG-Sequence p50 (float32 generator)"]["result"] == "PASS"
+    assert t["RAG-Token time to first token p50 (float32 generator)"]["value"] == 1.0
+    assert t["RAG-Token time to first token p50 (float32 generator)"]["result"] == "PASS"
+    assert t["RAG-Token streamed / quiet generate p50"]["value"] == pytest.approx(1.03)  # the first precision's
     assert t["index build throughput"]["bound"] == ">=" and t["index build throughput"]["result"] == "FAIL"  # 149 < 150
     assert t["cold start without a cache"]["result"] == "PASS"
     assert t["engine / transformers RAG (base)"]["measured"] == "not run"
     r["throughput"]["passages_per_s"] = 150.0
     assert bench._targets(r)["index build throughput"]["result"] == "PASS"
+    del r["latency"]["bfloat16"]  # a CPU without native bfloat16: its bars say so
+    assert bench._targets(r)["RAG-Token p50 (bfloat16 generator)"]["measured"] == "not run"
+
+
+def test_generator_dtypes_measured():
+    """bench times float32 and, where the CPU has native bfloat16, bfloat16 too, the app's own first;
+    --generator-dtype alone keeps meaning one precision."""
+    assert bench.generator_dtypes(None, None, "offline", native=True) == ["bfloat16", "float32"]
+    assert bench.generator_dtypes(None, None, "offline", native=False) == ["float32"]
+    assert bench.generator_dtypes(None, "float32", "offline", native=True) == ["float32"]
+    assert bench.generator_dtypes("float32,auto", None, "offline", native=True) == ["float32", "bfloat16"]
+    assert bench.generator_dtypes("bfloat16", None, "offline", native=False) == ["bfloat16"]
+    assert bench.generator_dtypes(None, None, "paper", native=True) == ["float32"]
+    with pytest.raises(ValueError, match="float16"):
+        bench.generator_dtypes("float32,float16", None, "offline", native=True)
 
 
 def test_the_apps_cold_start_is_reported_and_checked_against_its_bars():
@@ -105,7 +128,7 @@ def test_the_apps_cold_start_is_reported_and_checked_against_its_bars():
     assert t["app cold start: first answer (float32 generator)"]["result"] == "PASS"  # 48.2 <= 60
     assert t["app cold start: dense index complete (float32 generator)"]["result"] == "FAIL"  # 131.5 > 120
     assert t["app cold start: dense index complete (bfloat16 generator)"]["measured"] == "not run"
-    assert t["cold start without a cache"]["result"] == "FAIL" and "RAG-Token p50" in t  # not run, listed
+    assert t["cold start without a cache"]["result"] == "FAIL" and "RAG-Token p50 (float32 generator)" in t  # not run, listed
     r["targets"] = t
     text = bench.format_cold_only(r)
     assert "| float32 | 41.0 s | 48.2 s | bm25 (dense index building: 31%) | 131.5 s | dense |" in text

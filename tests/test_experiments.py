@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check", "index_build_profile")
+         "memory_check", "index_build_profile", "float32_profile")
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,13 @@ def test_rerank_candidates_counts_tokens_with_the_real_smollm2(exp, tiny_run, ca
     assert exp("rerank_candidates").main([str(tiny_run)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tiny_run} |")]
     assert len(rows) == 2 * 6  # two rows, oracle + 4 length rules + type
+
+
+def test_float32_profile_times_the_stages_and_bounds_the_model_calls(exp, capsys):
+    assert exp("float32_profile").main(["--tiny", "--n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "GEMM float32:" in out and "GB/s at 10 rows" in out
+    for mode in ("token", "sequence"):
+        assert f"### {mode}: 1 questions" in out
+    assert "| prefill > model body |" in out and "| drafts (each doc's search) > search > model body |" in out
+    assert "| prefill: model body |" in out and "lower bound of the same calls on this CPU" in out

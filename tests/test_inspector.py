@@ -154,3 +154,29 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     one = {**raw, "answers": {"token": pipe.answer(Q, "token", k=1).to_dict()}}
     with pytest.raises(gr.Error, match="only one passage"):
         without(one, one["answers"]["token"]["docs"][0]["id"])
+
+
+@pytest.mark.parametrize("mode,beams,decoding", [("sequence", 1, "fast"), ("sequence", 2, "fast"), ("token", 2, "fast")])
+def test_one_pass_scores_and_inspects_the_winner_as_two_did(pipe, monkeypatch, mode, beams, decoding):
+    """The winner's log-probs under every doc come from the inspector's own teacher-forced pass
+    (inspect_and_score): the same answer, log-probs and tables as a separate scoring pass and
+    inspector pass (float32: the same model calls, log_softmax gathered against gather - logsumexp)."""
+    from rag_demo.rag import engine
+    from rag_demo.rag.decoding import score_candidates
+
+    one = pipe.answer(Q, mode, num_beams=beams, sequence_decoding=decoding)
+    inspect = engine.inspect_and_score
+
+    def two_passes(gen, state, first_lp, tokens, prior, n=INSPECT_TOP):  # the code before: a pass each
+        lp = score_candidates(gen, state, first_lp, [tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
+        return inspect(gen, state, first_lp, tokens, prior, n)[0], lp
+
+    monkeypatch.setattr(engine, "inspect_and_score", two_passes)
+    two = pipe.answer(Q, mode, num_beams=beams, sequence_decoding=decoding)
+    assert one.tokens == two.tokens and one.text == two.text
+    assert one.sequence_logprob == pytest.approx(two.sequence_logprob, abs=1e-5)
+    for a, b in zip(one.inspector, two.inspector):
+        assert a["p_token"] == pytest.approx(b["p_token"], abs=1e-5)
+        assert [t for t, _ in a["top"][0]] == [t for t, _ in b["top"][0]]
+    assert [p for row in one.token_doc_posteriors for p in row] == pytest.approx(
+        [p for row in two.token_doc_posteriors for p in row], abs=1e-5)

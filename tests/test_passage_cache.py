@@ -327,10 +327,52 @@ def test_bench_reasks_count_the_cache(three_passage_pipe, smollm_tokenizer_folde
     assert 0 < r["temperature"][0]["cache_bytes"] <= r["max_bytes"]
     rows = bench._reask_rows(r)
     assert set(rows) == {"cold", "temperature", "without", "preset"}
-    targets = bench._targets({"latency": {}, "memory": {"rss_warm": 1e9}, "reask": r})
+    targets = bench._targets({"latency": {}, "memory": {"rss_warm": 1e9}, "reask": {"float32": r}})
     assert targets["re-ask, one passage taken away: time to first token p50"]["value"] == rows["without"][0]
     assert "re-ask" in bench.format_results({"n": 1, "stack": "x", "settings": {"k": 3, "max_new_tokens": 3},
-                                             "latency": {}, "reask": r, "targets": targets,
+                                             "latency": {}, "reask": {"float32": r}, "targets": targets,
                                              "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
                                              "machine": {"processor": "p", "cpus": 2, "torch": "t", "threads": 2},
                                              "load_avg": {"start": [], "end": []}})
+
+
+def test_bench_times_each_generator_precision_in_one_run(three_passage_pipe, smollm_tokenizer_folder):
+    """bench's latency and re-asks run once per generator precision in one call (the second on the
+    generator loaded again over the same index); the tables and the targets hold both precisions'
+    numbers, side by side (not a timing test)."""
+    from copy import deepcopy
+
+    from rag_demo.measure import bench
+    from rag_demo.models.generators import DecoderOnlyGenerator
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1, seed=4)
+    settings = RagSettings(preset="aided", k=3, max_new_tokens=3, num_beams=1)
+    pipe = three_passage_pipe(gen, [d.text for d in DOCS[:3]], settings)
+
+    def tiny_in(spec):  # the loader bench would call, on the tiny model
+        model = deepcopy(gen.model).to(getattr(torch, spec.generator_dtype))
+        return DecoderOnlyGenerator(model, gen.tokenizer, name=f"tiny-llama ({spec.generator_dtype})")
+
+    r: dict = {}
+    firsts = []
+    last = bench.per_generator_dtype(pipe, ["float32", "bfloat16"], QUESTIONS[:1], ["token", "sequence"], settings, r,
+                                     lambda msg: None, on_first=firsts.append,
+                                     load=lambda p, d: bench.with_generator_dtype(p, d, tiny_in))
+    assert firsts == [pipe] and last.index is pipe.index and last.stack.modes["token"].generator is not gen
+    assert last.stack.modes["token"].generator.model.dtype == torch.bfloat16
+    for key in ("latency", "reask", "generators"):
+        assert list(r[key]) == ["float32", "bfloat16"], key
+    for dtype in ("float32", "bfloat16"):
+        assert set(r["latency"][dtype]) == {"token", "sequence"} and len(r["latency"][dtype]["token"]["total"]) == 1
+        assert r["reask"][dtype]["temperature"][0]["hits"] == 3
+    r.update(n=1, stack="x", settings={"k": 3, "max_new_tokens": 3},
+             memory={"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
+             machine={"processor": "p", "cpus": 2, "torch": "t", "threads": 2}, load_avg={"start": [], "end": []})
+    r["targets"] = targets = bench._targets(r)
+    for dtype in ("float32", "bfloat16"):
+        for name in ("RAG-Token p50", "RAG-Sequence p50", "RAG-Token time to first token p50"):
+            assert targets[f"{name} ({dtype} generator)"]["result"] in ("PASS", "FAIL"), (name, dtype)
+    text = bench.format_results(r)
+    for dtype in ("float32", "bfloat16"):
+        assert f"| RAG-Token | {dtype} | " in text and f"| first ask (cold) | {dtype} | " in text

@@ -148,8 +148,9 @@ def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pip
                    enumerate(zip(rec["ttft"], rec["generate_streamed"])))
     ttft, a = bench.streamed(pipe, QUESTION, "token", settings)
     assert ttft is not None and ttft < a.timings["total"] + 0.05 and len(a.token_ids) == 8
-    text = bench.format_results({"n": 2, "stack": "tiny", "settings": {"k": 3, "max_new_tokens": 8}, "latency": lat,
+    text = bench.format_results({"n": 2, "stack": "tiny", "settings": {"k": 3, "max_new_tokens": 8},
+                                 "latency": {"float32": lat},
                                  "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
                                  "targets": {}, "machine": {"processor": "cpu", "cpus": 2, "torch": "x", "threads": 2},
                                  "load_avg": {"start": [], "end": []}})
-    assert "| RAG-Token | " in text and "time to first token" in text and text.count("x |") >= 3
+    assert "| RAG-Token | float32 | " in text and "time to first token" in text and text.count("x |") >= 3

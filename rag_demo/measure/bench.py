@@ -3,7 +3,9 @@
 Owns the speed and memory numbers of the demo, printed as markdown tables and saved as JSON:
 
 1. latency per stage (encode, retrieve, generate, attribute) and end to end, p50 / p95 over
-   N questions of the dev set, per mode, on the loaded stack (offline by default);
+   N questions of the dev set, per mode, on the loaded stack (offline by default), once per
+   generator precision (`--generator-dtypes`: float32, and bfloat16 where the CPU has it natively;
+   the index and retriever are shared, the generator is loaded again);
 2. RAG-Token's decoding overhead: its generate stage over `model.generate` of the same K
    left-padded prompts for the same number of tokens (greedy, min = max new tokens);
 3. memory: resident set size after loading, warm (after answering), and peak;
@@ -20,7 +22,10 @@ Owns the speed and memory numbers of the demo, printed as markdown tables and sa
    float32 and, where the CPU has native bfloat16, in bfloat16 (`--cold-only` runs only these).
 7. re-asking: each question asked in all modes with no passage kept, then asked again with
    another retrieval temperature, with one passage taken away and with the other preset: time to
-   first token, each answer's time, and the generator's passage cache (hits, misses, bytes).
+   first token, each answer's time, and the generator's passage cache (hits, misses, bytes); per
+   generator precision, as 1.
+
+The first precision listed (by default the app's own, `auto`) is the one 2-4 run on.
 
 The latency runs (1-2) empty the passage caches before every answer: they time a question whose
 passages the generator has not read before (the prompt's opening stays kept, as on a live server).
@@ -37,22 +42,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from rag_demo.config import KNOBS, MODES, RagSettings
+from rag_demo.config import GENERATOR_DTYPES, KNOBS, MODES, RagSettings
 from rag_demo.models.generators import pad_rows
 from rag_demo.measure.reference import compare_with_transformers, reference_cases
 
 STAGES = ("encode", "retrieve", "generate", "attribute", "total")
 THROUGHPUT_PASSAGES = 1000
 
+# latency bars per generator precision: native bfloat16 keeps its bars; float32 (a CPU without
+# native bfloat16, or any CPU with --generator-dtypes float32) has looser ones of its own
+LATENCY_TARGETS = {
+    "bfloat16": {"RAG-Token p50": 1.5,
+                 "RAG-Sequence p50": 2.5,  # thorough decoding's bar: bench --decoding thorough
+                 "RAG-Token time to first token p50": 0.8},
+    "float32": {"RAG-Token p50": 2.5, "RAG-Sequence p50": 2.5, "RAG-Token time to first token p50": 1.0},
+}
 TARGETS = {  # name -> (limit, unit, direction): "max" passes when measured <= limit, "min" when >= limit
-    "RAG-Token p50": (1.5, "s", "max"),
-    "RAG-Sequence p50": (2.5, "s", "max"),  # the target is thorough decoding's: bench --decoding thorough
-    "RAG-Token time to first token p50": (0.8, "s", "max"),
+    **{f"{name} ({dtype} generator)": (limit, "s", "max")
+       for dtype, bars in LATENCY_TARGETS.items() for name, limit in bars.items()},
     "RAG-Token streamed / quiet generate p50": (1.05, "x", "max"),  # streaming costs <= 5%
     "retrieval p50": (0.050, "s", "max"),
     "warm app RSS": (3.0, "GB", "max"),
@@ -130,6 +143,57 @@ def passage_caches(pipe) -> list:
         if cache is not None:
             caches[id(cache)] = cache
     return list(caches.values())
+
+
+def generator_dtypes(listed: str | None, single: str | None, stack: str, native: bool) -> list[str]:
+    """The generator precisions to measure, concrete names, each once, in order: `--generator-dtypes`
+    (comma-separated auto / float32 / bfloat16), else `--generator-dtype` alone when given, else the
+    app's own (auto) and float32. The paper stack's BART has one precision: float32."""
+    if stack != "offline":
+        return ["float32"]
+    names = [x.strip() for x in listed.split(",") if x.strip()] if listed else [single] if single else ["auto", "float32"]
+    out: list[str] = []
+    for name in names:
+        if name not in GENERATOR_DTYPES:
+            raise ValueError(f"--generator-dtypes {listed!r}: {name!r} is unknown: use {', '.join(GENERATOR_DTYPES)}.")
+        concrete = ("bfloat16" if native else "float32") if name == "auto" else name
+        if concrete not in out:
+            out.append(concrete)
+    return out
+
+
+def with_generator_dtype(pipe, dtype: str, load_generator=None):
+    """The same retriever and index with the offline generator loaded again in `dtype`
+    (`load_generator(spec)`, SmolLM2's loader by default)."""
+    from rag_demo.models.stacks import LoadedStack, load_smollm
+
+    spec = replace(pipe.stack.spec, generator_dtype=dtype)
+    gen = (load_generator or load_smollm)(spec)
+    modes = {m: replace(mm, generator=gen) for m, mm in pipe.stack.modes.items()}
+    return type(pipe)(LoadedStack(spec, pipe.stack.ctx_encoder, modes, pipe.stack.load_seconds), pipe.index,
+                      pipe.settings, pipe.index_info)
+
+
+def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: list[str], settings: RagSettings,
+                        r: dict, say: Callable[[str], None], reask: bool = True, on_first=None,
+                        load=with_generator_dtype):
+    """1 and 7 once per generator precision, into r["latency"][dtype], r["reask"][dtype] and
+    r["generators"][dtype]: the first on `pipe` as loaded, then `on_first(pipe)`, each other on
+    `load(pipe, dtype)` (the same index, the generator loaded again). -> the last pipeline."""
+    for key in ("latency", "reask", "generators"):
+        r.setdefault(key, {})
+    for i, dtype in enumerate(dtypes):
+        if i:
+            say(f"Loading the generator again in {dtype} ...")
+            pipe = load(pipe, dtype)
+        r["generators"][dtype] = pipe.stack.describe()
+        say(f"Latency, generator in {dtype} ...")
+        r["latency"][dtype] = latency(pipe, questions, modes, settings, say)
+        if reask and passage_caches(pipe):
+            r["reask"][dtype] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # page's order
+        if i == 0 and on_first is not None:
+            on_first(pipe)
+    return pipe
 
 
 def forget_passages(pipe) -> None:
@@ -457,39 +521,48 @@ REFERENCE_TITLES = {"token": "RAG-Token", "sequence": "RAG-Sequence (thorough)"}
 def format_results(r: dict) -> str:
     titles = {"closed-book": "Closed-book", "token": "RAG-Token",
               "sequence": f"RAG-Sequence ({r['settings'].get('sequence_decoding', 'thorough')})"}
+    lat = r["latency"]  # {generator dtype: {mode: record}}
+    rows = [(mode, dtype, lat[dtype][mode]) for mode in titles for dtype in lat if mode in lat[dtype]]
     lines = [latency_heading(r),
-             "", "| mode | encode | retrieve | generate | attribute | end to end | tokens/answer |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for mode, rec in r["latency"].items():
-        lines.append(f"| {titles[mode]} | " + " | ".join(_p(rec[s]) for s in STAGES)
+             "", "| mode | generator | encode | retrieve | generate | attribute | end to end | tokens/answer |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for mode, dtype, rec in rows:
+        lines.append(f"| {titles[mode]} | {dtype} | " + " | ".join(_p(rec[s]) for s in STAGES)
                      + f" | {statistics.mean(rec['tokens']):.1f} |")
-    if all("ttft" in rec for rec in r["latency"].values()):
+    if rows and all("ttft" in rec for _, _, rec in rows):
         lines += ["", "Streaming (each question answered again with a listener): time from the call to the first "
                       "partial answer holding a token, and the generate stage with the listener against without, "
                       "p50 of the per-question ratios.", "",
-                  "| mode | time to first token p50 / p95, ms | streamed / quiet generate p50 |", "|---|---:|---:|"]
-        for mode, rec in r["latency"].items():
-            ratio = streamed_ratio(rec)
-            lines.append(f"| {titles[mode]} | {_p(rec['ttft'])} | {ratio:.3f}x |")
+                  "| mode | generator | time to first token p50 / p95, ms | streamed / quiet generate p50 |",
+                  "|---|---|---:|---:|"]
+        for mode, dtype, rec in rows:
+            lines.append(f"| {titles[mode]} | {dtype} | {_p(rec['ttft'])} | {streamed_ratio(rec):.3f}x |")
     if r.get("token_overhead"):
         t = r["token_overhead"]
         lines += ["", f"RAG-Token generate / plain batched `model.generate` of the same K prompts, same number of "
                       f"tokens (p50 over {len(t['rows'])} questions): **{t['ratio_p50']:.2f}x** "
                       f"({t['ratio_with_attribution_p50']:.2f}x with the attribution pass)."]
-    if r.get("reask"):
+    if r.get("reask"):  # {generator dtype: reasks(...)}
         lines += ["", "### Asked again with another setting (all modes in one request, streamed)", "",
                   "Each question asked with no passage kept (cold), then at once again. p50 over questions; "
                   "speed-up: an answer's cold time over its re-asked time (slowest: the least of the modes'); "
                   "passages kept / run: summed over the questions.", "",
-                  "| ask | time to first token p50, ms | request p50, ms | speed-up p50, slowest answer "
+                  "| ask | generator | time to first token p50, ms | request p50, ms | speed-up p50, slowest answer "
                   "| speed-up p50 per mode | passages kept / run | passage cache, MB |",
-                  "|---|---:|---:|---:|---|---:|---:|"]
+                  "|---|---|---:|---:|---:|---|---:|---:|"]
         names = {"cold": "first ask (cold)", **{k: f"again, {v}" for k, v in REASKS.items()}}
-        for name, (ttft, total, up, per_mode, hits, misses, peak) in _reask_rows(r["reask"]).items():
-            modes = ", ".join(f"{m} {x:.2f}x" for m, x in per_mode.items()) or "-"
-            lines.append(f"| {names[name]} | {_ms(ttft)} | {_ms(total)} | {'-' if up is None else f'{up:.2f}x'} "
-                         f"| {modes} | {hits} / {misses} | {peak / 2**20:.1f} |")
-        lines.append(f"\nPassage cache bound: {r['reask']['max_bytes'] / 2**20:.0f} MB.")
+        by_dtype = {dtype: _reask_rows(x) for dtype, x in r["reask"].items()}
+        for name in names:
+            for dtype, table in by_dtype.items():
+                if name not in table:
+                    continue
+                ttft, total, up, per_mode, hits, misses, peak = table[name]
+                modes = ", ".join(f"{m} {x:.2f}x" for m, x in per_mode.items()) or "-"
+                lines.append(f"| {names[name]} | {dtype} | {_ms(ttft)} | {_ms(total)} "
+                             f"| {'-' if up is None else f'{up:.2f}x'} | {modes} | {hits} / {misses} "
+                             f"| {peak / 2**20:.1f} |")
+        bound = max(x["max_bytes"] for x in r["reask"].values())
+        lines.append(f"\nPassage cache bound: {bound / 2**20:.0f} MB per generator.")
     m = r["memory"]
     lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
               f"| RSS after loading the stack and index | {_gb(m['rss_loaded'])} |",
@@ -543,13 +616,16 @@ def _targets_and_machine(r: dict) -> list[str]:
 
 def _targets(r: dict) -> dict:
     measured = {}
-    lat = r.get("latency", {})
-    if "token" in lat:
-        measured["RAG-Token p50"] = percentile(lat["token"]["total"], 50)
-    if "sequence" in lat:
-        measured["RAG-Sequence p50"] = percentile(lat["sequence"]["total"], 50)
+    by_dtype = r.get("latency", {})  # {generator dtype: {mode: record}}; the first is the app's own
+    for dtype, lat in by_dtype.items():
+        if "token" in lat:
+            measured[f"RAG-Token p50 ({dtype} generator)"] = percentile(lat["token"]["total"], 50)
+        if "sequence" in lat:
+            measured[f"RAG-Sequence p50 ({dtype} generator)"] = percentile(lat["sequence"]["total"], 50)
+        if lat.get("token", {}).get("ttft"):
+            measured[f"RAG-Token time to first token p50 ({dtype} generator)"] = percentile(lat["token"]["ttft"], 50)
+    lat = next(iter(by_dtype.values()), {})
     if lat.get("token", {}).get("ttft"):
-        measured["RAG-Token time to first token p50"] = percentile(lat["token"]["ttft"], 50)
         measured["RAG-Token streamed / quiet generate p50"] = streamed_ratio(lat["token"])
     rag = [m for m in lat if m != "closed-book"]
     if rag:
@@ -570,7 +646,8 @@ def _targets(r: dict) -> dict:
         measured["RAG-Token / plain batched generate"] = r["token_overhead"]["ratio_p50"]
     if r.get("reference", {}).get("base"):
         measured["engine / transformers RAG (base)"] = max(x["ratio"] for x in r["reference"]["base"].values())
-    for name, (ttft, _, up, _, _, _, _) in _reask_rows(r.get("reask") or {}).items():
+    reask = next(iter((r.get("reask") or {}).values()), {})  # the app's own precision
+    for name, (ttft, _, up, _, _, _, _) in _reask_rows(reask).items():
         if name in REASKS:
             measured[f"re-ask, {REASKS[name]}: time to first token p50"] = ttft
             if up is not None:
@@ -595,6 +672,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     from rag_demo.measure.evaluate import load_qa, machine_info, parse_modes
     from rag_demo.pipeline import RagPipeline
     from rag_demo.models.random_models import make_random_rag_checkpoints
+    from rag_demo.models.stacks import cpu_has_native_bf16
 
     if args.n < 1:
         raise ValueError(f"--n {args.n} is out of range: use 1 or more questions.")
@@ -615,16 +693,21 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         r["targets"] = _targets(r)
         print(format_cold_only(r))
         return _save(r, args.out, say)
-    pipe = RagPipeline.load(spec, settings=settings, progress=lambda frac, msg: say(msg))
+    dtypes = generator_dtypes(getattr(args, "generator_dtypes", None), getattr(args, "generator_dtype", None),
+                              spec.name, cpu_has_native_bf16())
+    pipe = RagPipeline.load(replace(spec, generator_dtype=dtypes[0]) if spec.name == "offline" else spec,
+                            settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()
     r["memory"] = {"rss_loaded": rss_bytes()}
-    r["latency"] = latency(pipe, questions, modes, settings, say)
-    if not getattr(args, "skip_reask", False) and passage_caches(pipe):
-        r["reask"] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # the page's order
-    if "token" in modes and not args.skip_reference:
-        r["token_overhead"] = token_overhead(pipe, questions[: max(1, min(len(questions), args.reference_n))],
-                                             settings, say)
-    r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes())
+
+    def on_first(p) -> None:  # 2-3 on the first precision's generator, before another is loaded
+        if "token" in modes and not args.skip_reference:
+            r["token_overhead"] = token_overhead(p, questions[: max(1, min(len(questions), args.reference_n))],
+                                                 settings, say)
+        r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes())
+
+    pipe = per_generator_dtype(pipe, dtypes, questions, modes, settings, r, say,
+                               reask=not getattr(args, "skip_reask", False), on_first=on_first)
     say("Index build throughput ...")
     r["throughput"] = index_throughput(pipe)
     if not args.skip_reference:

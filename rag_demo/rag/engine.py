@@ -82,14 +82,26 @@ def inspect_answer(gen: Generator, state: GenState, first_lp: torch.Tensor, toke
     state is copied, not consumed): at every position t the top-n of p(. | x, z, y_<t) per doc,
     and, given the log-prior (K,), the top-n of the RAG-Token mixture
     log sum_z exp(log p(z|x) + log p(. | x, z, y_<t)). Costs T-1 tokens through K rows."""
+    return inspect_and_score(gen, state, first_lp, tokens, prior, n)[0]
+
+
+@torch.inference_mode()
+def inspect_and_score(gen: Generator, state: GenState, first_lp: torch.Tensor, tokens: list[int],
+                      prior: torch.Tensor | None, n: int = INSPECT_TOP) -> tuple[Inspection, torch.Tensor]:
+    """`inspect_answer`, and from the same pass each doc's log-prob of every answer token,
+    (K, T): what `score_candidates` of the answer alone gives, without a second pass."""
     K, T = first_lp.shape[0], len(tokens)
     top_ids, top_lp = torch.zeros((K, T, n), dtype=torch.long), torch.zeros((K, T, n))  # (K, T, n)
     mix_ids = torch.zeros((T, n), dtype=torch.long) if prior is not None else None  # (T, n)
     mix_lp = torch.zeros((T, n)) if prior is not None else None  # (T, n)
+    doc_lp = torch.zeros((K, T))  # (K, T) log p(y_t | x, z, y_<t)
+    ids = torch.tensor(tokens, dtype=torch.long)  # (T,)
 
     def record(a: int, lp: torch.Tensor) -> None:  # lp (K, l, V): positions a..a+l-1
         v, i = lp.topk(n, dim=-1)  # (K, l, n)
         top_lp[:, a: a + lp.shape[1]], top_ids[:, a: a + lp.shape[1]] = v, i
+        want = ids[a: a + lp.shape[1]].view(1, -1, 1).expand(K, -1, 1)  # (K, l, 1) the answer's tokens
+        doc_lp[:, a: a + lp.shape[1]] = lp.gather(2, want).squeeze(2)  # (K, l)
         if prior is not None:
             mixed = torch.logsumexp(prior.view(K, 1, 1) + lp, dim=0)  # (l, V): log p(. | x, y_<t) of RAG-Token
             mv, mi = mixed.topk(n, dim=-1)  # (l, n)
@@ -101,7 +113,7 @@ def inspect_answer(gen: Generator, state: GenState, first_lp: torch.Tensor, toke
         st = gen.select(state, torch.arange(K))  # a copy: the answer's tokens are fed to it
         for a, lp in gen.advance_slices(st, torch.tensor([tokens[:-1]] * K)):  # (K, l, V)
             record(a + 1, lp)
-    return Inspection(top_ids, top_lp, mix_ids, mix_lp)
+    return Inspection(top_ids, top_lp, mix_ids, mix_lp), doc_lp
 
 
 @dataclass
@@ -165,14 +177,16 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     choice = reader.choose_token(q, mixture) if not rows.stopped else PAPER.choose_token(q, mixture)
     best = choice.best
     t1 = time.perf_counter()
-    if best.top is not None:  # greedy recorded the inspector's tables while decoding
-        inspection = Inspection(*best.top)
-    else:  # beam search or another candidate: one teacher-forced pass from the prefill state
-        inspection = inspect_answer(gen, q.state0, q.first_lp, best.tokens, q.prior)
     doc_lp = choice.doc_lp  # (K, T) when the choice scored the answer under every doc
     if doc_lp is None and best.row_lp is not None:  # greedy recorded each doc's log-prob of every chosen token
         doc_lp = best.row_lp  # (K, T)
-    elif doc_lp is None:  # beam search: one teacher-forced pass of the answer under each doc
+    if best.top is not None:  # greedy recorded the inspector's tables while decoding
+        inspection = Inspection(*best.top)
+    elif doc_lp is None and best.tokens:  # beam search: one teacher-forced pass gives both
+        inspection, doc_lp = inspect_and_score(gen, q.state0, q.first_lp, best.tokens, q.prior)  # doc_lp (K, T)
+    else:  # another candidate: one teacher-forced pass from the prefill state
+        inspection = inspect_answer(gen, q.state0, q.first_lp, best.tokens, q.prior)
+    if doc_lp is None:  # an empty answer: scored as before (its pad position)
         doc_lp = score_candidates(gen, q.state0, q.first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
     logprob = float(rag_token_logprob(doc_lp, q.prior))  # Σ_i log Σ_z p(z|x) p(y_i|x,z,y_<i)
     out = Generation(best.tokens, logprob, _decoding_name(d) + choice.note, doc_lp, token_posteriors(doc_lp, q.prior),
@@ -235,7 +249,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, q.prior,
                            [True] * K, phase="rescoring"))
     name = f"{d.sequence_decoding}, {_decoding_name(d)}"
-    lp = None
+    lp, inspection = None, None
     if d.sequence_decoding == "thorough" and not stopped:
         lp, mask = score_candidates(gen, q.state0, q.first_lp, [h.tokens for h in cands], gen.pad_token_id,
                                     stop=stop)  # (K, C, T)
@@ -253,8 +267,11 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         scores = _fast_scores(hyps, cands, q.prior)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
-        lp, _ = score_candidates(gen, q.state0, q.first_lp, [cands[win].tokens], gen.pad_token_id)  # (K, 1, T)
-        doc_lp = lp[:, 0]  # (K, T)
+        if cands[win].tokens:  # the inspector's pass scores the winner under every doc too
+            inspection, doc_lp = inspect_and_score(gen, q.state0, q.first_lp, cands[win].tokens, None)  # (K, T)
+        else:
+            lp, _ = score_candidates(gen, q.state0, q.first_lp, [cands[win].tokens], gen.pad_token_id)  # (K, 1, T)
+            doc_lp = lp[:, 0]  # (K, T)
         # the fast score chose the winner, but leaves out the docs that did not produce it: the
         # answer's log p(y|x) is the sum over all K (the posteriors below divide by it)
         logprob = float(rag_sequence_logprob(doc_lp, q.prior))  # ()
@@ -262,7 +279,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     out = Generation(
         cands[win].tokens, logprob, name, doc_lp, post, post[-1],
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=q.prior, question_lp=q.question_lp,
-        inspection=inspect_answer(gen, q.state0, q.first_lp, cands[win].tokens, None),
+        inspection=inspection or inspect_answer(gen, q.state0, q.first_lp, cands[win].tokens, None),
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(out.tokens, stopped, q.ends, d)
