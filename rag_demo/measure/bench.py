@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -185,14 +186,14 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
     for i, dtype in enumerate(dtypes):
         if i:
             say(f"Loading the generator again in {dtype} ...")
-            pipe = load(pipe, dtype)
+            pipe = in_own_thread(load, pipe, dtype)
         r["generators"][dtype] = pipe.stack.describe()
         say(f"Latency, generator in {dtype} ...")
         r["latency"][dtype] = latency(pipe, questions, modes, settings, say)
         if reask and passage_caches(pipe):
             r["reask"][dtype] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # page's order
         if i == 0 and on_first is not None:
-            on_first(pipe)
+            in_own_thread(on_first, pipe)
     return pipe
 
 
@@ -200,6 +201,28 @@ def forget_passages(pipe) -> None:
     """Empty every passage cache: the next question runs as if its passages were never read."""
     for cache in passage_caches(pipe):
         cache.clear()
+
+
+def in_own_thread(fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs) in a thread that ends with it; its result, or its error raised here.
+    torch's OpenMP ops run several times slower in a thread started while another thread keeps
+    its own OpenMP pool (docs/results.md §3.9). The app never runs torch on a thread that stays:
+    it loads in one that ends and answers each question in one of its own. The bench does the
+    same, so that its quiet and streamed answers run as the app's do."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="bench-torch")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
@@ -223,12 +246,12 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
     the cost of streaming, paired question by question)."""
     out = {}
     for mode in modes:
-        pipe.answer(questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
+        in_own_thread(pipe.answer, questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
         rec = {s: [] for s in STAGES}
         rec.update(tokens=[], ttft=[], generate_streamed=[])
         for i, q in enumerate(questions, 1):
             forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
-            a = pipe.answer(q, mode, settings)
+            a = in_own_thread(pipe.answer, q, mode, settings)
             for s in STAGES:
                 rec[s].append(a.timings.get(s, 0.0))
             rec["tokens"].append(len(a.token_ids))
@@ -695,8 +718,8 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         return _save(r, args.out, say)
     dtypes = generator_dtypes(getattr(args, "generator_dtypes", None), getattr(args, "generator_dtype", None),
                               spec.name, cpu_has_native_bf16())
-    pipe = RagPipeline.load(replace(spec, generator_dtype=dtypes[0]) if spec.name == "offline" else spec,
-                            settings=settings, progress=lambda frac, msg: say(msg))
+    pipe = in_own_thread(RagPipeline.load, replace(spec, generator_dtype=dtypes[0]) if spec.name == "offline" else spec,
+                         settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()
     r["memory"] = {"rss_loaded": rss_bytes()}
 
@@ -709,7 +732,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     pipe = per_generator_dtype(pipe, dtypes, questions, modes, settings, r, say,
                                reask=not getattr(args, "skip_reask", False), on_first=on_first)
     say("Index build throughput ...")
-    r["throughput"] = index_throughput(pipe)
+    r["throughput"] = in_own_thread(index_throughput, pipe)
     if not args.skip_reference:
         bm25 = BM25Retriever(pipe.index.corpus)
         r["reference"] = {}
@@ -718,8 +741,8 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
                 say(f"Reference comparison on random {size} checkpoints (n_docs={n_docs}) ...")
                 paths = make_random_rag_checkpoints(Path(root), size=size, n_docs=n_docs)
                 cases = reference_cases(questions[: args.reference_n], n_docs, bm25)
-                res = compare_with_transformers(paths, cases, settings.decoding.max_new_tokens,
-                                                reps=5 if size == "tiny" else 3, say=say)
+                res = in_own_thread(compare_with_transformers, paths, cases, settings.decoding.max_new_tokens,
+                                    reps=5 if size == "tiny" else 3, say=say)
                 for x in res.values():
                     x["rows"] = [{k: v for k, v in row.items() if k not in ("ours", "transformers")} | {
                         "tokens": len(row["ours"])} for row in x["rows"]]
