@@ -1,1 +1,1 @@
-"""Serving many visitors on one CPU: the budget, the step gate, per-visitor sessions, the stack pool, memory."""
+"""Serving many visitors on one CPU: the budget, the step gate, per-visitor state, the stack pool, memory."""

@@ -133,7 +133,7 @@ def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool]
     gradio 6 has no public hook for this. When a client's event stream (SSE) closes, the queue
     calls `clean_events(session_hash=...)`, which sets `alive = False` on that session's running
     jobs (gradio/routes.py, gradio/queueing.py); a running sync handler is never interrupted.
-    So the predicate looks up this session's running events in the queue's `active_jobs` and
+    So the predicate looks up this visitor's running events in the queue's `active_jobs` and
     reports gone when all of them are dead. It reads private attributes (checked against gradio
     6.31 by tests/test_ui.py); if they change it answers False (never cancels), not an error."""
     session_hash = getattr(request, "session_hash", None)

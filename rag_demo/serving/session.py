@@ -27,19 +27,19 @@ class Session:
 
     stack: str = "offline"
     corpus: str = "builtin"  # "builtin" (the stack's corpus), "upload", or a key of pool.corpora() ("factbook")
-    upload: Any = None  # Corpus of this session's uploaded documents
+    upload: Any = None  # Corpus of this visitor's uploaded documents
     upload_index: Any = None  # its PassageIndex under `upload_stack`'s passage encoder
     upload_stack: str | None = None
     named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
     named_stack: str | None = None  # the stack whose passage encoder made `named_index`
-    edited: Any = None  # the active index with this session's edits (None: no edits)
+    edited: Any = None  # the active index with this visitor's edits (None: no edits)
     edits: tuple[str, ...] = ()  # ids of edited passages
     last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
-    warned: frozenset[str] = frozenset()  # warnings this session has seen (each is shown once)
+    warned: frozenset[str] = frozenset()  # warnings this visitor has seen (each is shown once)
 
 
 def active_index(s: Session, base: Any) -> Any:
-    """The index this session answers from: its edited copy, its upload, the other built-in corpus
+    """The index this visitor answers from: its edited copy, its upload, the other built-in corpus
     it chose, or the stack's own."""
     if s.edited is not None:
         return s.edited

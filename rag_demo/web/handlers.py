@@ -96,7 +96,7 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
     or its final Answer.to_dict() with "final": True}) at most ~10 times a second while they grow
     (with `partials`; a card is final as soon as its mode is done), then ("done", (result, session)):
     result the JSON-able {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}},
-    the session remembering the warnings it has seen.
+    the visitor's state remembering the warnings it has seen.
 
     Refused before anything runs when over the budget (the estimate is the one the validator
     priced); otherwise each mode runs within its share of the time limit, at the priority its cost
@@ -445,7 +445,7 @@ class Handlers:
         )
 
     def index_progress(self, s: Session | None):
-        """The status line every few seconds while the session's stack answers with BM25 because its
+        """The status line every few seconds while the visitor's stack answers with BM25 because its
         dense index is built in the background; -> (status, timer): the timer stops once the dense
         index serves, or when the stack is neither loaded nor loading (on_load reports that)."""
         s = self.fresh(s)
@@ -457,7 +457,7 @@ class Handlers:
 
     @page_event
     def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
-        """Answer in all three modes from this session's corpus (upload and edits included),
+        """Answer in all three modes from this visitor's corpus (upload and edits included),
         streamed: the cards grow token by token, each final as soon as its mode is done, then the
         final outputs. A visitor has one question at a time: asking again stops the one running,
         which writes nothing more to the page. `settings`: the controls' values by knob name."""
@@ -481,7 +481,7 @@ class Handlers:
     @_api(str)
     def ask(self, *args, **kwargs) -> str:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
-        built-in corpus (no session state). Every knob is optional (None: the preset's value);
+        built-in corpus (no per-visitor state). Every knob is optional (None: the preset's value);
         preset: "paper" (the paper's algorithm, every reader aid off) or "aided" (default: the
         stack's, offline aided). Returns JSON text: {"question", "stack", "corpus", "settings",
         "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict()
@@ -548,14 +548,14 @@ class Handlers:
 
     @page_event
     def choose_corpus(self, choice, s, progress=gr.Progress(), request: gr.Request = None):
-        """Switch this session between the stack's built-in corpus, the other built-in corpora (the
-        CIA World Factbook: its index is built, with a progress bar, by the first session that
-        chooses it, then loaded from the disk cache and shared) and its uploaded documents."""
+        """Switch this visitor between the stack's built-in corpus, the other built-in corpora (the
+        CIA World Factbook: its index is built, with a progress bar, by the first visitor that
+        chooses it, then loaded from the disk cache and shared) and their uploaded documents."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         note = ""
         if choice == "upload" and s.upload is None:
-            note = "No uploaded documents in this session yet: upload files first."
+            note = "You have not uploaded any documents yet: upload files first."
             choice = "builtin"
         if choice not in ("builtin", "upload", *self.pool.corpora()):
             known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
@@ -574,9 +574,9 @@ class Handlers:
 
     @page_event
     def choose_stack(self, stack, s, progress=gr.Progress(), request: gr.Request = None):
-        """Switch this session's stack, loading it once (lazily, with progress). An unavailable
+        """Switch this visitor's stack, loading it once (lazily, with progress). An unavailable
         stack is refused at once with the reason, said once, in the status line (not a pop-up:
-        a pop-up per event showed the same warning twice), and the session stays where it was."""
+        a pop-up per event showed the same warning twice), and the visitor stays where they were."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         if stack not in STACKS:
@@ -611,7 +611,7 @@ class Handlers:
     @page_event
     def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
                      new_title=None, **settings):
-        """Replace one passage's text (and title, if given) in this session's copy of the index
+        """Replace one passage's text (and title, if given) in this visitor's copy of the index
         (re-embedded), then ask again: the answer follows the document, the models are unchanged."""
         turn = self.begin_run(request)
         s = self.fresh(s)
@@ -643,7 +643,7 @@ class Handlers:
             pipe, s = session_pipeline(self.pool, s, progress)
             progress(0.1, desc="Answering again without the passage")
             run = self.serving.run(None, request) if self.serving else None
-            result = _answer_without(pipe, raw, pid, run)  # the session's index: uploads and edits too
+            result = _answer_without(pipe, raw, pid, run)  # the visitor's index: uploads and edits too
         return _finite(result), s
 
     @page_event
@@ -677,7 +677,7 @@ class Handlers:
 
     @page_event
     def reset_edits(self, s, request: gr.Request = None):
-        """Drop this session's passage edits (back to the unedited corpus)."""
+        """Drop this visitor's passage edits (back to the unedited corpus)."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = dataclasses.replace(self.fresh(s), edited=None, edits=())
         return (render_status(self.pool, s), *_empty_outputs(s))
