@@ -111,6 +111,23 @@ def page(browser, server, request):
         ctx.close()
 
 
+@contextmanager
+def _own_app_page(browser, port: int, stop, name: str, **env):
+    """(page, URL) of an app of its own (the test environment plus `env`), in the module's browser
+    (a second sync_playwright inside the first one's loop is refused); its log is
+    browser_app_<name>.log and the page as the tests left it end-<name>.png."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", **env}
+    with _serve(port, env, f"browser_app_{name}.log", stop) as url:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(30_000)
+        try:
+            yield pg, url
+        finally:
+            pg.screenshot(path=str(SHOTS / f"end-{name}.png"), full_page=True)
+            ctx.close()
+
+
 def shot(pg, name: str) -> None:
     pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
@@ -645,16 +662,8 @@ FACTBOOK_BUILD_TIMEOUT_MS = 1_500_000
 def factbook_page(browser, free_port, stop_process):
     """A page of its own app (the fixture corpus built in, the user's index cache), in the
     module's browser (a second sync_playwright inside the first one's loop is refused)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    with _serve(free_port(), env, "browser_app_factbook.log", stop_process) as url:
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-        pg = ctx.new_page()
-        pg.set_default_timeout(30_000)
-        try:
-            yield pg, url
-        finally:
-            pg.screenshot(path=str(SHOTS / "end-factbook.png"), full_page=True)
-            ctx.close()
+    with _own_app_page(browser, free_port(), stop_process, "factbook") as page_and_url:
+        yield page_and_url
 
 
 def choose_corpus(pg, label: str) -> None:
@@ -705,18 +714,10 @@ DENSE_TIMEOUT_MS = 400_000
 def slow_build_page(browser, free_port, stop_process, tmp_path_factory):
     """A page of its own app with an empty index cache whose dense index builds slowly, in the
     module's browser."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "RAG_DEMO_CACHE": str(tmp_path_factory.mktemp("slow_build") / "cache"),
-           "RAG_DEMO_TEST_EMBED_DELAY": str(SLOW_BUILD_S_PER_PASSAGE)}
-    with _serve(free_port(), env, "browser_app_slow_build.log", stop_process) as url:
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-        pg = ctx.new_page()
-        pg.set_default_timeout(30_000)
-        try:
-            yield pg, url
-        finally:
-            pg.screenshot(path=str(SHOTS / "end-slow-build.png"), full_page=True)
-            ctx.close()
+    with _own_app_page(browser, free_port(), stop_process, "slow-build",
+                       RAG_DEMO_CACHE=str(tmp_path_factory.mktemp("slow_build") / "cache"),
+                       RAG_DEMO_TEST_EMBED_DELAY=str(SLOW_BUILD_S_PER_PASSAGE)) as page_and_url:
+        yield page_and_url
 
 
 def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answers(slow_build_page):

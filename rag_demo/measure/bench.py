@@ -41,8 +41,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -209,20 +209,8 @@ def in_own_thread(fn: Callable, *args, **kwargs):
     its own OpenMP pool (docs/results.md §3.9). The app never runs torch on a thread that stays:
     it loads in one that ends and answers each question in one of its own. The bench does the
     same, so that its quiet and streamed answers run as the app's do."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run, name="bench-torch")
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-torch") as one:  # its thread ends on exit
+        return one.submit(fn, *args, **kwargs).result()
 
 
 def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[float | None, object]:
