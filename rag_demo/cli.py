@@ -31,7 +31,7 @@ def _spec(args) -> StackSpec:
     if args.cache_dir:
         kw["cache_dir"] = args.cache_dir
     for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype", "passage_dtype", "index_kind",
-                 "index_rerank", "passage_cache_mb"):
+                 "index_rerank", "passage_cache_mb", "hidden_cache_mb"):
         if getattr(args, name, None) not in (None, ""):
             kw[name] = getattr(args, name)
     return StackSpec(**kw)
@@ -85,6 +85,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-cache-mb", type=int, default=StackSpec.passage_cache_mb,
                    help="offline generator: MiB of passages' keys and values kept for later questions "
                    "(0: none; default 512)")
+    p.add_argument("--hidden-cache-mb", type=int, default=StackSpec.hidden_cache_mb,
+                   help="offline generator: MiB of hidden states kept for later questions, so a question asked "
+                   "again runs the model only where it reads something new (0: none; default 64)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
     p.add_argument("--index-kind", default=StackSpec.index_kind, help=f"{', '.join(INDEX_KINDS)} (default auto: exact "
                    "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")

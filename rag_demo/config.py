@@ -430,6 +430,10 @@ class StackSpec:
     # Decoder-only generator: MiB of passages' keys and values kept for later questions
     # (models.passage_kv.PassageKVCache; 0 keeps none). 512 fits a 16 GB Space (serving.budget.Budget).
     passage_cache_mb: int = 512
+    # Decoder-only generator: MiB of the hidden states of the sequences it ran (prompts, answers so
+    # far), kept so that a re-ask runs the model only where it reads something new
+    # (models.passage_kv.HiddenStateCache; 0 keeps none).
+    hidden_cache_mb: int = 64
 
     def __post_init__(self) -> None:
         if self.name not in STACKS:
@@ -438,10 +442,10 @@ class StackSpec:
             raise ValueError(f"index_kind={self.index_kind!r} is unknown: use one of {', '.join(INDEX_KINDS)}.")
         if not 0 <= self.index_rerank <= 100:
             raise ValueError(f"index_rerank={self.index_rerank!r} is out of range: use 0 (off) to 100.")
-        if isinstance(self.passage_cache_mb, bool) or not isinstance(self.passage_cache_mb, int) \
-                or self.passage_cache_mb < 0:
-            raise ValueError(f"passage_cache_mb={self.passage_cache_mb!r} is out of range: use a whole number of MiB, "
-                             "0 (keep no passage) or more.")
+        for name in ("passage_cache_mb", "hidden_cache_mb"):
+            mb = getattr(self, name)
+            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+                raise ValueError(f"{name}={mb!r} is out of range: use a whole number of MiB, 0 (keep none) or more.")
         for name in ("generator_dtype", "passage_dtype"):
             if getattr(self, name) not in GENERATOR_DTYPES:
                 raise ValueError(

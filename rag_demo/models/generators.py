@@ -29,7 +29,7 @@ from transformers.masking_utils import create_bidirectional_mask
 
 from rag_demo.models import Doc
 from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
-from rag_demo.models.passage_kv import PassageKVCache
+from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, digest, extend
 from rag_demo.models.stopping import StopRule
 
 # Most float32 logits alive at once when teacher-forcing (advance_gather): 32M x 4 bytes = 128 MB,
@@ -75,10 +75,35 @@ class GenState:
     # last n prompt tokens (R, n), read from the prefill's own logits (the question's likelihood
     # under each passage, RagSettings.question_weight); None when not asked for
     prompt_lp: torch.Tensor | None = None
+    # dec-only with kept hidden states (DecoderOnlyGenerator.hidden_cache): each row's digest of its
+    # tokens so far; the tokens fed since the model last ran (R, p), while every position they
+    # asked for was kept; and, when not even the prefill has run (cache None), the prompts' prefill
+    # to run once a row needs the model, with each row's prompt in it
+    digests: list[bytes] | None = None
+    pending: torch.Tensor | None = None  # (R, p)
+    lazy: "tuple[LazyPrefill, list[int]] | None" = None
 
     @property
     def rows(self) -> int:
         return self.mask.shape[0]
+
+
+class LazyPrefill:
+    """A prefill whose log-probs were read from kept hidden states and not run: the states made
+    from it (`select` copies, one per search) share it, so the first one that needs the model
+    runs the prompts once for all of them and each copies its rows."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]]):
+        self.prompts = prompts
+        self._state: GenState | None = None
+        self._lock = threading.Lock()
+
+    def rows(self, gen: "DecoderOnlyGenerator", rows: list[int]) -> GenState:
+        """A new state holding these rows of the prompts' prefill (run now if not yet)."""
+        with self._lock:
+            if self._state is None:
+                _, self._state = gen._prefill(self.prompts)
+        return gen.select(self._state, torch.tensor(rows, dtype=torch.long))
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad: int, left: bool = False, min_width: int = 0
@@ -502,6 +527,11 @@ def _stacked(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     return out
 
 
+def _last_tokens(prompts, n: int) -> torch.Tensor:
+    """Each prompt's last n tokens (R, n)."""
+    return torch.tensor([list(p[len(p) - n:]) for p in prompts], dtype=torch.long).view(len(prompts), n)
+
+
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return F.log_softmax(logits.float(), dim=-1)
 
@@ -602,7 +632,7 @@ class DecoderOnlyGenerator(Generator):
     kind = DECODER_ONLY
 
     def __init__(self, model, tokenizer, name: str = "SmolLM2-135M-Instruct",
-                 passage_cache_bytes: int = DEFAULT_PASSAGE_CACHE_BYTES):
+                 passage_cache_bytes: int = DEFAULT_PASSAGE_CACHE_BYTES, hidden_cache_bytes: int = DEFAULT_HIDDEN_BYTES):
         self.model = model.eval()
         use_shared_prefix_attention(self.model)  # prefill shares the prompts' opening: SharedPrefixLayer
         self.tokenizer = tokenizer
@@ -619,6 +649,10 @@ class DecoderOnlyGenerator(Generator):
         self.passage_cache = PassageKVCache(passage_cache_bytes)
         self._model_key = (name, next(_MODEL_KEYS))
         self.passage_tokens_run = 0  # passage tokens the model actually ran (tests read it)
+        # the last hidden state of every token sequence the model ran (prompts, answers so far),
+        # kept for later questions: a re-ask runs the model only where it reads something new
+        self.hidden_cache = HiddenStateCache(hidden_cache_bytes)
+        self.positions_run = 0  # token positions the model ran after prompts' openings (tests read it)
 
     def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
@@ -777,14 +811,45 @@ class DecoderOnlyGenerator(Generator):
 
     @torch.inference_mode()
     def prefill(self, prompts, score_last: int = 0):
+        """`_prefill` of the prompts, or, when the last hidden states of every prompt (and of the
+        n = score_last prefixes before it) are kept in `hidden_cache`, no model call at all: the
+        log-probs come from the kept states and the state is lazy (`GenState.lazy`): the prompts'
+        prefill runs, once for every copy of the state, when a later step reads something not kept
+        (`_hidden`), and the tokens fed meanwhile run after it. Every hidden state computed is kept."""
+        if not 0 <= score_last < min(len(p) for p in prompts):
+            raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
+        if not self.hidden_cache.max_bytes:
+            hidden, state = self._prefill(prompts, score_last)  # (R, n+1, H)
+            return self._first_step(self._logits(hidden), _last_tokens(prompts, score_last), score_last, state)
+        R = len(prompts)
+        digs = [[digest(p[: len(p) - j]) for j in range(score_last, -1, -1)] for p in prompts]  # (R, n+1)
+        kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, n+1) of (H,) or None
+        if all(h is not None for row in kept for h in row):
+            hidden = torch.stack([torch.stack(row) for row in kept])  # (R, n+1, H)
+            state = GenState(cache=None, mask=torch.ones((R, 0), dtype=torch.long),
+                             pending=torch.zeros((R, 0), dtype=torch.long), lazy=(LazyPrefill(prompts), list(range(R))))
+        else:
+            hidden, state = self._prefill(prompts, score_last)  # (R, n+1, H)
+            state.pending = torch.zeros((R, 0), dtype=torch.long)  # (R, 0)
+            self._keep(digs, kept, hidden)
+        state.digests = [row[-1] for row in digs]
+        return self._first_step(self._logits(hidden), _last_tokens(prompts, score_last), score_last, state)
+
+    def _keep(self, digs: list[list[bytes]], kept: list[list], hidden: torch.Tensor) -> None:
+        """Keep hidden[r, j] (R, L, H) under digs[r][j] where kept[r][j] says it was not kept."""
+        for r, row in enumerate(digs):
+            for j, d in enumerate(row):
+                if kept[r][j] is None:
+                    self.hidden_cache.put(d, hidden[r, j])
+
+    def _prefill(self, prompts, score_last: int = 0) -> tuple[torch.Tensor, GenState]:
         """The K doc prompts share their opening (system prompt, chat header, worked examples):
         it runs once, as one row, its KV cache is held once for every row (SharedPrefixLayer), and
         only the rest of each prompt runs per row, left-padded after it (the padding is masked out
         and skipped by the position ids, so every row reads exactly its prompt). The opening's own
         KV comes from `_prefix_kv`, which reuses what earlier questions share; each passage's from
-        `passage_cache` where an earlier question computed it (`_prefill_passages`)."""
-        if not 0 <= score_last < min(len(p) for p in prompts):
-            raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
+        `passage_cache` where an earlier question computed it (`_prefill_passages`).
+        -> the hidden states of each row's last score_last + 1 prompt positions (R, n+1, H) and the state."""
         split = self._passage_split(prompts, score_last)
         if split is not None:
             return self._prefill_passages(prompts, score_last, *split)
@@ -799,14 +864,14 @@ class DecoderOnlyGenerator(Generator):
         ids, tail_mask = pad_rows([p[P:] for p in prompts], self.pad_token_id, left=True)  # (R, W) left-padded
         mask = torch.cat([head, tail_mask], dim=1)  # (R, P+W)
         pos = P + (tail_mask.cumsum(-1) - 1).clamp(min=0)  # (R, W) positions skip the padding
-        out = self.model(
+        out = self.model.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, prefix_cache=cache,
-            # only the logits needed: the last position's (R, 1, V), and before it the n positions
-            # that predict the last n prompt tokens (left padding: every row's tail is aligned)
-            logits_to_keep=score_last + 1,
         )
+        self.positions_run += int(tail_mask.sum())
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=P + tail_mask.sum(-1))
-        return self._first_step(out.logits, ids, score_last, state)
+        # only the states needed: the last position's, and before it the n positions that predict
+        # the last n prompt tokens (left padding: every row's tail is aligned)
+        return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
 
     def _opening_cache(self, opening: tuple[int, ...]) -> "_GrowingCache":
         """An empty R-row cache over `opening`'s KV, held once for all rows (SharedPrefixLayer:
@@ -817,7 +882,7 @@ class DecoderOnlyGenerator(Generator):
     @staticmethod
     def _first_step(logits: torch.Tensor, ids: torch.Tensor, score_last: int, state: GenState):
         """-> the next-token log-probs (R, V) from the prefill's logits (R, n+1, V), and the state,
-        with the log-probs of the last n prompt tokens (ids (R, W)) when asked for."""
+        with the log-probs of the last n prompt tokens (ids (R, n)) when asked for."""
         if score_last:
             lp = _log_softmax(logits[:, :-1])  # (R, n, V): position j predicts token j+1
             state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)
@@ -881,19 +946,20 @@ class DecoderOnlyGenerator(Generator):
         kept = [self.passage_cache.get(k) for k in keys]  # (layers, 2, heads, L, d) each, or None
         missing = [r for r in range(R) if kept[r] is None]
         if len(missing) == R:  # nothing kept: one call over passages and rests, as without a cache
-            out = self.model(
+            out = self.model.model(
                 input_ids=torch.cat([seg_ids, rest_ids], dim=1), attention_mask=mask,
                 position_ids=torch.cat([seg_pos, rest_pos], dim=1), past_key_values=cache, use_cache=True,
-                prefix_cache=cache, prefill=True, logits_to_keep=score_last + 1,
+                prefix_cache=cache, prefill=True,
             )
             self.passage_tokens_run += int(lens.sum())
+            self.positions_run += int(lens.sum()) + int(rest_mask.sum())
             layers = out.past_key_values.layers
             for r in range(R):  # row r's passage: its last lens[r] of the first Ws own positions
                 cols = slice(Ws - int(lens[r]), Ws)
                 own = [(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]  # (heads, L, d) per layer
                 self.passage_cache.put(keys[r], _stacked(own))
             state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
-            return self._first_step(out.logits, rest_ids, score_last, state)
+            return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
         if missing:  # some kept: the others' passages run on their own, as rows of their own width
             rows = torch.tensor(missing)  # (M,) the rows whose passages run
             Wm = int(lens[rows].max())
@@ -903,6 +969,7 @@ class DecoderOnlyGenerator(Generator):
             self.model.model(input_ids=seg_ids[rows, cols], position_ids=seg_pos[rows, cols], attention_mask=part_mask,
                              past_key_values=cache, use_cache=True, prefix_cache=cache, prefill=True)
             self.passage_tokens_run += int(lens[rows].sum())
+            self.positions_run += int(lens[rows].sum())
             for i, r in enumerate(missing):
                 cols = slice(Wm - int(lens[r]), Wm)
                 own = [(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers]  # (heads, L, d) per layer
@@ -921,16 +988,49 @@ class DecoderOnlyGenerator(Generator):
                 v[r, :, a: Ws] = kept[r][li, 1]
             rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(k, v, Ws))
         cache = _GrowingCache(rows_cache)
-        out = self.model(
+        out = self.model.model(
             input_ids=rest_ids, attention_mask=mask, position_ids=rest_pos, past_key_values=cache, use_cache=True,
-            prefix_cache=cache, prefill=True, logits_to_keep=score_last + 1,  # SDPA, as the one-call prefill
+            prefix_cache=cache, prefill=True,  # SDPA, as the one-call prefill
         )
+        self.positions_run += int(rest_mask.sum())
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
-        return self._first_step(out.logits, rest_ids, score_last, state)
+        return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
 
     @torch.inference_mode()
     def _hidden(self, state, tokens):
+        """Run tokens (R, L) (see Generator._hidden), or not: where the hidden state of every row at
+        every one of the L positions is kept (`hidden_cache`), they are read, and the tokens wait
+        in `state.pending` until a later call needs the model; that call runs the waiting tokens
+        and its own at once (after the prompts' prefill when that was read too: `LazyPrefill`).
+        Every state the model computes is kept."""
+        if state.digests is None:  # no hidden states kept for this state
+            return self._run(state, tokens)
+        R, L = tokens.shape
+        digs = []  # (R, L) each row's digest after each of its new tokens
+        for d, row in zip(state.digests, tokens.tolist()):
+            out = []
+            for t in row:
+                d = extend(d, t)
+                out.append(d)
+            digs.append(out)
+        kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, L) of (H,) or None
+        state.digests = [row[-1] for row in digs]
+        if all(h is not None for row in kept for h in row):
+            state.pending = torch.cat([state.pending, tokens], dim=1)  # (R, p+L)
+            return torch.stack([torch.stack(row) for row in kept])  # (R, L, H)
+        fed = torch.cat([state.pending, tokens], dim=1)  # (R, p+L): the model catches up with these
+        state.pending = fed[:, :0]  # (R, 0)
+        if state.cache is None:  # not even the prompts ran: their prefill runs (once for every copy)
+            ran = state.lazy[0].rows(self, state.lazy[1])
+            state.cache, state.mask, state.next_pos, state.lazy = ran.cache, ran.mask, ran.next_pos, None
+        hidden = self._run(state, fed)[:, -L:]  # (R, L, H)
+        self._keep(digs, kept, hidden)
+        return hidden
+
+    def _run(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
+        """The model over tokens (R, L) from the state's cache (updated in place) -> (R, L, H)."""
         rows, length = tokens.shape
+        self.positions_run += rows * length
         state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
         pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
         out = self.model.model(
@@ -945,10 +1045,14 @@ class DecoderOnlyGenerator(Generator):
         return self.model.lm_head(hidden)  # (..., V)
 
     def select(self, state, rows):
+        picked = rows.tolist()
         return GenState(
-            cache=_select_cache(state.cache, rows),
+            cache=None if state.cache is None else _select_cache(state.cache, rows),
             mask=state.mask.index_select(0, rows),
-            next_pos=state.next_pos.index_select(0, rows),
+            next_pos=None if state.next_pos is None else state.next_pos.index_select(0, rows),
+            digests=None if state.digests is None else [state.digests[i] for i in picked],
+            pending=None if state.pending is None else state.pending.index_select(0, rows),
+            lazy=None if state.lazy is None else (state.lazy[0], [state.lazy[1][i] for i in picked]),
         )
 
 

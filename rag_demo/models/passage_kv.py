@@ -14,7 +14,9 @@ when stored and is only ever read afterwards.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -124,3 +126,28 @@ def _checked_bytes(max_bytes: int) -> int:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
         raise ValueError(f"max_bytes={max_bytes!r} must be a whole number of bytes, 0 (keep nothing) or more.")
     return max_bytes
+
+
+# ~27k token positions of SmolLM2-135M's float32 hidden states (2.3 KB each), twice that in
+# bfloat16: every position an aided question runs, for a dozen or more questions.
+DEFAULT_HIDDEN_BYTES = 64 * 2**20
+
+
+class HiddenStateCache(PassageKVCache):
+    """The last hidden state (H,) of token sequences the generator ran, keyed by the sequence's
+    `digest` (its prompt, then every token fed after it): a causal model's state at a position is
+    a function of the tokens up to it, so a later question that runs the same sequence (a re-ask:
+    the same prompts, the same answer prefixes) reads it instead, and the next-token log-probs
+    are the vocabulary projection of it. Bounded and evicted as PassageKVCache."""
+
+
+def digest(tokens) -> bytes:
+    """A token sequence's digest (16 bytes of BLAKE2b over its ids)."""
+    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16, person=b"rag-prompt").digest()
+
+
+def extend(d: bytes, token: int) -> bytes:
+    """The digest of a sequence with digest d followed by `token`. A sequence reached by extending is
+    named otherwise than the same ids as one prompt: only a missed reuse, never a wrong one."""
+    return hashlib.blake2b(d + int(token).to_bytes(8, "little", signed=True), digest_size=16,
+                           person=b"rag-extend").digest()

