@@ -149,6 +149,10 @@ class Answer:
     # background "bm25 (dense index building: 40%)"; "" when the caller gave them (answer_from) or
     # none were read (closed-book)
     retriever: str = ""
+    # what the generator keeps for later questions, as this answer left it: {"passages": ...,
+    # "hidden_states": ...}, each {"bytes", "max_bytes", "hits", "misses"} (hits and misses since
+    # it loaded); {} for a generator that keeps nothing (BART)
+    kept: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -162,6 +166,17 @@ class Retrieval:
     scores: torch.Tensor  # (K,) retrieval inner products q(x)·d(z)
     timings: dict[str, float]  # seconds: encode, retrieve
     retriever: str = "dense"  # the label of the retriever that chose them (Answer.retriever)
+
+
+def kept_by(gen) -> dict:
+    """Answer.kept: the generator's caches for later questions, as they stand."""
+    out = {}
+    for name, attr in (("passages", "passage_cache"), ("hidden_states", "hidden_cache")):
+        cache = getattr(gen, attr, None)
+        if cache is not None:
+            st = cache.stats()
+            out[name] = {"bytes": st.bytes, "max_bytes": st.max_bytes, "hits": st.hits, "misses": st.misses}
+    return out
 
 
 class RagPipeline:
@@ -532,7 +547,7 @@ class RagPipeline:
             candidates=_ranked_candidates(gen, g),
             stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
             read_question="" if read_q == q else read_q, settings=s.to_dict(),
-            cues=(cues or []) + unread(text, docs, g.stopped),
+            cues=(cues or []) + unread(text, docs, g.stopped), kept=kept_by(gen),
         )
 
     @staticmethod

@@ -16,7 +16,9 @@ First one burst of cheap questions only (every client asks with the default sett
 `--bursts` bursts of `--clients` clients at once, `--expensive` of them asking with K=20, 4 beams,
 128 new tokens, thorough RAG-Sequence (sent first, so they are running or queued when the cheap
 ones arrive). Each client is its own gradio_client.Client on /ask (loopback only). Prints per
-burst: answered / refused / failed, cheap latency p50 / p95, and the server's RSS after the burst;
+burst: answered / refused / failed, cheap latency p50 / p95, the server's RSS after the burst and
+the most its generator kept for later questions (passages' keys and values, hidden states: from
+each answer's `kept`) against their bounds;
 then the acceptance lines (cheap p95 with expensive queued <= 2x cheap p95 alone; RSS after the
 bursts within 15% of RSS after warm-up) and the load average. Numbers, not a test: the CPU may be
 shared, so each line says the load average it was measured under.
@@ -135,7 +137,8 @@ def one(url: str, question: str, s: dict, start: threading.Event, out: dict, del
                             "offline", api_name="/ask")
         r = ask_result(job.result(timeout=timeout))
         out.update(ok=True, latency=time.perf_counter() - t0,
-                   stopped={m: a.get("stopped") for m, a in r["answers"].items()})
+                   stopped={m: a.get("stopped") for m, a in r["answers"].items()},
+                   kept=[a.get("kept") or {} for a in r["answers"].values()])
     except Exception as e:  # noqa: BLE001 - counted per request
         msg = f"{type(e).__name__}: {e}"
         refused = any(w in str(e).lower() for w in REFUSAL_WORDS)
@@ -223,17 +226,25 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
             for r in results if r.get("ok")]
     cut, cards, answered = sum(c > 0 for c in cuts), sum(cuts), len(cuts)
     rss = rss_bytes(pid) if pid else None
+    kept = {}  # what the generator keeps for later questions: the most any answer reported, and its bound
+    for r in results:
+        for k in r.get("kept") or []:
+            for name, st in k.items():
+                was = kept.get(name, (0, st["max_bytes"]))
+                kept[name] = (max(was[0], st["bytes"]), st["max_bytes"])
+    kept_line = "; ".join(f"{name.replace('_', ' ')} kept {b / 2**20:.1f} MiB of {bound / 2**20:.0f} "
+                          f"({'within' if b <= bound else 'OVER'} the bound)" for name, (b, bound) in kept.items())
     line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
             f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered, "
             f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; {cut} answered with a mode "
             f"cut ({cards} of {3 * answered} cards); "
             f"cheap latency p50 {pct(cheap, 50):.1f} s p95 {pct(cheap, 95):.1f} s; RSS {gb(rss)}; "
-            f"load avg {load_avg()}")
+            f"{kept_line + '; ' if kept_line else ''}load avg {load_avg()}")
     print(line, flush=True)
     for r in results:
         if not r.get("ok"):
             print(f"              {r['kind']}: {r.get('error')}", flush=True)
-    return {"cheap": cheap, "rss": rss, "counts": counts}
+    return {"cheap": cheap, "rss": rss, "counts": counts, "kept": kept}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,3 +189,19 @@ def test_float32_profile_times_the_stages_and_bounds_the_model_calls(exp, capsys
         assert f"### {mode}: 1 questions" in out
     assert "| prefill > model body |" in out and "| drafts (each doc's search) > search > model body |" in out
     assert "| prefill: model body |" in out and "lower bound of the same calls on this CPU" in out
+
+
+def test_load_summary_reports_what_the_generator_kept_against_its_bound(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        load = importlib.import_module("load")
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    kept = lambda b: {"passages": {"bytes": b, "max_bytes": 2**29}, "hidden_states": {"bytes": 2**20, "max_bytes": 2**26}}  # noqa: E731
+    results = [{"kind": "cheap", "ok": True, "latency": 1.0, "stopped": {}, "kept": [kept(2**27), kept(2**28)]},
+               {"kind": "cheap", "ok": True, "latency": 2.0, "stopped": {}, "kept": [kept(3 * 2**28)]}]
+    out = load.summary("burst", results, None)
+    assert out["kept"] == {"passages": (3 * 2**28, 2**29), "hidden_states": (2**20, 2**26)}
+    line = capsys.readouterr().out
+    assert "passages kept 768.0 MiB of 512 (OVER the bound)" in line
+    assert "hidden states kept 1.0 MiB of 64 (within the bound)" in line

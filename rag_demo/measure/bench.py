@@ -136,11 +136,12 @@ def _ms(s: float) -> str:
 # ---------------------------------------------------------------- 1-2 latency per stage
 
 
-def passage_caches(pipe) -> list:
-    """The passage caches of the stack's generators, each once (BART keeps none)."""
+def passage_caches(pipe, kind: str = "passage_cache") -> list:
+    """The caches the stack's generators keep for later questions, each once: `kind` "passage_cache"
+    (passages' keys and values) or "hidden_cache" (the hidden states of sequences run); BART keeps none."""
     caches = {}
     for mm in pipe.stack.modes.values():
-        cache = getattr(mm.generator, "passage_cache", None)
+        cache = getattr(mm.generator, kind, None)
         if cache is not None:
             caches[id(cache)] = cache
     return list(caches.values())
@@ -198,9 +199,14 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
 
 
 def forget_passages(pipe) -> None:
-    """Empty every passage cache: the next question runs as if its passages were never read."""
-    for cache in passage_caches(pipe):
-        cache.clear()
+    """Empty every passage cache and every kept hidden state: the next question runs as if its
+    passages were never read."""
+    for kind in KEPT:
+        for cache in passage_caches(pipe, kind):
+            cache.clear()
+
+
+KEPT = ("passage_cache", "hidden_cache")  # what a generator keeps for later questions
 
 
 def in_own_thread(fn: Callable, *args, **kwargs):
@@ -302,8 +308,8 @@ def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
     """One request of `modes` with its partial answers streamed, as the page asks: seconds to the
     first partial answer holding a token (any mode), to the end, each mode's own answer time,
     and what the passage caches did meanwhile."""
-    caches = passage_caches(pipe)
-    before = [c.stats() for c in caches]
+    caches = {kind: passage_caches(pipe, kind) for kind in KEPT}
+    before = {kind: [c.stats() for c in cs] for kind, cs in caches.items()}
     first, answers = None, {}
     t0 = time.perf_counter()
     for e in pipe.answer_modes(question, modes, settings, partials=True):
@@ -312,13 +318,18 @@ def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
         elif first is None and (e.answer["token_ids"] or any(x["text"] for x in e.answer["drafts"])):
             first = time.perf_counter() - t0
     total = time.perf_counter() - t0
-    after = [c.stats() for c in caches]
+    after = {kind: [c.stats() for c in cs] for kind, cs in caches.items()}
+
+    def counted(kind: str, what: str) -> int:
+        return sum(getattr(a, what) - getattr(b, what) for a, b in zip(after[kind], before[kind]))
+
     return {"ttft": first if first is not None else total, "total": total,
             "modes": {m: a.timings["total"] for m, a in answers.items()},
             "answers": {m: a.text for m, a in answers.items()},
-            "hits": sum(a.hits - b.hits for a, b in zip(after, before)),
-            "misses": sum(a.misses - b.misses for a, b in zip(after, before)),
-            "cache_bytes": sum(a.bytes for a in after)}
+            "hits": counted("passage_cache", "hits"), "misses": counted("passage_cache", "misses"),
+            "cache_bytes": sum(a.bytes for a in after["passage_cache"]),
+            "hidden_hits": counted("hidden_cache", "hits"), "hidden_misses": counted("hidden_cache", "misses"),
+            "hidden_bytes": sum(a.bytes for a in after["hidden_cache"])}
 
 
 def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, say: Callable[[str], None]) -> dict:
@@ -326,7 +337,8 @@ def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, 
     temperature, with one passage taken away (K-1: the lowest-ranked one) and with the other
     preset (K and max new tokens kept), each right after a cold ask of its own. {variant:
     [asked(...) per question]} plus the caches' bound; an answer's speed-up is its cold time over
-    its re-asked time."""
+    its re-asked time, and "same" says whether each re-asked answer equals the answer of the same
+    setting asked once more with nothing kept."""
     other = "paper" if settings.preset == "aided" else "aided"
     t = settings.decoding.prior_temperature
     variants = {"temperature": settings.merged(prior_temperature=2.0 if t != 2.0 else 1.0),
@@ -344,17 +356,22 @@ def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, 
             out["cold"].append(cold)
             again = asked(pipe, q, modes, s)
             again["speedup"] = {m: cold["modes"][m] / secs for m, secs in again["modes"].items() if secs > 0}
+            forget_passages(pipe)  # the same setting asked with nothing kept: the answers it must equal
+            fresh = asked(pipe, q, modes, s)["answers"]
+            again["same"] = {m: text == fresh.get(m) for m, text in again["answers"].items()}
             out[name].append(again)
             say(f"re-ask {i}/{len(questions)}, {REASKS[name]}: first token {cold['ttft']:.2f} -> "
                 f"{again['ttft']:.2f} s, total {cold['total']:.2f} -> {again['total']:.2f} s, {again['hits']} passages "
                 f"kept, {again['misses']} run (load {load_avg()})")
     out["max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe))
+    out["hidden_max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe, "hidden_cache"))
     return out
 
 
 def _reask_rows(r: dict) -> dict:
-    """{variant: (ttft p50, total p50, slowest answer's speed-up p50, {mode: speed-up p50}, hits,
-    misses, peak bytes)}; the speed-ups are None for the cold asks."""
+    """{variant: (ttft p50, total p50, slowest answer's speed-up p50, {mode: speed-up p50}, passage
+    hits, misses, peak bytes, hidden-state hits, misses, peak bytes, (answers the same as asked
+    with nothing kept, answers))}; the speed-ups and the sameness are None for the cold asks."""
     rows = {}
     for name in ("cold", *REASKS):
         xs = r.get(name) or []
@@ -364,7 +381,11 @@ def _reask_rows(r: dict) -> dict:
         per_mode = {m: percentile([u[m] for u in ups if m in u], 50) for m in (ups[0] if ups else {})}
         rows[name] = (percentile([x["ttft"] for x in xs], 50), percentile([x["total"] for x in xs], 50),
                       percentile([min(u.values()) for u in ups], 50) if ups else None, per_mode,
-                      sum(x["hits"] for x in xs), sum(x["misses"] for x in xs), max(x["cache_bytes"] for x in xs))
+                      *(f(x.get(k, 0) for x in xs) for f, k in ((sum, "hits"), (sum, "misses"), (max, "cache_bytes"),
+                                                              (sum, "hidden_hits"), (sum, "hidden_misses"),
+                                                              (max, "hidden_bytes"))),
+                      (sum(sum(x["same"].values()) for x in xs), sum(len(x["same"]) for x in xs))
+                      if all("same" in x for x in xs) else None)
     return rows
 
 
@@ -557,23 +578,26 @@ def format_results(r: dict) -> str:
         lines += ["", "### Asked again with another setting (all modes in one request, streamed)", "",
                   "Each question asked with no passage kept (cold), then at once again. p50 over questions; "
                   "speed-up: an answer's cold time over its re-asked time (slowest: the least of the modes'); "
-                  "passages kept / run: summed over the questions.", "",
+                  "passages and hidden states kept (read) / run (not kept): summed over the questions.", "",
                   "| ask | generator | time to first token p50, ms | request p50, ms | speed-up p50, slowest answer "
-                  "| speed-up p50 per mode | passages kept / run | passage cache, MB |",
-                  "|---|---|---:|---:|---:|---|---:|---:|"]
+                  "| speed-up p50 per mode | passages kept / run | passage cache, MB | hidden states kept / run "
+                  "| hidden states, MB | answers the same as asked with nothing kept |",
+                  "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         names = {"cold": "first ask (cold)", **{k: f"again, {v}" for k, v in REASKS.items()}}
         by_dtype = {dtype: _reask_rows(x) for dtype, x in r["reask"].items()}
         for name in names:
             for dtype, table in by_dtype.items():
                 if name not in table:
                     continue
-                ttft, total, up, per_mode, hits, misses, peak = table[name]
+                ttft, total, up, per_mode, hits, misses, peak, h_hits, h_misses, h_peak, same = table[name]
                 modes = ", ".join(f"{m} {x:.2f}x" for m, x in per_mode.items()) or "-"
                 lines.append(f"| {names[name]} | {dtype} | {_ms(ttft)} | {_ms(total)} "
                              f"| {'-' if up is None else f'{up:.2f}x'} | {modes} | {hits} / {misses} "
-                             f"| {peak / 2**20:.1f} |")
+                             f"| {peak / 2**20:.1f} | {h_hits} / {h_misses} | {h_peak / 2**20:.1f} "
+                             f"| {'-' if same is None else f'{same[0]} / {same[1]}'} |")
         bound = max(x["max_bytes"] for x in r["reask"].values())
-        lines.append(f"\nPassage cache bound: {bound / 2**20:.0f} MB per generator.")
+        h_bound = max(x.get("hidden_max_bytes", 0) for x in r["reask"].values())
+        lines.append(f"\nBounds per generator: passage cache {bound / 2**20:.0f} MB, hidden states {h_bound / 2**20:.0f} MB.")
     m = r["memory"]
     lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
               f"| RSS after loading the stack and index | {_gb(m['rss_loaded'])} |",
@@ -658,7 +682,7 @@ def _targets(r: dict) -> dict:
     if r.get("reference", {}).get("base"):
         measured["engine / transformers RAG (base)"] = max(x["ratio"] for x in r["reference"]["base"].values())
     reask = next(iter((r.get("reask") or {}).values()), {})  # the app's own precision
-    for name, (ttft, _, up, _, _, _, _) in _reask_rows(reask).items():
+    for name, (ttft, _, up, *_) in _reask_rows(reask).items():
         if name in REASKS:
             measured[f"re-ask, {REASKS[name]}: time to first token p50"] = ttft
             if up is not None:
