@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check", "index_build_profile", "float32_profile")
+         "memory_check", "index_build_profile", "float32_profile", "int8_generator")
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +189,14 @@ def test_float32_profile_times_the_stages_and_bounds_the_model_calls(exp, capsys
         assert f"### {mode}: 1 questions" in out
     assert "| prefill > model body |" in out and "| drafts (each doc's search) > search > model body |" in out
     assert "| prefill: model body |" in out and "lower bound of the same calls on this CPU" in out
+
+
+def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
+    assert exp("int8_generator").main(["--tiny", "--n", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| generator")]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["float32", "bfloat16", *exp("int8_generator").VARIANTS]
+    assert rows[0].split(" | ")[1:3] == ["0.0000", "100.0%"]  # float32 against itself
 
 
 def test_load_summary_reports_what_the_generator_kept_against_its_bound(capsys):

@@ -189,3 +189,20 @@ def test_answers_say_what_is_kept_and_a_reask_reads_it(three_passage_pipe, smoll
         assert all(0 < x["bytes"] <= x["max_bytes"] for x in a.kept.values())
     assert again["closed-book"].kept["hidden_states"]["hits"] > first["closed-book"].kept["hidden_states"]["hits"]
     assert again["sequence"].text == first["sequence"].text and gen.positions_run - ran < ran
+
+
+def test_the_speed_estimate_times_only_what_ran(smollm_tokenizer_folder):
+    """The server scales its estimates by how fast the generator runs now (`Timed` into `Speed`): a
+    re-ask read from kept states must not look like a faster machine, so only calls that ran the
+    model are timed."""
+    from rag_demo.models.cost import CostModel, Speed, Timed
+
+    gen, speed = _gen(smollm_tokenizer_folder), Speed()
+    timed = Timed(gen, CostModel(), speed)
+    s = RagSettings(preset="paper", max_new_tokens=3, answer_style="short")
+    prompts = _prompts(gen, QUESTIONS[0], s)
+    engine.rag_token(timed, prompts, SCORES, s.decoding)
+    ratio = speed.ratio
+    assert ratio is not None
+    engine.rag_token(timed, prompts, SCORES, s.decoding)  # every call read from kept states
+    assert speed.ratio == ratio

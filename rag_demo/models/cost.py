@@ -194,21 +194,29 @@ class Timed:
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
+    def _ran(self) -> int | None:
+        """Positions the generator has run so far (None: it does not count them; it keeps nothing)."""
+        return getattr(self._gen, "positions_run", None)
+
     def prefill(self, prompts, score_last: int = 0):
         # kept passages are not run: priced as run, a re-ask would look like a faster machine
         cached = getattr(self._gen, "cached_tokens", None)
         kept = cached(prompts, score_last) if cached is not None else 0
-        t0 = time.perf_counter()
+        before, t0 = self._ran(), time.perf_counter()
         out = self._gen.prefill(prompts, score_last=score_last)
-        tokens = len(prompts) * max(len(p) for p in prompts) - kept
-        self._speed.observe(tokens * self._model.prefill_s_per_token, time.perf_counter() - t0)
+        if before is None or self._ran() != before:  # read from kept hidden states: nothing ran to time
+            tokens = len(prompts) * max(len(p) for p in prompts) - kept
+            self._speed.observe(tokens * self._model.prefill_s_per_token, time.perf_counter() - t0)
         return out
 
     def advance(self, state, tokens):
-        t0 = time.perf_counter()
+        before, t0 = self._ran(), time.perf_counter()
         out = self._gen.advance(state, tokens)
         rows, length = tokens.shape
-        modelled = (self._model.step_s + rows * self._model.row_s if length == 1
-                    else rows * length * self._model.score_s_per_token)
-        self._speed.observe(modelled, time.perf_counter() - t0)
+        # timed only when the model ran exactly these tokens: not a step read from kept states,
+        # nor one that also ran the tokens skipped before it
+        if before is None or self._ran() - before == rows * length:
+            modelled = (self._model.step_s + rows * self._model.row_s if length == 1
+                        else rows * length * self._model.score_s_per_token)
+            self._speed.observe(modelled, time.perf_counter() - t0)
         return out

