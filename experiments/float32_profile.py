@@ -30,41 +30,54 @@ import _shared  # noqa: F401 - puts the repository root on sys.path
 # ---------------------------------------------------------------- the CPU's own rates
 
 
-def gemm_gflops(dtype, m: int = 512, k: int = 576, n: int = 1536, reps: int = 20) -> float:
-    """Best achieved GFLOP/s of (m, k) @ (k, n): by default a prefill-shaped MLP matmul."""
+def _layer(i: int, o: int, dtype):
+    """A linear layer (o, i) as the generator runs it: float32 on oneDNN (rag_demo.models.kernels)."""
     import torch
 
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)  # (m, k), (k, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
+    from rag_demo.models.kernels import onednn_linear
+
+    lin = torch.nn.Linear(i, o, bias=False).to(dtype)
+    onednn_linear(lin)
+    return lin
+
+
+def gemm_gflops(dtype, m: int = 512, k: int = 576, n: int = 1536, reps: int = 20) -> float:
+    """Best achieved GFLOP/s of (m, k) through a (k -> n) linear layer run as the generator runs its
+    own: by default a prefill-shaped MLP matmul."""
+    import torch
+
+    a, lin = torch.randn(m, k, dtype=dtype), _layer(k, n, dtype)  # (m, k), (n, k)
+    with torch.inference_mode():
+        lin(a)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            lin(a)
+            best = min(best, time.perf_counter() - t0)
     return 2 * m * k * n / best / 1e9
 
 
 def linear_gbps(dtype, rows: int = 10, hidden: int = 576, inter: int = 1536, layers: int = 30, reps: int = 5) -> float:
-    """Best achieved GB/s of weight traffic in a decoding-shaped F.linear: `rows` rows through
-    `layers` layers of SmolLM2's three MLP matrices, each its own tensor (more than any cache)."""
+    """Best achieved GB/s of weight traffic in decoding-shaped linear layers (run as the generator
+    runs its own): `rows` rows through `layers` layers of SmolLM2's three MLP matrices, each its own
+    tensor (more than any cache)."""
     import torch
-    import torch.nn.functional as F
 
-    ws = [torch.randn(o, i, dtype=dtype) for _ in range(layers) for o, i in ((inter, hidden), (inter, hidden),
-                                                                             (hidden, inter))]
+    ws = [_layer(i, o, dtype) for _ in range(layers) for o, i in ((inter, hidden), (inter, hidden), (hidden, inter))]
     x_in, x_mid = torch.randn(rows, hidden, dtype=dtype), torch.randn(rows, inter, dtype=dtype)  # (R, H), (R, I)
-    nbytes = sum(w.numel() * w.element_size() for w in ws)
+    nbytes = sum(w.weight.numel() * w.weight.element_size() for w in ws)
 
     def sweep() -> None:
         for w in ws:
-            F.linear(x_in if w.shape[1] == hidden else x_mid, w)  # (R, out)
+            w(x_in if w.in_features == hidden else x_mid)  # (R, out)
 
-    sweep()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    with torch.inference_mode():
         sweep()
-        best = min(best, time.perf_counter() - t0)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            sweep()
+            best = min(best, time.perf_counter() - t0)
     return nbytes / best / 1e9
 
 

@@ -47,8 +47,6 @@ def quantised(model, which):
 
 def drift(model, sequences, reference, last: int):
     """(mean KL(reference || model) per position, top-1 agreement) over each sequence's last positions."""
-    import torch
-
     kl, same, n = 0.0, 0, 0
     for ids, ref in zip(sequences, reference):
         lp = next_token_lp(model, ids, last)  # (last, V)
