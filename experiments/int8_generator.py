@@ -38,6 +38,9 @@ def quantised(model, which):
     import torch
 
     m = copy.deepcopy(model)
+    for mod in m.modules():  # back to plain nn.Linear (the generator's run on oneDNN): what quantize_dynamic swaps
+        if isinstance(mod, torch.nn.Linear):
+            mod.__class__ = torch.nn.Linear
     spec = {n: torch.ao.quantization.default_dynamic_qconfig for n, mod in m.named_modules()
             if isinstance(mod, torch.nn.Linear) and which(n)}
     with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao
@@ -123,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
           "| decoding step, 10 rows, ms |")
     print("|---|---:|---:|---:|---:|")
     makes = {"float32": lambda: model, "bfloat16": lambda: copy.deepcopy(model).to(torch.bfloat16),
+             "float32, BLAS linear layers (not oneDNN)": lambda: quantised(model, lambda name: False),
              **{name: (lambda w=which: quantised(model, w)) for name, which in VARIANTS.items()}}
     for name, make in makes.items():
         m = make()
         kl, agree = drift(m, sequences, reference, last)
         pre, step = speed(m, vocab)
-        print(f"| {name} | {kl:.4f} | {100 * agree:.1f}% | {1000 * pre:.0f} | {1000 * step:.1f} |", flush=True)
+        print(f"| {name} | {kl:.3g} | {100 * agree:.1f}% | {1000 * pre:.0f} | {1000 * step:.1f} |", flush=True)
     return 0
 
 
