@@ -102,7 +102,7 @@ class LazyPrefill:
         """A new state holding these rows of the prompts' prefill (run now if not yet)."""
         with self._lock:
             if self._state is None:
-                _, self._state = gen._prefill(self.prompts)
+                _, self._state = gen._prefill(self.prompts, hidden=False)
         return gen.select(self._state, torch.tensor(rows, dtype=torch.long))
 
 
@@ -842,17 +842,19 @@ class DecoderOnlyGenerator(Generator):
                 if kept[r][j] is None:
                     self.hidden_cache.put(d, hidden[r, j])
 
-    def _prefill(self, prompts, score_last: int = 0) -> tuple[torch.Tensor, GenState]:
+    def _prefill(self, prompts, score_last: int = 0, hidden: bool = True) -> tuple[torch.Tensor | None, GenState]:
         """The K doc prompts share their opening (system prompt, chat header, worked examples):
         it runs once, as one row, its KV cache is held once for every row (SharedPrefixLayer), and
         only the rest of each prompt runs per row, left-padded after it (the padding is masked out
         and skipped by the position ids, so every row reads exactly its prompt). The opening's own
         KV comes from `_prefix_kv`, which reuses what earlier questions share; each passage's from
         `passage_cache` where an earlier question computed it (`_prefill_passages`).
-        -> the hidden states of each row's last score_last + 1 prompt positions (R, n+1, H) and the state."""
+        -> the hidden states of each row's last score_last + 1 prompt positions (R, n+1, H) and the state;
+        hidden=False: only the state is wanted (None may come instead of the states, when every row's
+        keys and values are kept and nothing had to run)."""
         split = self._passage_split(prompts, score_last)
         if split is not None:
-            return self._prefill_passages(prompts, score_last, *split)
+            return self._prefill_passages(prompts, score_last, *split, hidden=hidden)
         P = shared_prefix(prompts, keep=score_last + 1)
         if len(prompts) == 1 and self.KEPT_PREFIXES:  # one row (closed-book): its opening can be kept too
             P = max(0, len(prompts[0]) - score_last - 1)
@@ -918,7 +920,7 @@ class DecoderOnlyGenerator(Generator):
         return sum(e - s for k, e in zip(keys, ends) if k in self.passage_cache)
 
     @torch.inference_mode()
-    def _prefill_passages(self, prompts, score_last: int, s: int, ends: list[int]):
+    def _prefill_passages(self, prompts, score_last: int, s: int, ends: list[int], hidden: bool = True):
         """`prefill` of prompts cut as [opening][passage][rest] (`_passage_split`). Each row's own
         positions are [padding][its passage][padding][its rest]: the passages end aligned, the
         rests end aligned (the rests are the question's part, the same tokens in every row unless
@@ -929,7 +931,9 @@ class DecoderOnlyGenerator(Generator):
         call, as without a cache, and the passages are kept from it; else the passages not kept run
         first (and are kept), then the rests, every row at once, against [opening][its passage].
         Exact up to float summation order; the question part runs through SDPA (`prefill=True`)
-        as in a whole prefill."""
+        as in a whole prefill. Each row's rest (its question part) is kept too, under its passage's
+        key and its own tokens: a prefill that wants only the state (hidden=False: a re-ask's
+        `LazyPrefill` catching up) and finds every passage and rest kept runs nothing."""
         R = len(prompts)
         opening = tuple(prompts[0][:s])
         cache = self._opening_cache(opening)
@@ -943,8 +947,21 @@ class DecoderOnlyGenerator(Generator):
         Ws = seg_ids.shape[1]
         prefix = cache.layers[0].prefix_k  # (1, heads, s, d)
         keys = self._passage_keys(prompts, s, ends)
+        rest_keys = [(*k, tuple(p[e:])) for k, p, e in zip(keys, prompts, ends)]  # a rest after its passage
+        n_rest = rest_mask.sum(-1)  # (R,) rest tokens per row
+        Wr = rest_ids.shape[1]
+        kept_rests = None if hidden else [self.passage_cache.get(k, count=False) for k in rest_keys]
         kept = [self.passage_cache.get(k) for k in keys]  # (layers, 2, heads, L, d) each, or None
         missing = [r for r in range(R) if kept[r] is None]
+
+        def keep_rests(layers) -> None:  # row r's rest: the last n_rest[r] of its Ws + Wr own positions
+            if not self.hidden_cache.max_bytes:  # only a lazy prefill (hidden states kept) reads them
+                return
+            for r in range(R):
+                cols = slice(Ws + Wr - int(n_rest[r]), Ws + Wr)
+                self.passage_cache.put(rest_keys[r], _stacked([(lay.keys[r, :, cols], lay.values[r, :, cols])
+                                                               for lay in layers]))
+
         if len(missing) == R:  # nothing kept: one call over passages and rests, as without a cache
             out = self.model.model(
                 input_ids=torch.cat([seg_ids, rest_ids], dim=1), attention_mask=mask,
@@ -958,6 +975,7 @@ class DecoderOnlyGenerator(Generator):
                 cols = slice(Ws - int(lens[r]), Ws)
                 own = [(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]  # (heads, L, d) per layer
                 self.passage_cache.put(keys[r], _stacked(own))
+            keep_rests(layers)
             state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
             return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
         if missing:  # some kept: the others' passages run on their own, as rows of their own width
@@ -975,24 +993,33 @@ class DecoderOnlyGenerator(Generator):
                 own = [(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers]  # (heads, L, d) per layer
                 kept[r] = _stacked(own)  # (layers, 2, heads, L, d)
                 self.passage_cache.put(keys[r], kept[r])  # read below, never written
-        # every row's own cache: its passage's kept keys and values, ending aligned, then room for the rests
+        # every row's own cache: its passage's kept keys and values, ending aligned, then room for the
+        # rests (or the rests too, ending aligned, when every one is kept and no state is wanted)
+        whole = kept_rests is not None and all(x is not None for x in kept_rests)
         rows_cache = []
         for li, layer in enumerate(cache.layers):
             h, d = prefix.shape[1], prefix.shape[-1]
-            k = prefix.new_empty((R, h, Ws + rest_ids.shape[1] + GrowingLayer.GROW, d))  # (R, heads, capacity, d)
-            v = torch.empty_like(k)  # (R, heads, capacity, d): the room after Ws is written before it is read
+            k = prefix.new_empty((R, h, Ws + Wr + GrowingLayer.GROW, d))  # (R, heads, capacity, d)
+            v = torch.empty_like(k)  # (R, heads, capacity, d): the room after what is held is written before it is read
             for r in range(R):
                 a = Ws - int(lens[r])
                 k[r, :, :a], v[r, :, :a] = 0, 0  # padding: masked, but never NaN
                 k[r, :, a: Ws] = kept[r][li, 0]  # (heads, L, d) copied: the cache's own stays unwritten
                 v[r, :, a: Ws] = kept[r][li, 1]
-            rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(k, v, Ws))
+                if whole:
+                    b = Ws + Wr - int(n_rest[r])
+                    k[r, :, Ws: b], v[r, :, Ws: b] = 0, 0
+                    k[r, :, b: Ws + Wr], v[r, :, b: Ws + Wr] = kept_rests[r][li, 0], kept_rests[r][li, 1]
+            rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(k, v, Ws + Wr if whole else Ws))
         cache = _GrowingCache(rows_cache)
+        if whole:  # nothing to run: the state of the whole prompts, from what was kept
+            return None, GenState(cache=cache, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
         out = self.model.model(
             input_ids=rest_ids, attention_mask=mask, position_ids=rest_pos, past_key_values=cache, use_cache=True,
             prefix_cache=cache, prefill=True,  # SDPA, as the one-call prefill
         )
         self.positions_run += int(rest_mask.sum())
+        keep_rests(out.past_key_values.layers)
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
         return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
 

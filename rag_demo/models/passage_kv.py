@@ -56,16 +56,17 @@ class PassageKVCache:
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = 0
 
-    def get(self, key: tuple) -> torch.Tensor | None:
-        """The entry under `key` (now the most recently used), or None; counted as a hit or a miss.
-        Read it, never write it: it is the cache's own."""
+    def get(self, key: tuple, count: bool = True) -> torch.Tensor | None:
+        """The entry under `key` (now the most recently used), or None; counted as a hit or a miss
+        (count=False: not counted, for entries that are not passages: the question parts kept after
+        them). Read it, never write it: it is the cache's own."""
         with self._lock:
             kv = self._entries.get(key)
             if kv is None:
-                self._misses += 1
+                self._misses += count
                 return None
             self._entries.move_to_end(key)
-            self._hits += 1
+            self._hits += count
             return kv
 
     def __contains__(self, key: tuple) -> bool:
