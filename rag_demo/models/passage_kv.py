@@ -7,6 +7,9 @@ that retrieves the same passage after the same opening (a re-ask with another se
 taken away, the other RAG mode) runs only its question part (`DecoderOnlyGenerator.prefill`,
 docs/DESIGN.md §5).
 
+With kept hidden states on (below), the question part after a passage is kept too, under the
+passage's key and its own tokens: a re-ask then rebuilds its prompts' state without running them.
+
 `PassageKVCache` is bounded in bytes, evicts the least recently used entry first and is safe to
 share between threads. An entry's key names everything its values depend on (the generator's
 model, its dtype, the opening's token ids, the passage's token ids); an entry is a copy made
