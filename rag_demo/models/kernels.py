@@ -1,11 +1,10 @@
 """Faster CPU kernels for a float32 generator, with the same math.
 
-PyTorch's float32 `F.linear` calls the BLAS it was built with (MKL), which on some x86 CPUs runs
-at half their AVX-512 rate; oneDNN, also inside PyTorch's CPU build, multiplies the same
-matrices about twice as fast there (docs/results.md §3.12). `onednn_linear` routes a model's
-float32 linear layers through oneDNN's own linear op: the same weights (ties kept), the same
-products summed in another order (log-probs within ~1e-4 of the BLAS path over SmolLM2's 30
-layers). bfloat16 linear layers already go to oneDNN and are left alone.
+PyTorch's float32 `F.linear` calls the BLAS it was built with (MKL), which picks its code path by
+CPU and on some x86 CPUs runs far below them; oneDNN, also inside PyTorch's CPU build, multiplies
+the same matrices faster there (docs/results.md §3.12). `onednn_linear` routes a model's float32
+linear layers through oneDNN's own linear op: the same weights (ties kept), the same products
+summed in another order. bfloat16 linear layers already go to oneDNN and are left alone.
 """
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def _checked_bytes(max_bytes: int) -> int:
 
 
 # ~27k token positions of SmolLM2-135M's float32 hidden states (2.3 KB each), twice that in
-# bfloat16: every position an aided question runs, for a dozen or more questions.
+# bfloat16: what a few hundred aided questions keep (docs/results.md §3.10).
 DEFAULT_HIDDEN_BYTES = 64 * 2**20
 
 
