@@ -93,6 +93,7 @@ class Profile:
         self.seconds: dict[tuple, float] = defaultdict(float)
         self.calls: dict[tuple, int] = defaultdict(int)
         self.model_calls: list[tuple[tuple, str, int, int, int, float]] = []  # path, part, rows, tokens, ctx, s
+        self.undo: list = []  # what puts back every wrapped function and removes every hook (`restore`)
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -113,7 +114,14 @@ class Profile:
         return run
 
     def patch(self, module, name: str, label: str) -> None:
-        setattr(module, name, self.timed(label, getattr(module, name)))
+        real = getattr(module, name)
+        setattr(module, name, self.timed(label, real))
+        self.undo.append(lambda: setattr(module, name, real))
+
+    def restore(self) -> None:
+        """Undo every patch and hook, newest first: the models and modules as they were."""
+        while self.undo:
+            self.undo.pop()()
 
     def hook_model(self, gen) -> None:
         """Record every call of the model body (LlamaModel) and of lm_head: rows, tokens a row,
@@ -142,8 +150,8 @@ class Profile:
             return f
 
         for part, m in (("model body", body), ("lm_head", head)):
-            m.register_forward_pre_hook(pre(part), with_kwargs=True)
-            m.register_forward_hook(post(part), with_kwargs=True)
+            self.undo.append(m.register_forward_pre_hook(pre(part), with_kwargs=True).remove)
+            self.undo.append(m.register_forward_hook(post(part), with_kwargs=True).remove)
 
 
 def instrument(prof: Profile, gen) -> None:
@@ -168,6 +176,7 @@ def instrument(prof: Profile, gen) -> None:
     prof.patch(decoding, "score_candidates", "score candidates")
     prof.patch(drafts, "score_candidates", "score candidates")
     gen.select = prof.timed("cache copy (select)", gen.select)
+    prof.undo.append(lambda: delattr(gen, "select"))  # the instance attribute hid the method
     prof.hook_model(gen)
 
 
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rag_demo.measure.bench import forget_passages, load_avg
+    from rag_demo.measure.bench import load_avg
     from rag_demo.measure.evaluate import load_qa, machine_info
 
     torch.set_num_threads(args.threads)
@@ -276,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
 
     prof = Profile()
     instrument(prof, gen)
+    try:
+        return _profile(prof, pipe, gen, modes, questions, gflops, gbps)
+    finally:
+        prof.restore()  # the pipeline may be used again in this process (the tests share the tiny one)
+
+
+def _profile(prof: Profile, pipe, gen, modes, questions, gflops: float, gbps: float) -> int:
+    """Each mode's answers timed stage by stage and bounded (main's measurement)."""
+    from rag_demo.measure.bench import forget_passages, load_avg
+
     dims = model_dims(gen)
     n = max(1, len(questions) - 1)
     for mode in modes:

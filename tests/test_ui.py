@@ -895,7 +895,9 @@ def test_ask_session_renders_answers_passages_tokens_heatmap(app):
 @pytest.mark.slow
 def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
     """/ask_stream: partial answers while decoding (done false), RAG-Token's a prefix of its
-    final answer, then /ask's own dict (done true); /ask itself is unchanged (one final dict)."""
+    final answer, then /ask's own dict (done true); /ask itself is unchanged (one final dict).
+    RAG-Token may read every step from what RAG-Sequence's searches just kept (DESIGN.md §5) and
+    finish before a partial could be shown: then RAG-Sequence's drafts are the partials seen."""
     c = client(app[1])
     settings = {"k": 2, "num_beams": 1, "max_new_tokens": 12, "sequence_decoding": "thorough",
                 "answer_style": "sentence", "worked_examples": 0}
@@ -909,11 +911,12 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
     for m in ("sequence", "token", "closed-book"):
         assert final["answers"][m]["text"] == once["answers"][m]["text"]
     tok_final = final["answers"]["token"]["token_ids"]
-    growing = [o["answers"]["token"] for o in outs[:-1] if "token" in o["answers"]
-               and o["answers"]["token"].get("partial") and o["answers"]["token"]["token_ids"]]
-    assert growing, "no partial RAG-Token answer was streamed"
+    growing = [o["answers"][m] for o in outs[:-1] for m in ("sequence", "token") if m in o["answers"]
+               and o["answers"][m].get("partial") and o["answers"][m]["token_ids"]]
+    assert growing, "no partial answer of a RAG mode was streamed"
     for p in growing:
-        assert tok_final[: len(p["token_ids"])] == p["token_ids"]
+        if p["mode"] == "token":
+            assert tok_final[: len(p["token_ids"])] == p["token_ids"]
     assert any(len(p["token_ids"]) < len(tok_final) for p in growing)
     drafts = [o["answers"]["sequence"]["drafts"] for o in outs[:-1] if o["answers"].get("sequence", {}).get("drafts")]
     assert drafts and all(len(d) == 2 for d in drafts)
