@@ -36,7 +36,7 @@ from rag_demo.serving import memory  # noqa: E402 - torch-free, before anything 
 
 memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
 
-from rag_demo.config import GENERATOR_DTYPES, STACKS  # noqa: E402
+from rag_demo.config import GENERATOR_DTYPES, STACKS, StackSpec  # noqa: E402
 from rag_demo.serving.pool import PipelinePool, stack_factory  # noqa: E402
 from rag_demo.web.page import MODEL_CONCURRENCY, build_app, launch  # noqa: E402
 
@@ -57,6 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generator-dtype", default=os.environ.get("RAG_DEMO_GENERATOR_DTYPE", "auto"),
                    choices=GENERATOR_DTYPES, help="offline generator weights (default auto: bfloat16 where the CPU "
                    "has it natively, else float32)")
+    p.add_argument("--passage-cache-mb", type=int, default=int(os.environ.get("RAG_DEMO_PASSAGE_CACHE_MB",
+                                                                          StackSpec.passage_cache_mb)),
+                   help=f"MiB of passages' keys and values the offline generator keeps for later questions "
+                   f"(0: none; default {StackSpec.passage_cache_mb})")
+    p.add_argument("--hidden-cache-mb", type=int, default=int(os.environ.get("RAG_DEMO_HIDDEN_CACHE_MB",
+                                                                         StackSpec.hidden_cache_mb)),
+                   help=f"MiB of hidden states the offline generator keeps, so a question asked again runs only "
+                   f"what it reads anew (0: none; default {StackSpec.hidden_cache_mb})")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to serve on (0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         knowledge = load_knowledge(*paths, say=lambda msg: print(f"[rag-demo] {msg}", file=sys.stderr)) if paths else None
     except ValueError as e:
         sys.exit(f"error: {e}")
-    pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge, generator_dtype=args.generator_dtype))
+    pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge, generator_dtype=args.generator_dtype,
+                                      passage_cache_mb=args.passage_cache_mb, hidden_cache_mb=args.hidden_cache_mb))
     stack = args.stack
     reason = pool.unavailable(stack)
     if reason:

@@ -229,11 +229,11 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
     kept = {}  # what the generator keeps for later questions: the most any answer reported, and its bound
     for r in results:
         for k in r.get("kept") or []:
-            for name, st in k.items():
-                was = kept.get(name, (0, st["max_bytes"]))
-                kept[name] = (max(was[0], st["bytes"]), st["max_bytes"])
-    kept_line = "; ".join(f"{name.replace('_', ' ')} kept {b / 2**20:.1f} MiB of {bound / 2**20:.0f} "
-                          f"({'within' if b <= bound else 'OVER'} the bound)" for name, (b, bound) in kept.items())
+            for what, st in k.items():
+                was = kept.get(what, (0, st["max_bytes"]))
+                kept[what] = (max(was[0], st["bytes"]), st["max_bytes"])
+    kept_line = "; ".join(f"{what.replace('_', ' ')} kept {b / 2**20:.1f} MiB of {bound / 2**20:.0f} "
+                          f"({'within' if b <= bound else 'OVER'} the bound)" for what, (b, bound) in kept.items())
     line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
             f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered, "
             f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; {cut} answered with a mode "

@@ -210,8 +210,9 @@ def test_load_summary_reports_what_the_generator_kept_against_its_bound(capsys):
     kept = lambda b: {"passages": {"bytes": b, "max_bytes": 2**29}, "hidden_states": {"bytes": 2**20, "max_bytes": 2**26}}  # noqa: E731
     results = [{"kind": "cheap", "ok": True, "latency": 1.0, "stopped": {}, "kept": [kept(2**27), kept(2**28)]},
                {"kind": "cheap", "ok": True, "latency": 2.0, "stopped": {}, "kept": [kept(3 * 2**28)]}]
-    out = load.summary("burst", results, None)
+    out = load.summary("mixed 2", results, None)
     assert out["kept"] == {"passages": (3 * 2**28, 2**29), "hidden_states": (2**20, 2**26)}
     line = capsys.readouterr().out
+    assert line.strip().startswith("mixed 2: cheap 2/2 answered")
     assert "passages kept 768.0 MiB of 512 (OVER the bound)" in line
     assert "hidden states kept 1.0 MiB of 64 (within the bound)" in line
