@@ -169,14 +169,9 @@ class Retrieval:
 
 
 def kept_by(gen) -> dict:
-    """Answer.kept: the generator's caches for later questions, as they stand."""
-    out = {}
-    for name, attr in (("passages", "passage_cache"), ("hidden_states", "hidden_cache")):
-        cache = getattr(gen, attr, None)
-        if cache is not None:
-            st = cache.stats()
-            out[name] = {"bytes": st.bytes, "max_bytes": st.max_bytes, "hits": st.hits, "misses": st.misses}
-    return out
+    """Answer.kept: the generator's caches for later questions (`Generator.kept_caches`), as they stand."""
+    return {name: {"bytes": st.bytes, "max_bytes": st.max_bytes, "hits": st.hits, "misses": st.misses}
+            for name, st in ((name, cache.stats()) for name, cache in gen.kept_caches().items())}
 
 
 class RagPipeline:

@@ -136,12 +136,12 @@ def _ms(s: float) -> str:
 # ---------------------------------------------------------------- 1-2 latency per stage
 
 
-def passage_caches(pipe, kind: str = "passage_cache") -> list:
-    """The caches the stack's generators keep for later questions, each once: `kind` "passage_cache"
-    (passages' keys and values) or "hidden_cache" (the hidden states of sequences run); BART keeps none."""
+def passage_caches(pipe, kind: str = "passages") -> list:
+    """The caches the stack's generators keep for later questions, each once: `kind` "passages"
+    (their keys and values) or "hidden_states" (`Generator.kept_caches`); BART keeps none."""
     caches = {}
     for mm in pipe.stack.modes.values():
-        cache = getattr(mm.generator, kind, None)
+        cache = mm.generator.kept_caches().get(kind)
         if cache is not None:
             caches[id(cache)] = cache
     return list(caches.values())
@@ -201,12 +201,9 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
 def forget_passages(pipe) -> None:
     """Empty every passage cache and every kept hidden state: the next question runs as if its
     passages were never read."""
-    for kind in KEPT:
-        for cache in passage_caches(pipe, kind):
+    for mm in pipe.stack.modes.values():
+        for cache in mm.generator.kept_caches().values():
             cache.clear()
-
-
-KEPT = ("passage_cache", "hidden_cache")  # what a generator keeps for later questions
 
 
 def in_own_thread(fn: Callable, *args, **kwargs):
@@ -308,7 +305,7 @@ def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
     """One request of `modes` with its partial answers streamed, as the page asks: seconds to the
     first partial answer holding a token (any mode), to the end, each mode's own answer time,
     and what the passage caches did meanwhile."""
-    caches = {kind: passage_caches(pipe, kind) for kind in KEPT}
+    caches = {kind: passage_caches(pipe, kind) for kind in ("passages", "hidden_states")}
     before = {kind: [c.stats() for c in cs] for kind, cs in caches.items()}
     first, answers = None, {}
     t0 = time.perf_counter()
@@ -326,10 +323,10 @@ def asked(pipe, question: str, modes: list[str], settings: RagSettings) -> dict:
     return {"ttft": first if first is not None else total, "total": total,
             "modes": {m: a.timings["total"] for m, a in answers.items()},
             "answers": {m: a.text for m, a in answers.items()},
-            "hits": counted("passage_cache", "hits"), "misses": counted("passage_cache", "misses"),
-            "cache_bytes": sum(a.bytes for a in after["passage_cache"]),
-            "hidden_hits": counted("hidden_cache", "hits"), "hidden_misses": counted("hidden_cache", "misses"),
-            "hidden_bytes": sum(a.bytes for a in after["hidden_cache"])}
+            "hits": counted("passages", "hits"), "misses": counted("passages", "misses"),
+            "cache_bytes": sum(a.bytes for a in after["passages"]),
+            "hidden_hits": counted("hidden_states", "hits"), "hidden_misses": counted("hidden_states", "misses"),
+            "hidden_bytes": sum(a.bytes for a in after["hidden_states"])}
 
 
 def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, say: Callable[[str], None]) -> dict:
@@ -364,7 +361,7 @@ def reasks(pipe, questions: list[str], modes: list[str], settings: RagSettings, 
                 f"{again['ttft']:.2f} s, total {cold['total']:.2f} -> {again['total']:.2f} s, {again['hits']} passages "
                 f"kept, {again['misses']} run (load {load_avg()})")
     out["max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe))
-    out["hidden_max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe, "hidden_cache"))
+    out["hidden_max_bytes"] = sum(c.max_bytes for c in passage_caches(pipe, "hidden_states"))
     return out
 
 

@@ -29,7 +29,7 @@ from transformers.masking_utils import create_bidirectional_mask
 
 from rag_demo.models import Doc
 from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
-from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, digest, extend
+from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, chain, digest
 from rag_demo.models.stopping import StopRule
 
 # Most float32 logits alive at once when teacher-forcing (advance_gather): 32M x 4 bytes = 128 MB,
@@ -430,6 +430,11 @@ class Generator:
         are kept from earlier questions (passages: DecoderOnlyGenerator.passage_cache); 0 here."""
         return 0
 
+    def kept_caches(self) -> dict[str, PassageKVCache]:
+        """What this generator keeps for later questions, by name ("passages", "hidden_states"):
+        each bounded, with its stats; none here."""
+        return {}
+
     def question_tail(self, prompt: Sequence[int], question: str) -> tuple[int, int] | None:
         """(n_question, n_after): where the question's tokens sit in `prompt`, counted from its
         end (prompt[-(n_question + n_after):-n_after]), when the generator predicts them (a
@@ -654,6 +659,9 @@ class DecoderOnlyGenerator(Generator):
         self.hidden_cache = HiddenStateCache(hidden_cache_bytes)
         self.positions_run = 0  # token positions the model ran after prompts' openings (tests read it)
 
+    def kept_caches(self) -> dict[str, PassageKVCache]:
+        return {"passages": self.passage_cache, "hidden_states": self.hidden_cache}
+
     def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
         """The chat turns for one doc (None: closed-book). question_position "both" puts the
@@ -827,12 +835,11 @@ class DecoderOnlyGenerator(Generator):
         if all(h is not None for row in kept for h in row):
             hidden = torch.stack([torch.stack(row) for row in kept])  # (R, n+1, H)
             state = GenState(cache=None, mask=torch.ones((R, 0), dtype=torch.long),
-                             pending=torch.zeros((R, 0), dtype=torch.long), lazy=(LazyPrefill(prompts), list(range(R))))
+                             lazy=(LazyPrefill(prompts), list(range(R))))
         else:
             hidden, state = self._prefill(prompts, score_last)  # (R, n+1, H)
-            state.pending = torch.zeros((R, 0), dtype=torch.long)  # (R, 0)
             self._keep(digs, kept, hidden)
-        state.digests = [row[-1] for row in digs]
+        state.digests, state.pending = [row[-1] for row in digs], torch.zeros((R, 0), dtype=torch.long)  # pending (R, 0)
         return self._first_step(self._logits(hidden), _last_tokens(prompts, score_last), score_last, state)
 
     def _keep(self, digs: list[list[bytes]], kept: list[list], hidden: torch.Tensor) -> None:
@@ -1033,13 +1040,7 @@ class DecoderOnlyGenerator(Generator):
         if state.digests is None:  # no hidden states kept for this state
             return self._run(state, tokens)
         R, L = tokens.shape
-        digs = []  # (R, L) each row's digest after each of its new tokens
-        for d, row in zip(state.digests, tokens.tolist()):
-            out = []
-            for t in row:
-                d = extend(d, t)
-                out.append(d)
-            digs.append(out)
+        digs = [chain(d, row) for d, row in zip(state.digests, tokens.tolist())]  # (R, L) after each new token
         kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, L) of (H,) or None
         state.digests = [row[-1] for row in digs]
         if all(h is not None for row in kept for h in row):

@@ -155,3 +155,12 @@ def extend(d: bytes, token: int) -> bytes:
     named otherwise than the same ids as one prompt: only a missed reuse, never a wrong one."""
     return hashlib.blake2b(d + int(token).to_bytes(8, "little", signed=True), digest_size=16,
                            person=b"rag-extend").digest()
+
+
+def chain(d: bytes, tokens) -> list[bytes]:
+    """The digests after each of `tokens` fed in turn to a sequence with digest d."""
+    out = []
+    for t in tokens:
+        d = extend(d, t)
+        out.append(d)
+    return out
