@@ -66,12 +66,17 @@ def test_setup_script_parses():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "setup.sh")], timeout=30).returncode == 0
 
 
-def test_load_burst_reports_each_request_and_fails_when_one_fails(capsys):
+@pytest.fixture(scope="module")
+def load():
+    """scripts/load.py as a module."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        load = importlib.import_module("load")
+        return importlib.import_module("load")
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_load_burst_reports_each_request_and_fails_when_one_fails(load, capsys):
     ok = {"i": 0, "question": "What is Mars?", "ok": True, "latency": 1.5, "answer": "A planet."}
     bad = {"i": 1, "question": "Who?", "ok": False, "latency": float("nan"), "error": "ConnectError: refused"}
     assert load.report_burst([ok], 2.0) == 0
@@ -201,12 +206,7 @@ def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
     assert float(rows[3].split(" | ")[1]) > 0  # every layer in int8 really moved the distributions
 
 
-def test_load_summary_reports_what_the_generator_kept_against_its_bound(capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        load = importlib.import_module("load")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+def test_load_summary_reports_what_the_generator_kept_against_its_bound(load, capsys):
     kept = lambda b: {"passages": {"bytes": b, "max_bytes": 2**29}, "hidden_states": {"bytes": 2**20, "max_bytes": 2**26}}  # noqa: E731
     results = [{"kind": "cheap", "ok": True, "latency": 1.0, "stopped": {}, "kept": [kept(2**27), kept(2**28)]},
                {"kind": "cheap", "ok": True, "latency": 2.0, "stopped": {}, "kept": [kept(3 * 2**28)]}]

@@ -8,7 +8,6 @@ requests at once must not disturb each other."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from rag_demo.knowledge.corpus import Passage  # noqa: E402
 from rag_demo.models.passage_kv import digest, extend  # noqa: E402
 from rag_demo.rag import engine  # noqa: E402
 from rag_demo.rag.hooks import PAPER  # noqa: E402
-from tests.aids import aided  # noqa: E402
+from tests.aids import aided, in_two_threads  # noqa: E402
 from tests.test_passage_cache import ATOL, DOCS, QUESTIONS, SCORES, _close, _prompts, _same_generation  # noqa: E402
 
 
@@ -154,23 +153,9 @@ def test_two_requests_at_once(smollm_tokenizer_folder):
     s = RagSettings(preset="aided", max_new_tokens=3, answer_style="short", num_beams=2)
     jobs = [(QUESTIONS[0], DOCS[:3]), (QUESTIONS[1], DOCS[1:])]
     want = [_run(off, "token", q, d, s) for q, d in jobs]
-    start, errors, got = threading.Barrier(2), [], [[], []]
-
-    def work(i: int) -> None:
-        try:
-            start.wait()
-            for _ in range(3):
-                got[i].append(_run(on, "token", *jobs[i], s))
-        except Exception as e:  # reported below: an exception in a thread would otherwise pass silently
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = in_two_threads(lambda i: _run(on, "token", *jobs[i], s))
     for i in range(2):
+        assert len(got[i]) == 3
         for g in got[i]:
             _same_generation(g, want[i], ATOL[torch.float32])
     assert on.hidden_cache.stats().hits > 0

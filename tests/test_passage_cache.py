@@ -7,7 +7,6 @@ within its bound, and two requests at once must not disturb each other."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from rag_demo.models.passage_kv import PassageKVCache  # noqa: E402
 from rag_demo.rag import engine  # noqa: E402
 from rag_demo.rag.hooks import PAPER  # noqa: E402
 from rag_demo.reader.aided import prompt  # noqa: E402
-from tests.aids import aided  # noqa: E402
+from tests.aids import aided, in_two_threads  # noqa: E402
 
 # different lengths (rows are padded), one ending in a space (its last token merges with the newline after it)
 DOCS = [Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel."),
@@ -224,23 +223,12 @@ def test_two_requests_at_once(smollm_tokenizer_folder):
     s = RagSettings(preset="paper", max_new_tokens=3, answer_style="short")
     jobs = [(QUESTIONS[0], DOCS[:3]), (QUESTIONS[1], DOCS[1:])]
     want = [engine.rag_sequence(off, _prompts(off, q, s, d), SCORES[: len(d)], s.decoding) for q, d in jobs]
-    start, errors, got = threading.Barrier(2), [], [[], []]
 
-    def work(i: int) -> None:
-        try:
-            start.wait()
-            for _ in range(3):
-                q, d = jobs[i]
-                got[i].append(engine.rag_sequence(on, _prompts(on, q, s, d), SCORES[: len(d)], s.decoding))
-        except Exception as e:  # reported below: an exception in a thread would otherwise pass silently
-            errors.append(e)
+    def work(i: int):
+        q, d = jobs[i]
+        return engine.rag_sequence(on, _prompts(on, q, s, d), SCORES[: len(d)], s.decoding)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = in_two_threads(work)
     for i in range(2):
         assert len(got[i]) == 3
         for g in got[i]:
