@@ -232,13 +232,16 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     assert "offline" in status and "Demo documents" in status  # the page says what is live
     page.locator("#rag-examples").get_by_text("What is Mars?", exact=True).wait_for()  # examples from the corpus
     small_settings(page, k=2, max_new=12)
-    # "ready" means warm: the first question after it is about as fast as a second question (another
-    # one: the same question again reads what the first kept, DESIGN.md §5)
+    # "ready" means warm: the first question after it is not much slower than a second question
+    # (another one: the same question again reads what the first kept, DESIGN.md §5). The bound is
+    # loose, as two warm questions' times differ with their answers and the machine's load; it
+    # catches a first question that waits for the warm-up (a question in every mode, then the
+    # calibration); the smaller first-call costs the warm-up takes away are within the noise.
     first = timed_ask(page, "Who devised pointillism?")
     again = timed_ask(page, "Who devised chromoluminarism?")
     print(f"\nfirst question after ready {first:.2f} s, warm {again:.2f} s ({first / again:.2f}x); "
           f"load avg {os.getloadavg()}")
-    assert first <= 1.5 * again + 0.5, f"first question after ready took {first:.1f} s, a warm one {again:.1f} s"
+    assert first <= 2 * again + 0.5, f"first question after ready took {first:.1f} s, a warm one {again:.1f} s"
     timed_ask(page, "Who devised pointillism?")  # asked again: read from what the first ask kept
     assert page.locator("#rag-answer-token .rag-asked").inner_text() == "Q: Who devised pointillism?"
     answers = {m: card_checks(page, m, k=2) for m in ("sequence", "token")}
@@ -293,13 +296,24 @@ WATCH_TOKEN_CARD_JS = """() => {  // every state the RAG-Token card goes through
 }"""
 
 
-def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_away(page, server):
+@pytest.fixture(scope="module")
+def stepping_page(browser, free_port, stop_process):
+    """A page of its own app that keeps no hidden states (RAG_DEMO_HIDDEN_CACHE_MB=0), in the
+    module's browser. With them kept, RAG-Token reads the steps RAG-Sequence's drafts ran before it
+    (docs/DESIGN.md §5) and can finish between two page updates, leaving no stream to see; here every
+    step runs the model, so the stream is there on any CPU."""
+    with _own_app_page(browser, free_port(), stop_process, "stepping", RAG_DEMO_HIDDEN_CACHE_MB="0") as page_and_url:
+        yield page_and_url
+
+
+def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_away(stepping_page):
     """The RAG-Token card shows a partial answer (coloured tokens, heatmap rows so far)
     before its answer is complete, then the final card; the partial text is a prefix of it.
     Clicking a token opens its inspector: a row per passage, the posterior as the heatmap row.
     Greedy: its tokens are final as they come, so they are coloured while decoding (beam search
     streams uncoloured: the next test)."""
-    wait_ready(page, server)
+    page, url = stepping_page
+    wait_ready(page, url)
     small_settings(page, k=2, max_new=16, beams=1)
     page.locator("#rag-knob-answer-style").get_by_text("sentence", exact=True).click()  # a longer answer: more steps to see
     page.evaluate(WATCH_TOKEN_CARD_JS)
@@ -356,10 +370,11 @@ def test_answers_stream_a_token_opens_its_inspector_and_a_passage_can_be_taken_a
     shot(page, "02d-without")
 
 
-def test_beam_search_streams_its_current_best_hypothesis(page, server):
+def test_beam_search_streams_its_current_best_hypothesis(stepping_page):
     """With the default 2 beams: the RAG-Token card shows the best hypothesis so far, as plain
     text (it may still change, so it is not coloured), then the final card, coloured."""
-    wait_ready(page, server)
+    page, url = stepping_page
+    wait_ready(page, url)
     small_settings(page, k=2, max_new=16)
     assert page.locator("#rag-knob-num-beams input[type=number]").input_value() == "2"
     page.locator("#rag-knob-answer-style").get_by_text("sentence", exact=True).click()
@@ -463,12 +478,19 @@ def test_long_paste_is_kept_counted_and_refused_with_the_one_limit(page, server)
     shot(page, "07-long-paste")
 
 
+def wait_settled(pg) -> None:
+    """Until the settings show the server's answer to the page's first settings: the cost line,
+    and in the same response the sliders' reach. A slider re-rendered by that answer puts back its
+    value over what is being typed into its box; after it, typing is kept."""
+    pg.wait_for_function("() => document.querySelector('#rag-cost .rag-cost[data-seconds]') !== null",
+                         timeout=30_000)
+
+
 def test_settings_show_the_estimated_cost_and_update_it(page, server):
     wait_ready(page, server)
     page.locator("#rag-settings").get_by_text("Settings").click()
     cost = page.locator("#rag-cost .rag-cost")
-    page.wait_for_function("() => document.querySelector('#rag-cost .rag-cost[data-seconds]') !== null",
-                           timeout=30_000)
+    wait_settled(page)
     assert "Estimated cost" in cost.inner_text() and " s" in cost.inner_text()
     before = float(cost.get_attribute("data-seconds"))
     # fewer new tokens: always within the range the server admits, however slow the machine
@@ -489,10 +511,11 @@ def test_a_typed_value_outside_a_sliders_range_gets_a_message(page, server):
     admits), and the page says what it set instead, beside the box."""
     wait_ready(page, server)
     page.locator("#rag-settings").get_by_text("Settings").click()
+    wait_settled(page)
     knob = page.locator("#rag-knob-k")
     box = knob.locator("input[type=number]")
     for typed in ("50", "0"):
-        box.fill(typed)
+        fill_kept(page, box, typed)  # in the box when Enter is pressed (fill_kept: a mount can reset it)
         box.press("Enter")
         note = knob.locator(".rag-range-msg")
         note.wait_for(timeout=10_000)

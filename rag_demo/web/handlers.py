@@ -375,6 +375,12 @@ class Handlers:
                 refusal = str(e)
         return render_cost(cost, refusal, self.serving.budget if self.serving else None)
 
+    def settle(self, s=None, **settings):
+        """(the cost line, then each REACHED slider's reach) for these settings: one response, so
+        the page settles in one update and a slider is re-rendered at most once per change (a
+        re-render puts back the slider's value over what is being typed into its box)."""
+        return (self.estimate(s, **settings), *self.reach(s, **settings))
+
     REACHED = ("k", "num_beams", "max_new_tokens")  # the knobs the server's budget bounds hardest
 
     def reach(self, s=None, **settings):

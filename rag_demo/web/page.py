@@ -247,13 +247,14 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         edit_in = {**first, "new_title": edit_title, **settings_in}
         answer_out = [*cards, passages, raw, edit_pick, edit_text, edit_title, stop_btn, session]
         model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
+        # what a change of settings updates, in one response: the cost line, and the sliders the
+        # budget bounds reaching only as far as the server admits now
+        settled = [cost_box, *(knobs[n] for n in h.REACHED)]
         demo.load(
             h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
-        ).then(h.estimate, inputs=[session], inputs_kwargs=settings_in, outputs=[cost_box], queue=False,
-               show_progress="hidden", api_visibility="private"
-               ).then(h.reach, inputs=[session], inputs_kwargs=settings_in, outputs=[knobs[n] for n in h.REACHED],
-                      queue=False, show_progress="hidden", api_visibility="private")
+        ).then(h.settle, inputs=[session], inputs_kwargs=settings_in, outputs=settled, queue=False,
+               show_progress="hidden", api_visibility="private")
         # while the dense index is built in the background the status line shows how far (Handlers.index_progress)
         timer = gr.Timer(2.0)
         timer.tick(h.index_progress, inputs=[session], outputs=[status, timer], queue=False, show_progress="hidden",
@@ -262,12 +263,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
         preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,
                      show_progress="hidden", api_visibility="private")
-        gr.on([c.change for c in settings_in.values()], h.estimate, inputs=[session], inputs_kwargs=settings_in,
-              outputs=[cost_box], queue=False, show_progress="hidden", api_visibility="private")
-        # the sliders the budget bounds reach only as far as the server admits now
-        reached = [knobs[n] for n in h.REACHED]
-        gr.on([c.change for c in settings_in.values()], h.reach, inputs=[session], inputs_kwargs=settings_in,
-              outputs=reached, queue=False, show_progress="hidden", api_visibility="private")
+        gr.on([c.change for c in settings_in.values()], h.settle, inputs=[session], inputs_kwargs=settings_in,
+              outputs=settled, queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
         # asking again while a question runs starts the new one ("multiple"): the handler stops the old
