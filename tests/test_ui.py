@@ -706,7 +706,7 @@ def test_the_page_controls_and_the_api_come_from_the_knob_declarations():
             assert [v for _, v in c.choices] == list(spec.choices), name
     assert [v for _, v in by_id["rag-preset"].choices] == ["paper", "aided"] and by_id["rag-preset"].value == "aided"
     inputs = {by_id[controls.elem_id(n)]._id for n in KNOBS} | {by_id["rag-preset"]._id}
-    for fn_name in ("ask_session", "edit_passage", "estimate"):
+    for fn_name in ("ask_session", "edit_passage", "settle"):
         fns = [f for f in demo.fns.values() if f.name == fn_name]
         assert fns and all(inputs <= {c._id for c in f.inputs} for f in fns), fn_name
     # the preset switch sets every knob to the preset's own value
