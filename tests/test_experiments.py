@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check", "index_build_profile", "float32_profile", "int8_generator")
+         "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels")
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,16 @@ def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
                                                      *exp("int8_generator").VARIANTS]
     assert rows[0].split(" | ")[1:3] == ["0", "100.0%"]  # float32 against itself
     assert float(rows[3].split(" | ")[1]) > 0  # every layer in int8 really moved the distributions
+
+
+def test_linear_kernels_times_both_kernels_on_the_same_weights(exp, capsys):
+    assert exp("linear_kernels").main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    gemm = [line for line in out.splitlines() if line.startswith("| 576 -> 1536 |") or line.startswith("| 1536 -> 576 |")]
+    assert len(gemm) == 4 and all(float(r.split(" | ")[2]) > 0 and float(r.split(" | ")[3]) > 0 for r in gemm), gemm
+    assert "| prefill, 5 x 160 tokens |" in out and "| decoding step, 10 rows |" in out
+    diff = float(re.search(r"largest log-prob difference, MKL against oneDNN: (\S+)", out).group(1))
+    assert diff < 1e-3  # the same function, the products summed in another order
 
 
 def test_load_summary_reports_what_the_generator_kept_against_its_bound(load, capsys):
