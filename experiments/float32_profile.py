@@ -24,7 +24,7 @@ import sys
 import time
 from collections import defaultdict
 
-import _shared  # noqa: F401 - puts the repository root on sys.path
+import _shared  # puts the repository root on sys.path
 
 
 # ---------------------------------------------------------------- the CPU's own rates
@@ -48,12 +48,7 @@ def gemm_gflops(dtype, m: int = 512, k: int = 576, n: int = 1536, reps: int = 20
 
     a, lin = torch.randn(m, k, dtype=dtype), _layer(k, n, dtype)  # (m, k), (n, k)
     with torch.inference_mode():
-        lin(a)
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            lin(a)
-            best = min(best, time.perf_counter() - t0)
+        best = _shared.best_of(lambda: lin(a), reps)
     return 2 * m * k * n / best / 1e9
 
 
@@ -72,12 +67,7 @@ def linear_gbps(dtype, rows: int = 10, hidden: int = 576, inter: int = 1536, lay
             w(x_in if w.in_features == hidden else x_mid)  # (R, out)
 
     with torch.inference_mode():
-        sweep()
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            sweep()
-            best = min(best, time.perf_counter() - t0)
+        best = _shared.best_of(sweep, reps)
     return nbytes / best / 1e9
 
 

@@ -15,36 +15,8 @@ Numbers, not a test; the CPU is printed with them.
 from __future__ import annotations
 
 import argparse
-import platform
-import time
 
-import _shared  # noqa: F401 - puts the repository root on sys.path
-
-
-def cpu_name() -> str:
-    """The CPU's model name as lscpu gives it (/proc/cpuinfo), and its bfloat16 support."""
-    import torch
-
-    name = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    amx = torch.cpu._is_amx_tile_supported()
-    bf16 = torch.cpu._is_avx512_bf16_supported()
-    return f"{name} (AMX {'yes' if amx else 'no'}, AVX512-BF16 {'yes' if bf16 else 'no'})"
-
-
-def best_of(fn, reps: int) -> float:
-    """Best wall time of `reps` calls of fn, after one call that is not timed."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+import _shared  # puts the repository root on sys.path
 
 
 def use(model, kernel: str) -> None:
@@ -71,7 +43,7 @@ def gemm_rates(reps: int) -> None:
             with torch.inference_mode():
                 for kernel in ("mkl", "onednn"):
                     use(lin, kernel)
-                    rate[kernel] = 2 * rows * i * o / best_of(lambda: lin(x), reps) / 1e9  # noqa: B023
+                    rate[kernel] = 2 * rows * i * o / _shared.best_of(lambda: lin(x), reps) / 1e9  # noqa: B023
             print(f"| {i} -> {o} | {rows} | {rate['mkl']:.0f} | {rate['onednn']:.0f} | "
                   f"{rate['onednn'] / rate['mkl']:.2f}x |", flush=True)
 
@@ -102,8 +74,8 @@ def model_times(reps: int, tiny: bool) -> None:
                 return logits
 
             out[kernel] = {
-                "prefill": best_of(lambda: model(prompts, use_cache=True), max(2, reps // 2)),
-                "step": best_of(decode, reps),
+                "prefill": _shared.best_of(lambda: model(prompts, use_cache=True), max(2, reps // 2)),
+                "step": _shared.best_of(decode, reps),
                 "logprobs": torch.log_softmax(model(prompts).logits.float(), -1),  # (5, 160, V)
             }
     diff = (out["mkl"]["logprobs"] - out["onednn"]["logprobs"]).abs().max().item()
@@ -124,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    from rag_demo.measure.evaluate import machine_info
+
     torch.set_num_threads(args.threads)
     reps = 1 if args.tiny else args.reps
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {args.threads} threads\n")
+    mc = machine_info()
+    print(f"CPU: {mc['processor']}; torch {mc['torch']}, {args.threads} threads\n")
     gemm_rates(reps)
     model_times(reps, args.tiny)
     return 0
