@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 MODES = ("sequence", "token", "closed-book")
 MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": "Closed-book (no retrieval)"}
+# One colour per mode, the same on every answer card and every figure (dark enough for white text,
+# and apart from the passages' light rank colours, web/render.PALETTE).
+MODE_COLOURS = {"sequence": "#1b9e77", "token": "#7570b3", "closed-book": "#6b6b6b"}
 STACKS = ("offline", "paper")
 GENERATOR_DTYPES = ("auto", "float32", "bfloat16")
 INDEX_KINDS = ("auto", "flat", "hnsw", "ivfpq")  # StackSpec.index_kind: auto + rag_demo.knowledge.ann.KINDS
