@@ -15,6 +15,7 @@ from pathlib import Path
 from rag_demo.config import GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, StackSpec, check_mode, check_question
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
+DEFAULT_KS = (1, 2, 3, 5, 10, 20)  # eval --sweep's K values (measure.sweep.DEFAULT_KS: the CLI imports no torch to parse)
 
 
 def _progress(msg: str) -> None:
@@ -152,14 +153,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_knowledge(index)
     ev = sub.add_parser("eval", help="score retrieval (recall@1/5/20) and answers (EM, F1) on a QA file")
     ev.add_argument("--qa", default="assets/qa_dev.jsonl", help='JSONL, one {"question": ..., "answers": [...]} per line')
-    ev.add_argument("--modes", default="closed-book,sequence,token", help="comma-separated modes (default: all three)")
-    ev.add_argument("--retrievers", default="dense,bm25", help="whose passages the RAG modes read: dense, bm25 or both")
+    ev.add_argument("--modes", default="closed-book,sequence,token", help="comma-separated modes (default: all three; "
+                    "with --sweep, none records retrieval rows only)")
+    ev.add_argument("--retrievers", help="whose passages the RAG modes read: a comma-separated list of dense, bm25 "
+                    "and hybrid (default: dense,bm25; with --sweep: dense); recall is scored for all three either way")
     ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
     ev.add_argument("--sample", type=int, help="evaluate a random sample of N questions (deterministic: see --seed)")
     ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
     ev.add_argument("--labels", help='JSONL of {"id", "answerable"}: evaluate only the questions labelled answerable '
                     "(applied before --sample)")
-    ev.add_argument("--out", default="artifacts/eval.json", help="where to save the JSON report")
+    ev.add_argument("--out", help="where to save the JSON report (default artifacts/eval.json), or with --sweep the "
+                    "rows (JSON Lines, default artifacts/sweep.jsonl; run again to resume)")
+    ev.add_argument("--sweep", action="store_true", help="run a grid instead: every K of --k (a comma-separated list, "
+                    f"default {','.join(map(str, DEFAULT_KS))}) x --modes x --presets x --retrievers, one tidy row per "
+                    "question and setting (rag_demo/measure/sweep.py), plus retrieval rows for --recall-retrievers")
+    ev.add_argument("--presets", default="paper,aided", help="with --sweep: the presets to run (default paper,aided)")
+    ev.add_argument("--recall-retrievers", default="dense,bm25,hybrid", help="with --sweep: retrievers whose recall@K "
+                    "is recorded (no answers; default all three)")
     ev.add_argument("--compare", nargs="+", metavar="LABEL=PATH", help="instead of evaluating: compare saved reports "
                     "question by question (the first is the baseline): scores, the paired difference given retrieval "
                     "with its 95%% interval, and how many answers are identical")
@@ -279,10 +289,14 @@ def cmd_eval(args) -> int:
 
     if args.limit is not None and args.sample is not None:
         raise ValueError("--limit and --sample both choose questions: pass one of them.")
+    grid = _sweep_grid(args) if args.sweep else None  # checked before anything loads
     qa = read_qa(args.qa, args.limit)
     items = qa.items if args.labels is None else keep_answerable(qa.items, args.labels)
     items = items if args.sample is None else sample_items(items, args.sample, args.seed)
-    modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers)
+    if grid is not None:
+        return _run_sweep(args, grid, items, qa.path)
+    modes, retrievers = parse_modes(args.modes), parse_retrievers(args.retrievers or "dense,bm25")
+    args.out = args.out or "artifacts/eval.json"
     settings = settings_from_args(args)
     pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), settings=settings, progress=_load_progress,
                             rebuild_index=args.rebuild_index, knowledge=_knowledge(args))
@@ -294,6 +308,46 @@ def cmd_eval(args) -> int:
     print(format_report(report))
     _progress(f"Saved {save_report(report, args.out)}")
     return 0
+
+
+def _sweep_grid(args):
+    """The grid of `eval --sweep`: --k as a list, --modes, --presets, --retrievers, --recall-retrievers,
+    and any other knob flag applied on top of every preset."""
+    from rag_demo.measure.evaluate import parse_modes
+    from rag_demo.measure.sweep import Grid, parse_list
+    from rag_demo.knowledge.retrievers import RETRIEVERS
+
+    if args.preset is not None:
+        raise ValueError("--preset chooses one preset; a sweep runs --presets (e.g. --presets paper,aided).")
+    if getattr(args, "retriever", None) is not None:
+        raise ValueError("--retriever chooses one retriever; a sweep runs --retrievers (e.g. --retrievers dense,hybrid).")
+    ks = parse_list(DEFAULT_KS if args.k is None else args.k, "k", int)
+    knobs = {n: getattr(args, n) for n in KNOBS if n not in ("k", "retriever") and getattr(args, n, None) is not None}
+    modes = () if args.modes.strip() == "none" else tuple(parse_modes(args.modes))  # none: retrieval rows only
+    return Grid(ks=tuple(ks), modes=modes, presets=tuple(parse_list(args.presets, "presets",
+                allowed=PRESETS)), retrievers=tuple(parse_list(args.retrievers or "dense", "retrievers",
+                allowed=RETRIEVERS)), recall_retrievers=tuple(parse_list(args.recall_retrievers, "recall-retrievers",
+                allowed=RETRIEVERS)), knobs=knobs)
+
+
+def _run_sweep(args, grid, items, qa_path: str) -> int:
+    from rag_demo.measure.sweep import run_to_file
+    from rag_demo.pipeline import RagPipeline
+
+    out = args.out or "artifacts/sweep.jsonl"
+    pipe = RagPipeline.load(_spec(args), corpus=_corpus(args), progress=_load_progress,
+                            rebuild_index=args.rebuild_index, knowledge=_knowledge(args))
+    command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["eval"] else \
+        f"python -m rag_demo eval --sweep --qa {qa_path} --out {out}"
+    written, before = run_to_file(pipe, items, grid, out, qa_path, command)
+    _progress(f"{written} rows written to {out} ({before} were there already)")
+    return 0
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
 
 
 def cmd_bench(args) -> int:

@@ -139,6 +139,12 @@ class Decoding(_Knobs):
                                help="Tokens of each passage the generator reads; the question is never cut.",
                                why="~100-word passages are 130-150 tokens: 192 keeps them whole and bounds the "
                                    "worst case.")
+    retriever: Literal["dense", "bm25", "hybrid"] = knob(
+        "dense", label="Retriever",
+        help="dense: the question encoder's nearest passages (the paper's); bm25: passages sharing the "
+             "question's words; hybrid: both lists fused by reciprocal rank.",
+        why="The paper retrieves densely (DPR); BM25 is its baseline, and hybrid shows what fusing the two buys "
+            "(docs/results.md).")
 
 
 class ReaderAids(_Knobs):

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from rag_demo.confidence import judge, load_model
 from rag_demo.config import RagSettings, StackSpec, check_mode, check_question
 from rag_demo.knowledge.ann import expected_recall, settings_for
 from rag_demo.knowledge.bm25 import BM25Retriever
@@ -31,7 +32,7 @@ from rag_demo.knowledge.building import IndexBuild
 from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge
 from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_cached_index, load_or_build_index
-from rag_demo.knowledge.retrievers import BM25WhileBuilding, DenseRetriever
+from rag_demo.knowledge.retrievers import BM25WhileBuilding, DenseRetriever, choose
 from rag_demo.models.cost import Cost, CostModel, Speed, Timed, model_dims
 from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
@@ -48,6 +49,8 @@ Progress = Callable[[float | None, str], None]  # (fraction done or None, messag
 # A corpus this small embeds in seconds: load() builds its index before answering, as it always did
 # (the demo's uploads and fixture corpora); larger ones answer with BM25 while it is built.
 BACKGROUND_MIN_PASSAGES = 1000
+# The passages ranked just after the K read (K+1 .. K+NEAR_MISSES), shown greyed as "just missed".
+NEAR_MISSES = 5
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,14 @@ class Answer:
     # background "bm25 (dense index building: 40%)"; "" when the caller gave them (answer_from) or
     # none were read (closed-book)
     retriever: str = ""
+    # the probability that this answer is right, from its own numbers (`signals`) and the model
+    # calibrated on questions nobody here wrote (rag_demo/confidence.py); None: no model for this
+    # stack, preset and mode
+    confidence: float | None = None
+    signals: dict = field(default_factory=dict)
+    # the passages the retriever ranked just after the K read (K+1 ..): [{"rank", "id", "title",
+    # "text", "url", "score"}], what a larger K would have added; [] for closed-book and given passages
+    near_misses: list = field(default_factory=list)
     # what the generator keeps for later questions, as this answer left it: {"passages": ...,
     # "hidden_states": ...}, each {"bytes", "max_bytes", "hits", "misses"} (hits and misses since
     # it loaded); {} for a generator that keeps nothing (BART)
@@ -166,6 +177,14 @@ class Retrieval:
     scores: torch.Tensor  # (K,) retrieval inner products q(x)·d(z)
     timings: dict[str, float]  # seconds: encode, retrieve
     retriever: str = "dense"  # the label of the retriever that chose them (Answer.retriever)
+    near: list[Passage] = field(default_factory=list)  # ranked K+1 .. K+extra: what K cut off
+    near_scores: list[float] = field(default_factory=list)  # their q(x)·d(z)
+
+    def near_misses(self) -> list[dict]:
+        """Answer.near_misses: the passages just after the K read, with their ranks and scores."""
+        k = len(self.passages)
+        return [{"rank": k + i + 1, "id": p.id, "title": p.title, "text": p.text, "url": p.url, "score": float(sc)}
+                for i, (p, sc) in enumerate(zip(self.near, self.near_scores))]
 
 
 def kept_by(gen) -> dict:
@@ -187,6 +206,9 @@ class RagPipeline:
         self.cost_model = CostModel()  # replaced by a calibrated one at warm_up()
         self.speed = Speed()  # how much slower than at warm-up the generator runs now
         self._estimates: dict[tuple, Cost] = {}
+        self._bm25: BM25Retriever | None = None  # the corpus's BM25 index, made when a setting first asks for it
+        self.confidence_model = load_model()  # assets/confidence.json (None: answers carry no confidence)
+        self._bm25_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -278,7 +300,8 @@ class RagPipeline:
         say(0.6, f"No dense index cached: indexing the {len(corpus):,} passages for BM25 (seconds), to answer "
                  "while the dense index is built ...")
         build = IndexBuild(corpus, encoder, spec.cache_dir, ann, rebuild, slow_build)
-        self.retriever = BM25WhileBuilding(build, BM25Retriever(corpus))
+        self._bm25 = BM25Retriever(corpus)  # serves now, and the bm25 and hybrid settings once the dense index is built
+        self.retriever = BM25WhileBuilding(build, self._bm25)
         self.index_build = build
         build.on_ready(self._dense_ready)
         build.start()
@@ -302,7 +325,17 @@ class RagPipeline:
         """Same models, another index: the hot-swap (no retraining)."""
         pipe = RagPipeline(self.stack, index, self.settings, info)
         pipe.cost_model, pipe.speed = self.cost_model, self.speed
+        pipe.confidence_model = self.confidence_model
+        if self._bm25 is not None and getattr(index, "corpus", None) is self.index.corpus:
+            pipe._bm25 = self._bm25  # the same passages: the same BM25 index
         return pipe
+
+    def bm25(self) -> BM25Retriever:
+        """The BM25 index of this pipeline's corpus, made on first use (a second or two for Vital Articles)."""
+        with self._bm25_lock:
+            if self._bm25 is None or self._bm25.corpus is not self.index.corpus:
+                self._bm25 = BM25Retriever(self.index.corpus)
+            return self._bm25
 
     def with_corpus(self, corpus: Corpus, progress: Progress | None = None) -> "RagPipeline":
         index, info = self.build_index(corpus, progress)
@@ -344,8 +377,10 @@ class RagPipeline:
     def _events(self, q: str, modes: list[str], s: RagSettings, run: Run, listen: Listen | None
                 ) -> Iterator[AnswerEvent]:
         for group in self.modes_by_encoder(modes):
-            r = self.retrieve(q, group[0], s.decoding.k)
-            yield from self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever)
+            r = self.retrieve(q, group[0], s.decoding.k, s.decoding.retriever, extra=NEAR_MISSES)
+            for event in self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever):
+                event.answer.near_misses = r.near_misses()
+                yield event
         if "closed-book" in modes:
             yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
 
@@ -366,21 +401,25 @@ class RagPipeline:
             )
 
     # -- the stages, each a public entry point ---------------------------------
-    def retrieve(self, question: str, mode: str = "token", k: int | None = None) -> Retrieval:
+    def retrieve(self, question: str, mode: str = "token", k: int | None = None, retriever: str | None = None,
+                 extra: int = 0) -> Retrieval:
         """Steps 1-2: encode the question with `mode`'s question encoder, then the top k passages
-        (k defaults to the pipeline's settings) with their scores q(x)·d(z)."""
+        (k and the retriever, "dense", "bm25" or "hybrid", default to the pipeline's settings)
+        with their scores q(x)·d(z); `extra` more, ranked after them, go to `Retrieval.near`."""
         q = check_question(question)
         mm = self.stack.modes[check_mode(mode)]
         k = self.settings.decoding.k if k is None else k
         self._check_k(k)
-        retriever = self.retriever  # this question's, even if the dense index completes meanwhile
+        # this question's, even if the dense index completes meanwhile
+        chosen = choose(self.retriever, retriever or self.settings.decoding.retriever, self.bm25)
+        depth = min(k + max(extra, 0), len(self.index))
         t0 = time.perf_counter()
         qv = mm.question_encoder.encode_questions([q])  # step 1: encode (1, D)
         t1 = time.perf_counter()
-        scores, passages = retriever.search(q, qv, k)  # step 2: retrieve (K,)
+        scores, passages = chosen.search(q, qv, depth)  # step 2: retrieve (depth,)
         t2 = time.perf_counter()
-        return Retrieval(passages, torch.from_numpy(scores.copy()), {"encode": t1 - t0, "retrieve": t2 - t1},
-                         retriever.label)
+        return Retrieval(passages[:k], torch.from_numpy(scores[:k].copy()), {"encode": t1 - t0, "retrieve": t2 - t1},
+                         chosen.label, list(passages[k:]), [float(x) for x in scores[k:]])
 
     def passage_scores(self, question: str, mode: str, passages: list[Passage]) -> torch.Tensor:
         """Retrieval scores q(x)·d(z) (K,) of given passages of this index (e.g. BM25's picks)
@@ -531,7 +570,7 @@ class RagPipeline:
         timings = {**timings, **g.timings}
         timings["total"] = sum(timings.values())
         text = gen.decode(g.tokens)
-        return Answer(
+        answer = Answer(
             question=q, mode=mode, text=text,
             tokens=[pieces[i] for i in shown], token_ids=[g.tokens[i] for i in shown],
             docs=docs, token_doc_posteriors=post.tolist() if post is not None else [],
@@ -544,6 +583,19 @@ class RagPipeline:
             read_question="" if read_q == q else read_q, settings=s.to_dict(),
             cues=(cues or []) + unread(text, docs, g.stopped), kept=kept_by(gen),
         )
+        self._judge(answer)
+        return answer
+
+    def _judge(self, a: Answer) -> None:
+        """Set the answer's signals and confidence, and add the "probably wrong" cue below the
+        model's threshold (rag_demo/confidence.py)."""
+        view = {"mode": a.mode, "stack": a.stack, "settings": a.settings, "text": a.text, "token_ids": a.token_ids,
+                "sequence_logprob": a.sequence_logprob, "stopped": a.stopped, "candidates": a.candidates,
+                "doc_posterior": a.doc_posterior,
+                "docs": [{"prior": d.prior, "score": d.score, "title": d.title, "text": d.text} for d in a.docs]}
+        a.signals, a.confidence, cue = judge(view, self.confidence_model)
+        if cue is not None:
+            a.cues.insert(0, cue)
 
     @staticmethod
     def _drops(mode: str, g: Generation) -> list[float | None]:
@@ -687,9 +739,9 @@ def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
     if mm is not None and mm.doubt_below is not None and len(scores):
         best = float(max(scores))
         if best < mm.doubt_below:
-            out.append({"kind": "may_lack_answer", "text": f"The passages may not hold the answer: the best one "
-                        f"matches the question at {best:.2f}, below {mm.doubt_below:.2f}, where the retrieved "
-                        "passages mostly lacked the answer. The generator answers anyway."})
+            out.append({"kind": "may_lack_answer", "text": f"Retrieval cue: the passages may not hold the answer. "
+                        f"The best one matches the question at {best:.2f}, below {mm.doubt_below:.2f}, where the "
+                        "retrieved passages mostly lacked the answer. The generator answers anyway."})
     return out
 
 

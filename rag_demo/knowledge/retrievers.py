@@ -10,9 +10,14 @@ line (None: nothing to say), and `index` (what the rest of the app reads the cor
   the vectors.
 
 RagPipeline holds one and swaps in the dense one, in one assignment, when the build completes;
-a question keeps the retriever it started with.
+a question keeps the retriever it started with. The `retriever` setting picks among three over
+the dense one (`choose`): itself, `BM25Only` (BM25's top K) and `Hybrid` (both lists fused by
+reciprocal rank); the last two score their passages with the dense encoders too, so p(z|x) means
+the same whichever retriever picked the passages (docs/DESIGN.md §6c).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -22,6 +27,11 @@ from rag_demo.knowledge.corpus import Passage
 from rag_demo.knowledge.index import PassageIndex
 
 DENSE = "dense"
+RETRIEVERS = ("dense", "bm25", "hybrid")  # the `retriever` setting's values (config.Decoding)
+# Reciprocal rank fusion (Cormack, Clarke and Büttcher, SIGIR 2009): score(d) = Σ_r 1 / (c + rank_r(d)),
+# c = 60 as in that paper; each list is read to FUSE_DEPTH, so the fused top K is the same prefix for every K.
+RRF_C = 60
+FUSE_DEPTH = 100
 
 
 class DenseRetriever:
@@ -123,3 +133,70 @@ class PendingIndex:
 
     def with_edited_passage(self, passage_id: str, new_text: str, encoder, new_title: str | None = None):
         raise self._refuse("editing a passage (it re-embeds the passage into a copy of the index)")
+
+
+def reciprocal_rank_fusion(rankings: list[list[str]], c: int = RRF_C) -> list[str]:
+    """Ids ordered by their fused score Σ_r 1 / (c + rank_r(id)) over the ranked lists (ranks from 1;
+    an id absent from a list adds nothing there); ties keep the order of first appearance.
+
+    >>> reciprocal_rank_fusion([["a", "b", "c"], ["b", "c"]])  # a: 1/61, b: 1/62 + 1/61, c: 1/63 + 1/62
+    ['b', 'c', 'a']
+    """
+    score: dict[str, float] = {}
+    for ranked in rankings:
+        for rank, ident in enumerate(ranked, start=1):
+            score[ident] = score.get(ident, 0.0) + 1.0 / (c + rank)
+    order = {ident: i for i, ident in enumerate(score)}  # first appearance
+    return sorted(score, key=lambda ident: (-score[ident], order[ident]))
+
+
+class BM25Only:
+    """BM25's top K over the dense retriever's corpus, scored q(x)·d(z) by the dense encoders (as
+    `BM25WhileBuilding` scores them): the lexical baseline as a choice of the `retriever` setting."""
+
+    label = "bm25"
+    status = None
+
+    def __init__(self, dense: DenseRetriever, bm25: BM25Retriever) -> None:
+        self.dense, self.bm25, self.index = dense, bm25, dense.index
+
+    def search(self, question: str, qv: np.ndarray, k: int) -> tuple[np.ndarray, list[Passage]]:
+        _, hits = self.bm25.search([question], k)  # BM25's own scores are not on the dense scale
+        return self.dense.scores(qv, hits[0]), hits[0]
+
+    def scores(self, qv: np.ndarray, passages: list[Passage]) -> np.ndarray:
+        return self.dense.scores(qv, passages)
+
+
+class Hybrid:
+    """Dense and BM25 fused by reciprocal rank (`reciprocal_rank_fusion` of each one's top
+    FUSE_DEPTH), scored q(x)·d(z) by the dense encoders: passages either retriever ranks high."""
+
+    label = "hybrid"
+    status = None
+
+    def __init__(self, dense: DenseRetriever, bm25: BM25Retriever) -> None:
+        self.dense, self.bm25, self.index = dense, bm25, dense.index
+
+    def search(self, question: str, qv: np.ndarray, k: int) -> tuple[np.ndarray, list[Passage]]:
+        depth = min(max(FUSE_DEPTH, k), len(self.index))
+        _, dense_hits = self.dense.search(question, qv, depth)
+        _, bm25_hits = self.bm25.search([question], depth)
+        by_id = {p.id: p for p in [*dense_hits, *bm25_hits[0]]}
+        fused = reciprocal_rank_fusion([[p.id for p in dense_hits], [p.id for p in bm25_hits[0]]])[:k]
+        passages = [by_id[i] for i in fused]
+        return self.dense.scores(qv, passages), passages
+
+    def scores(self, qv: np.ndarray, passages: list[Passage]) -> np.ndarray:
+        return self.dense.scores(qv, passages)
+
+
+def choose(base, name: str, bm25: "Callable[[], BM25Retriever]"):
+    """The retriever the `retriever` setting names, over the pipeline's own `base` retriever: dense
+    is `base` itself; while the dense index is built (`base` is a `BM25WhileBuilding`) every name
+    gets BM25's passages, labelled as such; `bm25()` makes (or returns) the BM25 index of the corpus."""
+    if name not in RETRIEVERS:
+        raise ValueError(f"retriever={name!r} is unknown: use one of {', '.join(RETRIEVERS)}.")
+    if name == DENSE or not isinstance(base, DenseRetriever):
+        return base
+    return (BM25Only if name == "bm25" else Hybrid)(base, bm25())

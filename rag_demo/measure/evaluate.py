@@ -14,10 +14,11 @@ count n. It measures the generator apart from the retriever: an answer the passa
 is not the reader's fault. Closed-book reads no passages; its given-retrieval numbers are over
 the questions whose dense top K hold an answer, for comparison with the dense RAG rows.
 
-Two retrievers are scored the same way: the stack's dense retriever (FAISS over the
-passage encoder's vectors) and BM25 (bm25.py). For RAG answers from BM25's passages the doc
-prior p(z|x) is the dense question encoder's softmax over those K passages, so the two rows
-differ only in which passages the generator sees.
+Three retrievers are scored the same way: the stack's dense retriever (FAISS over the
+passage encoder's vectors), BM25 (bm25.py) and their reciprocal rank fusion (hybrid,
+knowledge/retrievers.py). For RAG answers from BM25's or the fusion's passages the doc prior
+p(z|x) is the dense question encoder's softmax over those K passages, so the rows differ only
+in which passages the generator sees.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ RECALL_KS = (1, 5, 20)
 # The by-source table is printed when sources group the questions (the external file has 3);
 # more distinct values than this (the dev set's per-question article title) stay in the JSON.
 MAX_SOURCES_SHOWN = 12
-RETRIEVERS = ("dense", "bm25")
+RETRIEVERS = ("dense", "bm25", "hybrid")  # knowledge.retrievers.RETRIEVERS: recall is scored for all three
 
 # ---------------------------------------------------------------- metrics
 
@@ -195,6 +196,7 @@ def read_qa(path: str | Path, limit: int | None = None) -> QAFile:
         if item is None:
             out.skipped.append(f"{where}: no answer left after dropping the ones empty after normalisation")
         else:
+            item.meta.setdefault("id", f"{path.stem}:{n}")  # a file without ids: its line number names the question
             out.items.append(item)
     for msg in out.dropped + out.skipped:
         log.warning(msg)
@@ -321,13 +323,12 @@ def evaluate(
     modes: list[str],
     settings: RagSettings,
     retrievers: list[str] = ("dense", "bm25"),
-    bm25=None,
     progress: bool = True,
     say: Callable[[str], None] | None = None,
     partial_path: str | Path | None = None,
 ) -> dict:
     """Answer every question in every mode (RAG modes once per retriever in `retrievers`),
-    score recall@1/5/20 of both retrievers, EM / F1 / contains per (mode, retriever).
+    score recall@1/5/20 of the three retrievers, EM / F1 / contains per (mode, retriever).
     With `partial_path`, the report of the questions done so far is rewritten after each one
     (a long run stopped early still leaves its numbers).
 
@@ -335,45 +336,42 @@ def evaluate(
     """
     from tqdm import tqdm
 
-    from rag_demo.knowledge.bm25 import BM25Retriever
-
     if not items:
         raise ValueError("no questions to evaluate: pass a QA file with at least one question.")
     n_pass = len(pipe.index)
     if settings.decoding.k > n_pass:
         raise ValueError(f"k={settings.decoding.k} is more than the {n_pass} passages of the corpus: choose k from 1 to {n_pass}.")
-    if bm25 is None:
-        if say:
-            say(f"Building the BM25 index of {n_pass} passages ...")
-        bm25 = BM25Retriever(pipe.index.corpus)
+    if say:
+        say(f"Building the BM25 index of {n_pass} passages ...")
+    pipe.bm25()  # made once here, not inside the first question's timing
     depth = min(max(max(RECALL_KS), settings.decoding.k), n_pass)
     rag_modes = [m for m in modes if m != "closed-book"]
     enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses
     by_encoder = pipe.modes_by_encoder(rag_modes)  # modes that share retrieval (the paper stack has two groups)
     dense_name = f"dense ({pipe.stack.modes[enc_mode].question_encoder.name})"
-    ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)"}
+    ret_names = {"dense": dense_name, "bm25": "BM25 (bm25s, k1=1.5, b=0.75)",
+                 "hybrid": "hybrid (dense + BM25, reciprocal rank fusion)"}
     rows = [("closed-book", "-")] if "closed-book" in modes else []
     rows += [(m, r) for r in retrievers for m in rag_modes]
     records = []
-    hits: dict[str, list] = {"dense": [], "bm25": []}
-    ret_ms: dict[str, list] = {"dense": [], "bm25": []}
+    hits: dict[str, list] = {r: [] for r in RETRIEVERS}
+    ret_ms: dict[str, list] = {r: [] for r in RETRIEVERS}
     bar = tqdm(items, desc="eval", unit="q", file=sys.stderr, disable=not progress)
     f1_running: dict[str, list] = {}
     for item in bar:
         q = item.question
         rec = {"question": q, "answers": item.answers, **item.meta, "retrieval": {}, "answers_by_row": {}}
         read_hit: dict[str, bool] = {}  # retriever -> do its top K hold an answer
-        # retrieval, both retrievers, to depth 20
-        dense = pipe.retrieve(q, enc_mode, depth)
-        ret_ms["dense"].append(1000 * (dense.timings["encode"] + dense.timings["retrieve"]))
-        t0 = time.perf_counter()
-        b_scores, b_pass = bm25.search([q], depth)
-        ret_ms["bm25"].append(1000 * (time.perf_counter() - t0))
-        ranked = {"dense": dense.passages, "bm25": b_pass[0]}
-        for r, passages in ranked.items():
-            rank = first_hit([passage_text(p) for p in passages], item.answers)
+        # retrieval, every retriever, to depth 20
+        ranked = {}
+        for r in RETRIEVERS:
+            got = pipe.retrieve(q, enc_mode, depth, r)
+            ret_ms[r].append(1000 * (got.timings["encode"] + got.timings["retrieve"]))
+            ranked[r] = got
+        for r, got in ranked.items():
+            rank = first_hit([passage_text(p) for p in got.passages], item.answers)
             hits[r].append(rank)
-            rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in passages[: settings.decoding.k]]}
+            rec["retrieval"][r] = {"first_hit": rank, "top": [p.id for p in got.passages[: settings.decoding.k]]}
             read_hit[r] = rank is not None and rank <= settings.decoding.k
         # generation: the RAG modes of one retriever share its K passages (and one prefill)
         answers = {}
@@ -381,14 +379,11 @@ def evaluate(
             answers[("closed-book", "-")] = pipe.answer(q, "closed-book", settings)
         for r in retrievers:
             for group in by_encoder:
-                if r == "dense" and group[0] == enc_mode:  # the depth-20 search's top K = retrieve(q, mode, K)
-                    passages, scores = dense.passages[: settings.decoding.k], dense.scores[: settings.decoding.k]
-                elif r == "dense":
-                    got = pipe.retrieve(q, group[0], settings.decoding.k)
-                    passages, scores = got.passages, got.scores
+                if group[0] == enc_mode:  # the depth-20 search's top K = retrieve(q, mode, K, r)
+                    passages, scores = ranked[r].passages[: settings.decoding.k], ranked[r].scores[: settings.decoding.k]
                 else:
-                    passages = ranked["bm25"][: settings.decoding.k]
-                    scores = pipe.passage_scores(q, group[0], passages)
+                    got = pipe.retrieve(q, group[0], settings.decoding.k, r)
+                    passages, scores = got.passages, got.scores
                 for mode, a in pipe.answer_from_modes(q, group, passages, scores, settings).items():
                     answers[(mode, r)] = a
         for mode, r in rows:
@@ -403,6 +398,7 @@ def evaluate(
                 "docs": [{"id": d.id, "title": d.title, "prior": d.prior, "posterior": post}
                          for d, post in zip(a.docs, a.doc_posterior or [None] * len(a.docs))],
                 "cues": [c["kind"] for c in a.cues],  # what the page told the reader beside this answer
+                "confidence": a.confidence, "signals": a.signals,  # rag_demo/confidence.py
                 **({"candidates": a.candidates} if a.candidates else {}),
                 **({"drops": a.passage_drop} if a.passage_drop else {}),
             }
@@ -413,7 +409,7 @@ def evaluate(
             part = _summarise(pipe, items[:done], modes, retrievers, settings, rows, records,
                               {r: h[:done] for r, h in hits.items()}, ret_ms, ret_names, depth)
             save_report({**part, "partial": f"{done} of {len(items)} questions"}, partial_path)
-        bar.set_postfix({k.split("|")[0][:3] + ("/bm25" if k.endswith("bm25") else ""): f"{sum(v) / len(v):.2f}"
+        bar.set_postfix({k.split("|")[0][:3] + ("" if k.endswith(("|dense", "|-")) else "/" + k.split("|")[1]): f"{sum(v) / len(v):.2f}"
                          for k, v in f1_running.items()}, refresh=False)
     bar.close()
     return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
@@ -508,7 +504,7 @@ def _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, re
             **{f"recall@{k}": recall_at_k(hits[r], min(k, depth)) for k in RECALL_KS},
             "ms_per_question_p50": statistics.median(ret_ms[r]),
         }
-        for r in ("dense", "bm25")
+        for r in RETRIEVERS
     }
     generation = []
     types = sorted({it.type for it in items})

@@ -1,0 +1,167 @@
+"""How likely an answer is right: the signals every answer carries, and the calibrated model that
+turns them into one probability (docs/DESIGN.md §3b).
+
+An answer's own numbers separate right from wrong better than any rule about retrieval: a
+wrong answer of the small reader usually has a low log p(y|x), a rival candidate close behind,
+or words no passage holds. `signals` reads them off an answer (an `Answer.to_dict()`-shaped
+dict, so saved answers and live ones give the same numbers); `ConfidenceModel` is a logistic
+regression over them, one per stack, preset and mode,
+
+    P(right | answer) = sigmoid(b + Σ_j w_j · (x_j − mean_j) / scale_j)
+
+fitted by `python -m rag_demo eval --fit-confidence` (measure/calibration.py) on questions
+nobody here wrote, and shipped as assets/confidence.json with the command that made it. "Right"
+means a gold answer's words occur in the answer (eval's `contains`). Below the model's
+`threshold` a card says the answer is probably wrong.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from rag_demo.reader.text import occurs_in
+
+CONFIDENCE_PATH = Path(__file__).resolve().parents[1] / "assets" / "confidence.json"
+
+# The signals of each mode, in the model's order. Closed-book reads no passages: only its own score.
+BASE = ("logprob", "mean_logprob", "n_tokens", "ended", "empty")
+RAG = BASE + ("margin", "single", "best_prior", "top_score", "max_posterior", "in_passage")
+FEATURES = {"sequence": RAG, "token": RAG, "closed-book": BASE}
+NO_RIVAL = 20.0  # the margin an answer with no second candidate gets (nats): far ahead of any rival
+FLOOR = -50.0  # log-probs below this are all "very unlikely": clipped so one outlier cannot dominate a fit
+
+
+def signals(a: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers an answer's confidence is computed from, each a float:
+
+    logprob        log p(y|x), clipped at FLOOR
+    mean_logprob   log p(y|x) per generated token
+    n_tokens       log(1 + tokens shown)
+    ended          1 if the answer ended by itself (EOS or a stop token), 0 if a limit cut it
+    empty          1 if it says nothing
+    RAG modes only:
+    margin         log p of the best candidate minus the second (NO_RIVAL when there is none)
+    single         1 if no second candidate competed
+    best_prior     max_z p(z|x): how sure retrieval was of one passage
+    top_score      max_z q(x)·d(z): how well the best passage matches the question
+    max_posterior  max_z of the answer's passage posterior: how much one passage carries it
+    in_passage     1 if a passage (title and text) holds the answer's words as a run of tokens
+    """
+    n = len(a.get("token_ids") or [])
+    text = (a.get("text") or "").strip().rstrip(".")
+    lp = a.get("sequence_logprob")
+    lp = FLOOR if lp is None or not math.isfinite(lp) else max(lp, FLOOR)
+    out = {"logprob": lp, "mean_logprob": max(lp / max(n, 1), FLOOR), "n_tokens": math.log1p(n),
+           "ended": float(a.get("stopped", "eos") == "eos"), "empty": float(not text)}
+    if a.get("mode") == "closed-book":
+        return out
+    docs = a.get("docs") or []
+    cands = [c["logprob"] for c in a.get("candidates") or [] if c.get("logprob") is not None
+             and math.isfinite(c["logprob"])]
+    margin = cands[0] - cands[1] if len(cands) >= 2 else NO_RIVAL
+    post = [p for p in a.get("doc_posterior") or [] if p is not None]
+    out.update({
+        "margin": min(max(margin, 0.0), NO_RIVAL), "single": float(len(cands) < 2),
+        "best_prior": max((d["prior"] for d in docs), default=0.0),
+        "top_score": max((d["score"] for d in docs), default=0.0),
+        "max_posterior": max(post, default=0.0),
+        "in_passage": float(bool(text) and any(occurs_in(text, f"{d['title']} {d['text']}") for d in docs)),
+    })
+    return out
+
+
+@dataclass(frozen=True)
+class Logistic:
+    """One fitted logistic regression: its features, their standardisation, weights, bias and the
+    cue's threshold (below it: "probably wrong")."""
+
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    threshold: float
+
+    def predict(self, x: Mapping[str, float]) -> float:
+        """P(right) = sigmoid(b + Σ_j w_j (x_j − mean_j) / scale_j)."""
+        z = self.intercept + sum(w * (x[f] - m) / s for f, m, s, w in zip(self.features, self.mean, self.scale,
+                                                                            self.coef))
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),
+                "coef": list(self.coef), "intercept": self.intercept, "threshold": self.threshold}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Logistic":
+        return cls(tuple(d["features"]), tuple(d["mean"]), tuple(d["scale"]), tuple(d["coef"]), float(d["intercept"]),
+                   float(d["threshold"]))
+
+
+@dataclass(frozen=True)
+class ConfidenceModel:
+    """The shipped models by "stack|preset|mode", and what they were fitted on (`about`)."""
+
+    models: dict[str, Logistic]
+    about: dict
+
+    @staticmethod
+    def key(stack: str, preset: str, mode: str) -> str:
+        return f"{stack}|{preset}|{mode}"
+
+    def model_for(self, stack: str, preset: str, mode: str) -> Logistic | None:
+        return self.models.get(self.key(stack, preset, mode))
+
+    def confidence(self, a: Mapping[str, Any], sig: Mapping[str, float] | None = None) -> float | None:
+        """P(right) of an answer dict (None: no model for its stack, preset and mode)."""
+        preset = (a.get("settings") or {}).get("preset", "")
+        m = self.model_for(a.get("stack", ""), preset, a.get("mode", ""))
+        return None if m is None else m.predict(sig if sig is not None else signals(a))
+
+    def to_dict(self) -> dict:
+        return {"version": 1, "about": self.about, "models": {k: m.to_dict() for k, m in self.models.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ConfidenceModel":
+        if d.get("version") != 1 or not isinstance(d.get("models"), dict):
+            raise ValueError("this is not a confidence model file (version 1 with models): "
+                             "make one with python -m rag_demo eval --fit-confidence.")
+        return cls({k: Logistic.from_dict(v) for k, v in d["models"].items()}, dict(d.get("about") or {}))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        return path
+
+
+@lru_cache(maxsize=4)
+def load_model(path: str | Path = CONFIDENCE_PATH) -> ConfidenceModel | None:
+    """The shipped model (None when the file is absent: answers then carry no confidence)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    return ConfidenceModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str, float], float | None, dict | None]:
+    """(signals, confidence, the "probably wrong" cue or None) of an answer dict."""
+    sig = signals(a)
+    if model is None:
+        return sig, None, None
+    preset = (a.get("settings") or {}).get("preset", "")
+    m = model.model_for(a.get("stack", ""), preset, a.get("mode", ""))
+    if m is None:
+        return sig, None, None
+    p = m.predict(sig)
+    cue = None
+    if p < m.threshold:
+        cue = {"kind": "probably_wrong",
+               "text": f"Probably wrong: answers like this one (its score, its rivals, where its words come from) "
+                       f"were right {100 * p:.0f}% of the time on questions nobody here wrote. Check it against "
+                       "the passages."}
+    return sig, p, cue
