@@ -23,13 +23,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from rag_demo.reader.text import occurs_in
+from rag_demo.reader.text import match_tokens, occurs_in
 
 CONFIDENCE_PATH = Path(__file__).resolve().parents[1] / "assets" / "confidence.json"
 
 # The signals of each mode, in the model's order. Closed-book reads no passages: only its own score.
-BASE = ("logprob", "mean_logprob", "n_tokens", "ended", "empty")
-RAG = BASE + ("margin", "single", "best_prior", "top_score", "max_posterior", "in_passage")
+BASE = ("logprob", "mean_logprob", "n_tokens", "ended", "empty", "echo")
+RAG = BASE + ("margin", "single", "best_prior", "top_score", "max_posterior", "in_passage", "min_token_logprob")
 FEATURES = {"sequence": RAG, "token": RAG, "closed-book": BASE}
 NO_RIVAL = 20.0  # the margin an answer with no second candidate gets (nats): far ahead of any rival
 FLOOR = -50.0  # log-probs below this are all "very unlikely": clipped so one outlier cannot dominate a fit
@@ -43,6 +43,7 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
     n_tokens       log(1 + tokens shown)
     ended          1 if the answer ended by itself (EOS or a stop token), 0 if a limit cut it
     empty          1 if it says nothing
+    echo           the share of the answer's words that the question already says
     RAG modes only:
     margin         log p of the best candidate minus the second (NO_RIVAL when there is none)
     single         1 if no second candidate competed
@@ -50,13 +51,17 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
     top_score      max_z q(x)·d(z): how well the best passage matches the question
     max_posterior  max_z of the answer's passage posterior: how much one passage carries it
     in_passage     1 if a passage (title and text) holds the answer's words as a run of tokens
+    min_token_logprob  the weakest token: min_i log Σ_z p(z|x) p(y_i | x, z, y_<i) (the inspector's numbers)
     """
     n = len(a.get("token_ids") or [])
     text = (a.get("text") or "").strip().rstrip(".")
     lp = a.get("sequence_logprob")
     lp = FLOOR if lp is None or not math.isfinite(lp) else max(lp, FLOOR)
+    words = match_tokens(text)
+    asked = set(match_tokens(a.get("question") or ""))
     out = {"logprob": lp, "mean_logprob": max(lp / max(n, 1), FLOOR), "n_tokens": math.log1p(n),
-           "ended": float(a.get("stopped", "eos") == "eos"), "empty": float(not text)}
+           "ended": float(a.get("stopped", "eos") == "eos"), "empty": float(not text),
+           "echo": sum(w in asked for w in words) / len(words) if words else 0.0}
     if a.get("mode") == "closed-book":
         return out
     docs = a.get("docs") or []
@@ -70,8 +75,18 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
         "top_score": max((d["score"] for d in docs), default=0.0),
         "max_posterior": max(post, default=0.0),
         "in_passage": float(bool(text) and any(occurs_in(text, f"{d['title']} {d['text']}") for d in docs)),
+        "min_token_logprob": _weakest_token(a.get("inspector") or [], [d["prior"] for d in docs]),
     })
     return out
+
+
+def _weakest_token(inspector: list, prior: list[float]) -> float:
+    """min over the answer's tokens of log Σ_z p(z|x) p(y_i | x, z, y_<i) (0 for no token)."""
+    worst = 0.0
+    for row in inspector:
+        p = sum(w * q for w, q in zip(prior, row["p_token"]))
+        worst = min(worst, math.log(p) if p > 0 else FLOOR)
+    return max(worst, FLOOR)
 
 
 @dataclass(frozen=True)

@@ -590,6 +590,7 @@ class RagPipeline:
         """Set the answer's signals and confidence, and add the "probably wrong" cue below the
         model's threshold (rag_demo/confidence.py)."""
         view = {"mode": a.mode, "stack": a.stack, "settings": a.settings, "text": a.text, "token_ids": a.token_ids,
+                "question": a.question, "inspector": a.inspector,
                 "sequence_logprob": a.sequence_logprob, "stopped": a.stopped, "candidates": a.candidates,
                 "doc_posterior": a.doc_posterior,
                 "docs": [{"prior": d.prior, "score": d.score, "title": d.title, "text": d.text} for d in a.docs]}
