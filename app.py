@@ -96,6 +96,18 @@ def budget_from_args(args: argparse.Namespace):
     return Budget(**{k: v for k, v in given.items() if v is not None})
 
 
+def cli_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that make `python -m rag_demo ask` read this server's corpus with its generator's
+    precision ("show the code" on the page prints them)."""
+    flags = [f for path in args.corpus_file for f in ("--corpus-file", os.path.abspath(path))]
+    if args.knowledge_dataset:
+        flags += ["--knowledge-dataset", os.path.abspath(args.knowledge_dataset),
+                  "--knowledge-index", os.path.abspath(args.knowledge_index)]
+    if args.generator_dtype != "auto":
+        flags += ["--generator-dtype", args.generator_dtype]
+    return flags
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     corpus_fn = None
@@ -116,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {e}")
     pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge, generator_dtype=args.generator_dtype,
                                       passage_cache_mb=args.passage_cache_mb, hidden_cache_mb=args.hidden_cache_mb))
+    pool.cli_flags = cli_flags(args)
     stack = args.stack
     reason = pool.unavailable(stack)
     if reason:

@@ -110,6 +110,9 @@ class PipelinePool:
         self._unavailable_fn = unavailable
         self._guard = threading.Lock()
         self.lock = threading.RLock()
+        # the command-line flags that give `python -m rag_demo ask` this server's stack options and
+        # built-in corpus (app.py sets them: e.g. --corpus-file FILE); "show the code" prints them
+        self.cli_flags: list[str] = []
 
     @classmethod
     def of(cls, pipelines: Any, unavailable: Callable[[str], str | None] = default_unavailable) -> PipelinePool:

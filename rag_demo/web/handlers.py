@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import math
 import threading
 import time
@@ -34,15 +33,38 @@ from rag_demo.web.render import (
     render_partial,
     render_passages,
 )
+from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
 from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
 
 # /ask's arguments after the question, in their positional order: the order earlier clients call
-# with, then the preset, then every other knob in its declaration order (rag_demo/config.py)
+# with, then the preset, then every other knob in its declaration order (rag_demo/config.py), and
+# last the arguments added since (so that no earlier positional call changes meaning)
 _FIRST = ("k", "num_beams", "max_new_tokens", "sequence_decoding", "stack", "answer_style", "prior_temperature",
           "passage_sentences", "question_position", "extractive", "question_weight", "worked_examples", "echo_retries")
-API_ARGUMENTS = (*_FIRST, "preset", *(n for n in KNOBS if n not in _FIRST))
+_LAST = ("retriever", "corpus")
+API_ARGUMENTS = (*_FIRST, "preset", *(n for n in KNOBS if n not in _FIRST and n not in _LAST), *_LAST)
 _TYPES = {"int": int, "float": float, "bool": bool, "choice": str}
+
+
+def api_help(name: str) -> str:
+    """One /ask argument's description in the API page and the MCP tool: a knob's own help, range
+    and both presets' values (rag_demo/config.py); the others' here."""
+    if name == "question":
+        return "The question, in English, one or two sentences (up to 1,000 characters)."
+    if name == "stack":
+        return f"Which models answer: {' or '.join(STACKS)} (default offline: MiniLM and SmolLM2-135M, no download)."
+    if name == "preset":
+        return ("paper (the paper's algorithm, every reader aid off) or aided (the reader aids for a small model); "
+                "default: the stack's (offline aided, paper paper). Every knob left out takes the preset's value.")
+    if name == "corpus":
+        return ("Which built-in corpus the passages come from: builtin (the stack's own: Wikipedia Vital Articles "
+                "unless the server was started with other documents) or factbook (the CIA World Factbook).")
+    spec = KNOBS[name]
+    values = (", ".join(spec.choices) if spec.kind == "choice" else "true or false" if spec.kind == "bool"
+              else f"{spec.lo:g} to {spec.hi:g}")
+    default = f"{spec.aided}" if spec.aided == spec.paper else f"aided {spec.aided}, paper {spec.paper}"
+    return f"{spec.label}: {spec.help} {values} (default {default})."
 
 
 def _api_signature(returns: Any) -> inspect.Signature:
@@ -53,12 +75,33 @@ def _api_signature(returns: Any) -> inspect.Signature:
     for name in API_ARGUMENTS:
         if name == "stack":
             params.append(P(name, P.POSITIONAL_OR_KEYWORD, default="offline", annotation=str))
+        elif name == "corpus":
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default="builtin", annotation=str))
         elif name == "preset":
             params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=None, annotation=str | None))
         else:
             params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=None, annotation=_TYPES[KNOBS[name].kind] | None))
     params.append(P("request", P.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request))
     return inspect.Signature(params, return_annotation=returns)
+
+
+def describe_api(dependency: Any, blocks: Any) -> None:
+    """Give each argument of an endpoint made by `gr.api` over an `_api` method its help text in the
+    API page (gradio reads a parameter's description from its Api component's schema, key
+    "additional_description"; checked by tests/test_ui.py). The MCP tool reads the docstring's
+    "Args:" section, which `_api` writes."""
+    fn = blocks.fns[dependency["id"]]
+    names = ["question", *API_ARGUMENTS]
+    for comp, name in zip(fn.inputs, names):
+        comp._api_info = {**comp.api_info(), "additional_description": api_help(name)}
+
+
+def _base_url(request: Any) -> str:
+    """The address this visitor reached the app at (a proxy's scheme and host when there is one)."""
+    headers = getattr(request, "headers", None) or {}
+    host = headers.get("x-forwarded-host") or headers.get("host") or "127.0.0.1:7860"
+    scheme = headers.get("x-forwarded-proto") or "http"
+    return f"{scheme}://{host}/"
 
 
 def page_event(fn: Callable) -> Callable:
@@ -71,12 +114,14 @@ def page_event(fn: Callable) -> Callable:
 
 def _api(returns: Any) -> Callable[[Callable], Callable]:
     """Give an endpoint method /ask's generated parameters (gr.api reads an endpoint's parameters,
-    defaults and types from its signature and type hints); the method binds its *args / **kwargs
-    with that signature itself."""
+    defaults and types from its signature and type hints) and an "Args:" section describing each
+    (what gradio's MCP server reads); the method binds its *args / **kwargs with that signature itself."""
     def declare(fn: Callable) -> Callable:
         fn.__signature__ = _api_signature(returns)
         fn.__annotations__ = {p.name: p.annotation for p in fn.__signature__.parameters.values()
                               if p.annotation is not inspect.Parameter.empty} | {"return": returns}
+        fn.__doc__ = (inspect.cleandoc(fn.__doc__ or "") + "\n\nArgs:\n"
+                      + "\n".join(f"    {n}: {api_help(n)}" for n in ("question", *API_ARGUMENTS)))
         return fn
     return declare
 
@@ -484,38 +529,40 @@ class Handlers:
                 result, s = value
                 yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
-    @_api(str)
-    def ask(self, *args, **kwargs) -> str:
-        """Answer one question with RAG-Sequence, RAG-Token and closed-book over the stack's
-        built-in corpus (no per-visitor state). Every knob is optional (None: the preset's value);
-        preset: "paper" (the paper's algorithm, every reader aid off) or "aided" (default: the
-        stack's, offline aided). Returns JSON text: {"question", "stack", "corpus", "settings",
-        "answers": {"sequence", "token", "closed-book"}}, each answer an Answer.to_dict()
-        ("settings" and each answer's "settings" say which preset ran and which aids were on;
-        "stopped" says why it ended). A question over the server's budget gets an error naming its
-        cost and what to change, and nothing runs."""
+    @_api(dict)
+    def ask(self, *args, **kwargs) -> dict:
+        """Answer one question with RAG-Sequence, RAG-Token and closed-book over a built-in corpus
+        (no per-visitor state). Every knob is optional (None: the preset's value). Returns a dict:
+        {"question", "stack", "corpus", "settings", "answers": {"sequence", "token", "closed-book"}},
+        each answer an Answer.to_dict() (its "settings" say which preset ran and which aids were on,
+        "stopped" why it ended, "confidence" how likely it is right). A question over the server's
+        budget gets an error naming its cost and what to change, and nothing runs."""
         call = _api_signature(dict).bind(self, *args, **kwargs)
         call.apply_defaults()
         pipe, settings = self._api_request(call.arguments)
-        result = _answer_all(pipe, call.arguments["question"], settings, serving=self.serving,
-                             request=call.arguments["request"])[0]
-        return json.dumps(result, ensure_ascii=False)
+        return _answer_all(pipe, call.arguments["question"], settings, serving=self.serving,
+                           request=call.arguments["request"])[0]
 
     def _api_request(self, args: dict) -> tuple[Any, RagSettings]:
-        """/ask's and /ask_stream's arguments -> (the stack's pipeline, the validated settings)."""
+        """/ask's and /ask_stream's arguments -> (the pipeline of the stack and corpus asked for, the
+        validated settings)."""
         if args["stack"] not in STACKS:
             raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
+        corpus = args.get("corpus") or "builtin"
+        if corpus not in ("builtin", *self.pool.corpora()):
+            raise gr.Error(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
         settings = _settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
                              **{n: args[n] for n in KNOBS})
         with user_errors():
-            return self.pool.get(args["stack"]), settings
+            pipe, _ = session_pipeline(self.pool, Session(stack=args["stack"], corpus=corpus))
+            return pipe, settings
 
-    @_api(str)
-    def ask_stream(self, *args, **kwargs) -> str:  # each value it yields (gr.api counts the outputs from this hint)
-        """/ask, streamed: yields JSON text {"question", "stack", "corpus", "answers": {mode: dict},
-        "done": false} while the answers are decoded (each answer so far: RagPipeline.partial_answer's
-        dict, with "partial": true; an answer already finished: its Answer.to_dict() with "final":
-        true), then /ask's final JSON with "done": true. Same arguments and budget as /ask."""
+    @_api(dict)
+    def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
+        """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done":
+        false} while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict,
+        with "partial": true; an answer already finished: its Answer.to_dict() with "final": true),
+        then /ask's final dict with "done": true. Same arguments and budget as /ask."""
         call = _api_signature(dict).bind(self, *args, **kwargs)
         call.apply_defaults()
         question, request = call.arguments["question"], call.arguments["request"]
@@ -523,10 +570,22 @@ class Handlers:
 
         for kind, value in _answering(pipe, question, settings, serving=self.serving, request=request):
             if kind == "partial":
-                yield json.dumps({"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-                                  "answers": _finite(value), "done": False}, ensure_ascii=False)
+                yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                       "answers": _finite(value), "done": False}
             else:
-                yield json.dumps({**value[0], "done": True}, ensure_ascii=False)
+                yield {**value[0], "done": True}
+
+    def show_code(self, raw, s, request: gr.Request = None):
+        """"Show the code" of the answers on screen: (the CLI command, the gradio_client call, what
+        they cannot reproduce of this session). Empty before the first answer."""
+        s = self.fresh(s)
+        if not isinstance(raw, dict) or not raw.get("question") or not raw.get("answers"):
+            return "", "", ""
+        corpus = s.corpus if s.corpus in ("builtin", *self.pool.corpora()) else "builtin"
+        flags = (["--corpus", corpus] if corpus != "builtin" else
+                 ["--corpus-file", "YOUR_FILES"] if s.corpus == "upload" else list(self.pool.cli_flags))
+        return (cli_command(raw, flags), client_code(raw, _base_url(request), corpus),
+                esc(caveat(s.corpus, bool(s.edits))))
 
     @page_event
     def upload(self, files, s, progress=gr.Progress(), request: gr.Request = None):

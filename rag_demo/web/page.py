@@ -18,7 +18,7 @@ from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
-from rag_demo.web.handlers import Handlers
+from rag_demo.web.handlers import Handlers, describe_api
 from rag_demo.web.render import render_answer, render_passages, render_without
 from rag_demo.web.session_view import corpus_choices, render_status, stack_choices
 from rag_demo.web.validation import validate_upload
@@ -199,6 +199,14 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                             cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")
                 with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
+                with gr.Accordion("Show the code: rerun these answers yourself", open=False, elem_id="rag-code"):
+                    gr.Markdown("The command line and the API call that give the answers above: the question, "
+                                "the corpus, the preset and every setting you changed from it.")
+                    code_cli = gr.Code(language="shell", label="Command line (after scripts/setup.sh)",
+                                       interactive=False, elem_id="rag-code-cli")
+                    code_py = gr.Code(language="python", label="Python, through this app's /ask endpoint",
+                                      interactive=False, elem_id="rag-code-py")
+                    code_note = gr.HTML("", elem_id="rag-code-note")
                 passages = gr.HTML(render_passages({}), elem_id="rag-passages")
                 without = gr.HTML(render_without(None), elem_id="rag-without")
                 without_data = gr.JSON(visible=False)  # /without_passage's data, drawn into `without`
@@ -304,8 +312,11 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                            outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
         reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
-        gr.api(h.ask, api_name="ask", **model)
-        gr.api(h.ask_stream, api_name="ask_stream", **model)
+        # "show the code" follows the answers on screen, whichever event put them there
+        raw.change(h.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
+                   show_progress="hidden", api_visibility="private")
+        for fn, name in ((h.ask, "ask"), (h.ask_stream, "ask_stream")):
+            describe_api(gr.api(fn, api_name=name, **model), demo)
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
     demo.rag_pool = pool  # for app.py (start loading) and tests

@@ -477,9 +477,36 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             f'<small>(top {len(docs)} of {esc(corpus)})</small></h3>'
             f'<table class="rag-ptable"><thead><tr><th>#</th><th>passage</th><th title="retrieval inner product '
             f'q(x)·d(z)">score<br>q(x)·d(z)</th>{prior_heads}{post_heads}</tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table></div>"
+            f"<tbody>{''.join(rows)}</tbody></table>{render_near_misses(answers[modes[0]])}</div>"
         )
     return "".join(out)
+
+
+def render_near_misses(a: dict) -> str:
+    """The passages the retriever ranked just after the K the generator read (Answer.near_misses),
+    greyed: what K cut off, with their scores, and the K that would have included each."""
+    near = a.get("near_misses") or []
+    if not near:
+        return ""
+    k = len(a["docs"])
+    rows = "".join(
+        f'<tr data-id="{esc(d["id"])}"><td class="rag-num">{d["rank"]}</td><td><div class="rag-ptitle">{esc(d["title"])}'
+        f'</div><div class="rag-ptext">{esc(_snippet(d["text"]))}</div></td>'
+        f'<td class="rag-num" data-label="score q(x)·d(z)">{d["score"]:.3f}</td>'
+        f'<td class="rag-num" data-label="read with">K = {d["rank"]}</td></tr>' for d in near)
+    gap = a["docs"][-1]["score"] - near[0]["score"] if a["docs"] else None
+    said = (f" The last one read scored {a['docs'][-1]['score']:.3f}, {gap:.3f} above the first one left out."
+            if gap is not None else "")
+    return (f'<details class="rag-near" data-near="{len(near)}"><summary>Just missed: the passages ranked '
+            f"{k + 1} to {k + len(near)}, which K = {k} cut off (not read by the generator)</summary>"
+            f'<div class="rag-note">Retrieval ranks the whole corpus; the generator reads only the top K.{esc(said)}'
+            "</div>"
+            '<table class="rag-ptable rag-near-table"><thead><tr><th>#</th><th>passage</th><th>score<br>q(x)·d(z)'
+            f"</th><th>read with</th></tr></thead><tbody>{rows}</tbody></table></details>")
+
+
+def _snippet(text: str, n: int = 160) -> str:
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " …"
 
 
 def render_without(result: dict | None) -> str:
