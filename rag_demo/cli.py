@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--compare", nargs="+", metavar="LABEL=PATH", help="instead of evaluating: compare saved reports "
                     "question by question (the first is the baseline): scores, the paired difference given retrieval "
                     "with its 95%% interval, and how many answers are identical")
+    ev.add_argument("--plot", metavar="RUN", help="instead of evaluating: draw the figures of a sweep's tidy RUN.jsonl "
+                    "(accuracy and recall against K, accuracy given retrieval, plain against aided, reliability), "
+                    "captioned with RUN.meta.json; loads no model")
+    ev.add_argument("--plot-format", choices=("png", "html"), help="--plot's files: png (default; scale 2, for slides) "
+                    "or html (as wide as the window, opens offline)")
+    ev.add_argument("--plot-dir", metavar="DIR", help="where --plot writes (default: beside RUN, in RUN's name + _figures)")
     add_settings(ev)
     _add_common(ev)
     _add_knowledge(ev)
@@ -272,6 +278,14 @@ def cmd_index(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    if args.plot is None and (args.plot_format or args.plot_dir):
+        raise ValueError("--plot-format and --plot-dir say how to draw a sweep: add --plot RUN.jsonl.")
+    if args.plot is not None:
+        from rag_demo.measure.figures import write_figures  # altair and pandas only: no model, no torch
+
+        for path in write_figures(args.plot, args.plot_dir, args.plot_format or "png"):
+            print(path)
+        return 0
     if args.compare:
         from rag_demo.measure.compare import compare_reports, differing, load_report
 
