@@ -53,7 +53,7 @@ COLUMNS = (*REQUIRED, "preset", "retriever", "k", *NUMBERS[:3], "gold_in_top_k",
 
 HEIGHT = 280  # px: a phone shows the chart and its legend without scrolling
 EXPORT_WIDTH = 640  # px of a saved figure (twice that in pixels at scale 2): a slide's width
-TITLE_CHARS, SUBTITLE_CHARS = 44, 60  # a line of each at 390 px; longer ones wrap
+TITLE_CHARS, SUBTITLE_CHARS = 38, 46  # a line of each at 390 px (the chart is ~300 px wide there); longer ones wrap
 FORMATS = ("png", "html")
 TYPE_NAMES = {"float64": "a number", "Int64": "an integer", "boolean": "true or false"}
 LEGEND_CHANNELS = ("color", "shape", "strokeDash", "opacity")
@@ -316,7 +316,7 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
                           scale=_preset_scale(pd.concat([rag, closed]), PRESET_DASHES),
                           legend=_legend("preset", symbolType="stroke", symbolStrokeColor="#333333"))
     ks = sorted({int(k) for k in rag["k"]} | ({int(k) for k in y_rag["k"]} if y_rag is not None else set()))
-    x = alt.X("k:Q", title="passages retrieved, K", scale=alt.Scale(domain=[min(ks), max(ks)], nice=False),
+    x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domainMin=0))
     flat_tip = _tooltip(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", "accuracy (%)"),
@@ -361,7 +361,7 @@ def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str 
     y_recall = _recall_by_k(yours) if yours is not None else None
     colour = _retriever_colour(recall, y_recall)
     ks = sorted({int(k) for k in recall["k"]} | ({int(k) for k in y_recall["k"]} if y_recall is not None else set()))
-    x = alt.X("k:Q", title="passages retrieved, K", scale=alt.Scale(domain=[min(ks), max(ks)], nice=False),
+    x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="questions with a gold passage (%)", scale=alt.Scale(domain=[0, 100]))
     tip = _tooltip(("retriever_title:N", "retriever"), ("k:Q", "K"), ("value:Q", "recall (%)"), ("n:Q", "n"))

@@ -66,6 +66,34 @@ class Serving:
             with self._heavy_lock:
                 self._heavy -= 1
 
+    @contextmanager
+    def sweep_slot(self):
+        """Hold one of the `max_heavy` slots for a learner's sweep (every answer of it low priority):
+        a cheap question still always finds a slot and waits at most one model step of the sweep's.
+        ValueError when the slots are taken."""
+        with self._heavy_lock:
+            if self._heavy >= self.max_heavy:
+                raise ValueError("Another sweep or an expensive question is running on this server, which runs "
+                                 f"{self.max_heavy} at a time so that questions never wait behind them: try again in "
+                                 "a minute.")
+            self._heavy += 1
+        try:
+            yield
+        finally:
+            with self._heavy_lock:
+                self._heavy -= 1
+
+    def background_run(self, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
+        """The `Run` of work that must delay no visitor (a sweep's answers): low priority at the gate,
+        each mode within the time limit, cancelled with its client or by `cancelled()`."""
+        from rag_demo.pipeline import Run
+
+        gone = client_gone(self.queue, request)
+        stop = gone if cancelled is None else (cancelled if gone is None else (lambda: gone() or cancelled()))
+        limit = self.budget.time_limit_s if self.budget is not None else None
+        return Run(cancelled=stop, seconds={m: limit for m in MODES} if limit else {},
+                   share=(lambda gen: self.gate.gated(gen, 1)) if self.gate is not None else None)
+
     def check(self, pipe: Any, question: str, settings: RagSettings) -> Any:
         """The request's Cost, or the library's ValueError (what was asked, what it would cost,
         what to change) when it is over the budget; None without a budget."""

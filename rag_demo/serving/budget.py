@@ -38,9 +38,12 @@ class Budget:
     time_limit_s: float = 60.0
     # Estimated seconds above which a request is "expensive": it runs at low priority.
     heavy_seconds: float = 6.0
+    # Refuse a learner's sweep (the Results tab) estimated above this in all: its answers run one
+    # after another at low priority, so it delays nobody, but it holds the one expensive slot.
+    max_sweep_seconds: float = 600.0
 
     def __post_init__(self) -> None:
-        for name in ("max_seconds", "time_limit_s", "heavy_seconds"):
+        for name in ("max_seconds", "time_limit_s", "heavy_seconds", "max_sweep_seconds"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name}={v!r} must be a positive number of seconds.")

@@ -19,6 +19,8 @@ from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.handlers import Handlers, describe_api
+from rag_demo.web.results import ResultsHandlers, results_tab
+from rag_demo.web.results import wire as wire_results
 from rag_demo.web.render import render_answer, render_passages, render_without
 from rag_demo.web.session_view import corpus_choices, render_status, stack_choices
 from rag_demo.web.validation import validate_upload
@@ -152,6 +154,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
     serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
                       queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
     h = Handlers(pool, default_stack, serving)
+    rh = ResultsHandlers(pool, serving, default_stack)
     settings0 = RagSettings.for_stack(default_stack)
 
     with gr.Blocks(title="RAG demo: retrieve, then generate") as demo:
@@ -237,6 +240,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                         reset_btn = gr.Button("Undo my edits", elem_id="rag-reset")
                 with gr.Accordion("Raw answers (JSON, as the /ask API returns them)", open=False):
                     raw = gr.JSON(elem_id="rag-json")
+            with gr.Tab("Results", id="results"):
+                results = results_tab(rh)
             with gr.Tab("How it works", id="how"):
                 gr.HTML(_diagram())
                 gr.Markdown(
@@ -312,6 +317,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                            outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
         reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
+        wire_results(rh, results, session, model)
         # "show the code" follows the answers on screen, whichever event put them there
         raw.change(h.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
                    show_progress="hidden", api_visibility="private")

@@ -12,7 +12,7 @@ import html
 import math
 from typing import Any
 
-from rag_demo.config import MODE_TITLES
+from rag_demo.config import MODE_COLOURS, MODE_TITLES
 from rag_demo.knowledge.corpus import split_sentences
 
 MODE_FORMULAS = {
@@ -215,13 +215,18 @@ def _fmt_lp(lp: float | None) -> str:
     return f"{lp:.3f}" if lp is not None and math.isfinite(lp) else "-inf"
 
 
+def card_head(mode: str) -> str:
+    """A card's head: the mode's name in its colour (config.MODE_COLOURS, the figures' colours too)
+    and its formula."""
+    return (f'<div class="rag-card-head" style="border-top: 4px solid {MODE_COLOURS[mode]}"><span class="rag-mode" '
+            f'style="color: {MODE_COLOURS[mode]}">{esc(MODE_TITLES[mode])}</span>'
+            f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>')
+
+
 def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None) -> str:
     """One answer card: answer text, score and timings, then coloured tokens and the heatmap."""
     mode = a["mode"] if a else mode
-    head = (
-        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
-        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
-    )
+    head = card_head(mode)
     if a is None:
         wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
         return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
@@ -312,10 +317,7 @@ def render_partial(a: dict | None, mode: str) -> str:
     """An answer card while it is decoded (streaming; RagPipeline.partial_answer's dict, or None
     before its mode starts): the answer so far with a caret, RAG-Token's tokens coloured and its
     heatmap growing row by row; RAG-Sequence's K drafts, one per passage, then the rescoring."""
-    head = (
-        f'<div class="rag-card-head"><span class="rag-mode">{esc(MODE_TITLES[mode])}</span>'
-        f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>'
-    )
+    head = card_head(mode)
     if a is None:
         return (f'<div class="rag-card rag-card-{mode} rag-card-partial" data-mode="{mode}" data-partial="waiting">'
                 f'{head}<div class="rag-placeholder">Waiting for its turn ...</div></div>')

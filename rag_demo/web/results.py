@@ -1,0 +1,268 @@
+"""The Results tab: RAG's lessons as figures over many questions, and a learner's own small sweep.
+
+The figures are drawn (measure/figures.py) from the sweep runs that ship in assets/results/, each
+made by the command printed under it; opening the tab runs no model. "Run it yourself" runs a
+small grid on the dev questions through the same engine, budget and queue as a question (its
+answers at low priority, one sweep at a time per visitor and per server), and draws its points
+over the shipped ones as they come in. Imports no torch: it calls the library.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS, RagSettings
+from rag_demo.measure import figures as fig
+from rag_demo.measure.evaluate import read_qa, sample_items
+from rag_demo.serving.session import Session, session_pipeline
+from rag_demo.web.render import esc, fmt_seconds
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+RESULTS_DIR = ASSETS / "results"
+DEV_QA = ASSETS / "qa_dev.jsonl"
+# The shipped runs, by question set (the file's stem): what the tab's set picker offers
+SETS = {"qa_dev": "Dev set: 80 questions written for this demo (every one answerable from Vital Articles)",
+        "qa_train_vital": "External questions written by others (WebQuestions, CuratedTREC): a fixed sample"}
+HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence model's held-out half (eval --fit-confidence)
+SWEEP_KS = (1, 2, 3, 5, 10, 20)
+SWEEP_MAX_QUESTIONS = 20
+TYPICAL_QUESTION = "Who painted The Starry Night?"
+LESSONS = {
+    "accuracy_vs_k": "Figure 3 (left) of the paper: more passages help, then the gain flattens. Closed-book does "
+                     "not read passages, so it is flat.",
+    "recall_vs_k": "Figure 3 (centre): how often a passage holding the answer is among the K retrieved. The generator "
+                   "can copy an answer only when retrieval found it.",
+    "accuracy_given_retrieval": "What retrieval bounds: each mode's accuracy when a gold passage was among the K and "
+                                "when none was.",
+    "plain_vs_aided": "What the reader aids buy and what they cost: the same formulas, with aids that help a small "
+                      "model read, against seconds per answer.",
+    "reliability": "Does an answer card's confidence mean what it says? Each point: answers binned by confidence, "
+                   "against how often they were right, on questions the model was not fitted on.",
+}
+
+
+@lru_cache(maxsize=8)
+def shipped(name: str) -> tuple[pd.DataFrame, dict] | None:
+    """A shipped run's rows and meta (None when the file is not there)."""
+    path = RESULTS_DIR / f"{name}.jsonl"
+    if not path.is_file():
+        return None
+    return fig.load_rows(path), fig.load_meta(path)
+
+
+def _rows(name: str) -> tuple[pd.DataFrame, dict]:
+    got = shipped(name)
+    return got if got is not None else (fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {})
+
+
+def _caption(meta: dict) -> str:
+    return f'<div class="rag-fig-caption">{esc(fig.caption(meta))}</div>'
+
+
+def _mine(rows: list[dict] | None) -> pd.DataFrame | None:
+    return fig.tidy(pd.DataFrame(rows)) if rows else None
+
+
+def draw(name: str, metric: str, mine: list[dict] | None = None) -> tuple:
+    """The tab's figures for question set `name` (the learner's rows on top), each with its caption:
+    (accuracy, caption, recall, caption, given retrieval, caption, aids, caption, reliability,
+    caption, the cue's precision and recall)."""
+    rows, meta = _rows(name)
+    extra = _mine(mine) if name == "qa_dev" else None
+    ks = sorted({int(x) for x in rows["k"].dropna()}) or [5]
+    k = 5 if 5 in ks else ks[0]
+    held = fig.load_rows(HELDOUT) if HELDOUT.is_file() else None
+    held_meta = fig.load_meta(HELDOUT) if HELDOUT.is_file() else {}
+    reliability = fig.reliability(held) if held is not None else fig.reliability(rows.iloc[0:0])
+    threshold = held_meta.get("threshold")
+    cues = (fig.cue_quality(held, threshold) if held is not None and threshold is not None
+            else pd.DataFrame(columns=["mode", "answers", "flagged", "wrong", "precision", "recall"]))
+    return (fig.accuracy_vs_k(rows, metric, extra=extra), _caption(meta),
+            fig.recall_vs_k(rows, extra=extra), _caption(meta),
+            fig.accuracy_given_retrieval(rows, k=k), _caption(meta),
+            fig.plain_vs_aided(rows, k=k), _caption(meta),
+            reliability, _caption(held_meta), cues)
+
+
+class ResultsHandlers:
+    """The Results tab's events: draw the shipped figures, run and stop a learner's sweep."""
+
+    def __init__(self, pool: Any, serving: Any, default_stack: str = "offline") -> None:
+        self.pool, self.serving, self.default_stack = pool, serving, default_stack
+        self._running: dict[str, threading.Event] = {}  # a visitor's sweep -> its stop flag
+        self._lock = threading.Lock()
+
+    def draw(self, name: str, metric: str, mine: list[dict] | None):
+        return draw(name if name in SETS else "qa_dev", metric if metric in fig.METRICS else "em", mine)
+
+    def plan(self, pipe: Any, n: Any, ks: Any, modes: Any, preset: Any, retriever: Any) -> tuple[Any, list, float]:
+        """(the grid, its questions, its estimated seconds), or a ValueError saying what to change."""
+        from rag_demo.measure.sweep import Grid  # the sweep reads indexes: torch, loaded once the models are
+
+        try:
+            n = int(n)
+        except (TypeError, ValueError):
+            raise ValueError(f"questions={n!r} is not a number: choose 1 to {SWEEP_MAX_QUESTIONS}.") from None
+        if not 1 <= n <= SWEEP_MAX_QUESTIONS:
+            raise ValueError(f"questions={n} is out of range: choose 1 to {SWEEP_MAX_QUESTIONS}.")
+        if not isinstance(ks, (list, tuple)) or not ks:
+            raise ValueError("no K chosen: tick at least one number of passages.")
+        if not isinstance(modes, (list, tuple)) or not modes:
+            raise ValueError("no mode chosen: tick at least one of RAG-Sequence, RAG-Token and closed-book.")
+        ks = tuple(sorted(int(k) for k in ks))
+        if max(ks) > len(pipe.index):
+            raise ValueError(f"K={max(ks)} is more than the {len(pipe.index)} passages of this corpus: choose smaller K.")
+        grid = Grid(ks=ks, modes=tuple(m for m in MODES if m in modes), presets=(str(preset),),
+                    retrievers=(str(retriever),), recall_retrievers=(str(retriever),))
+        items = sample_items(read_qa(DEV_QA).items, n)
+        s = grid.settings(str(preset))
+        rag = [m for m in grid.modes if m != "closed-book"]
+        per_q = sum(pipe.estimate(TYPICAL_QUESTION, rag, s.merged(k=k)).seconds for k in ks) if rag else 0.0
+        if "closed-book" in grid.modes:
+            per_q += pipe.estimate(TYPICAL_QUESTION, ["closed-book"], s.merged(k=min(ks))).seconds
+        seconds = n * per_q
+        limit = getattr(getattr(self.serving, "budget", None), "max_sweep_seconds", None)
+        if limit is not None and seconds > limit:
+            answers = n * (len(rag) * len(ks) + ("closed-book" in grid.modes))
+            raise ValueError(f"This sweep ({n} questions x {len(ks)} values of K x {len(grid.modes)} mode(s): "
+                             f"{answers} answers) would take about {fmt_seconds(seconds)}, over this server's "
+                             f"{fmt_seconds(limit)} for a sweep: use fewer questions, fewer values of K (large K cost "
+                             "most) or one mode.")
+        return grid, items, seconds
+
+    def stop(self, request: gr.Request = None):
+        flag = self._running.get(getattr(request, "session_hash", None) or "")
+        if flag is not None:
+            flag.set()
+        return '<div class="rag-sweep-status">Stopping after the answer being computed ...</div>'
+
+    def run(self, n, ks, modes, preset, retriever, metric, mine, s, request: gr.Request = None,
+            progress=gr.Progress()) -> Iterator[tuple]:
+        """A learner's sweep: (status, accuracy figure, recall figure, the learner's rows, set picker)
+        after each answer; refused at once, saying what to lower, when over the budget."""
+        key = getattr(request, "session_hash", None) or ""
+        s = s if isinstance(s, Session) else Session(stack=self.default_stack)
+        try:
+            pipe, _ = session_pipeline(self.pool, Session(stack=s.stack))
+            grid, items, seconds = self.plan(pipe, n, ks, modes, preset, retriever)
+        except ValueError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        stop = threading.Event()
+        with self._lock:
+            if key in self._running:
+                raise gr.Error("Your sweep is still running: stop it first.", print_exception=False)
+            self._running[key] = stop
+        from rag_demo.measure.sweep import sweep
+
+        rows: list[dict] = []
+        try:
+            with self.serving.sweep_slot() if self.serving is not None else _nothing():
+                run = (self.serving.background_run(request, stop.is_set) if self.serving is not None else None)
+                total = len(items) * grid.answers_per_question()
+                done, t0 = 0, time.monotonic()
+                yield self._update(rows, done, total, t0, seconds, metric)
+                for row in sweep(pipe, items, grid, qa="qa_dev", run=run):
+                    rows.append(row)
+                    if row["mode"] == "retrieval":
+                        continue
+                    done += 1
+                    progress((done, total), desc="Your sweep", unit="answers")
+                    yield self._update(rows, done, total, t0, seconds, metric)
+        except ValueError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+        yield self._update(rows, done, total, t0, seconds, metric, finished=not stop.is_set(), stopped=stop.is_set())
+
+    def _update(self, rows, done, total, t0, estimate, metric, finished=False, stopped=False) -> tuple:
+        elapsed = time.monotonic() - t0
+        eta = elapsed / done * (total - done) if done else estimate
+        state = ("stopped" if stopped else "done" if finished else "running")
+        what = (f"Stopped after {done} of {total} answers." if stopped else
+                f"Done: {total} answers in {fmt_seconds(elapsed)}." if finished else
+                f"{done} of {total} answers, about {fmt_seconds(eta)} left.")
+        status = (f'<div class="rag-sweep-status" data-state="{state}" data-done="{done}" data-total="{total}">'
+                  f'<progress value="{done}" max="{max(total, 1)}"></progress> {esc(what)} Your points are the '
+                  "hollow diamonds on the first two figures.</div>")
+        extra = _mine(rows)
+        rows_all, _ = _rows("qa_dev")
+        return (status, fig.accuracy_vs_k(rows_all, metric if metric in fig.METRICS else "em", extra=extra),
+                fig.recall_vs_k(rows_all, extra=extra), rows, "qa_dev")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
+    """The tab's layout (inside a `gr.Tab`); -> its components by name, for the wiring."""
+    first = draw("qa_dev", "em")
+    c: dict[str, Any] = {}
+    gr.Markdown(
+        "The paper teaches with numbers over many questions. These figures come from sweeps that ship with the demo "
+        "(one row per question and setting); under each figure: the questions, the CPU, the date and the command "
+        "that reproduces it. Hover a point for its numbers. Below, run a small sweep yourself.",
+        elem_id="rag-results-intro")
+    with gr.Row():
+        c["set"] = gr.Dropdown(choices=[(v, k) for k, v in SETS.items()], value="qa_dev", label="Question set",
+                               elem_id="rag-results-set", scale=3)
+        c["metric"] = gr.Radio(choices=[(v, k) for k, v in fig.METRICS.items()], value="em", label="Accuracy as",
+                               elem_id="rag-results-metric", scale=2)
+    names = ("accuracy_vs_k", "recall_vs_k", "accuracy_given_retrieval", "plain_vs_aided", "reliability")
+    plots, caps = [], []
+    for i, name in enumerate(names):
+        with gr.Column(elem_classes=["rag-fig"], elem_id=f"rag-fig-{name}"):
+            gr.Markdown(LESSONS[name], elem_classes=["rag-fig-lesson"])
+            plots.append(gr.Plot(first[2 * i], show_label=False, elem_id=f"rag-plot-{name}"))
+            caps.append(gr.HTML(first[2 * i + 1], elem_classes=["rag-fig-cap"]))
+    c["cues"] = gr.Dataframe(first[-1], label="The 'probably wrong' cue on the held-out questions: how many answers "
+                             "it flags, its precision (flagged answers that were wrong) and recall (wrong answers it "
+                             "flagged)", interactive=False, elem_id="rag-results-cues")
+    c["plots"], c["captions"] = plots, caps
+    with gr.Accordion("Run it yourself: a small sweep on the dev questions", open=True, elem_id="rag-sweep"):
+        gr.Markdown("Pick a few questions and values of K and run them through the same engine: your points appear "
+                    "on the first two figures as they come in. Your answers run at low priority, so other visitors' "
+                    "questions go first at every step; one sweep runs at a time on this server.")
+        with gr.Row():
+            c["n"] = gr.Slider(1, SWEEP_MAX_QUESTIONS, value=10, step=1, label="Questions (a fixed sample of the dev set)",
+                               elem_id="rag-sweep-n")
+            c["ks"] = gr.CheckboxGroup([str(k) for k in SWEEP_KS], value=["1", "5"], label="Passages K",
+                                       elem_id="rag-sweep-ks")
+        with gr.Row():
+            c["modes"] = gr.CheckboxGroup([(MODE_TITLES[m], m) for m in MODES], value=["token"], label="Modes",
+                                          elem_id="rag-sweep-modes")
+            c["preset"] = gr.Radio([(t, p) for p, t in PRESETS.items()], value="aided", label="Preset",
+                                   elem_id="rag-sweep-preset")
+            c["retriever"] = gr.Radio(list(KNOBS["retriever"].choices), value="dense", label=KNOBS["retriever"].label,
+                                      elem_id="rag-sweep-retriever")
+        with gr.Row():
+            c["run"] = gr.Button("Run my sweep", variant="primary", elem_id="rag-sweep-run")
+            c["stop"] = gr.Button("Stop", variant="stop", elem_id="rag-sweep-stop")
+        c["status"] = gr.HTML('<div class="rag-sweep-status" data-state="idle"></div>', elem_id="rag-sweep-status")
+    c["mine"] = gr.State([])
+    return c
+
+
+def wire(rh: ResultsHandlers, c: dict[str, Any], session: Any, model: dict) -> None:
+    """The tab's events: redraw on a change of question set or metric; run and stop a sweep."""
+    outs = [c["plots"][0], c["captions"][0], c["plots"][1], c["captions"][1], c["plots"][2], c["captions"][2],
+            c["plots"][3], c["captions"][3], c["plots"][4], c["captions"][4], c["cues"]]
+    gr.on([c["set"].input, c["metric"].input], rh.draw, inputs=[c["set"], c["metric"], c["mine"]], outputs=outs,
+          queue=False, show_progress="hidden", api_visibility="private")
+    c["run"].click(rh.run, inputs=[c["n"], c["ks"], c["modes"], c["preset"], c["retriever"], c["metric"], c["mine"],
+                                   session],
+                   outputs=[c["status"], c["plots"][0], c["plots"][1], c["mine"], c["set"]], api_name="sweep",
+                   show_progress="minimal", **model)
+    c["stop"].click(rh.stop, outputs=[c["status"]], queue=False, api_visibility="private")
