@@ -168,13 +168,18 @@ def test_reliability_bins_the_confidence_against_answers_right(df):
 
 
 def test_cue_quality_is_precision_and_recall_of_the_probably_wrong_cue(df):
-    table = fig.cue_quality(df, 0.5).set_index("mode")
-    assert list(table.index) == ["sequence", "token"]
-    seq = table.loc["sequence"]
-    assert (seq.answers, seq.flagged, seq.wrong) == (24, 16, 15)
-    assert seq.precision == 15 / 16 and seq.recall == 1.0
-    token = table.loc["token"]
-    assert token.flagged == 0 and math.isnan(token.precision) and token.recall == 0.0
+    table = fig.cue_quality(df, 0.5)
+    assert set(table["mode"]) == {"sequence", "token"} and set(table["preset"]) <= {"paper", "aided"}
+    per = table.groupby("mode")[["answers", "flagged", "wrong"]].sum()
+    assert tuple(per.loc["sequence"]) == (24, 16, 15) and per.loc["token", "flagged"] == 0
+    for _, r in table.iterrows():  # each row's shares from its own counts
+        assert r.flagged == 0 and math.isnan(r.precision) or 0 <= r.precision <= 1
+    pooled = fig.cue_quality(df.assign(preset="aided"), 0.5).set_index("mode")
+    assert pooled.loc["sequence", "precision"] == round(15 / 16, 3) and pooled.loc["sequence", "recall"] == 1.0
+    assert math.isnan(pooled.loc["token", "precision"]) and pooled.loc["token", "recall"] == 0.0
+    # no threshold: each answer's own cue decides
+    cued = df.assign(preset="aided", cues=[["probably_wrong"] if c is not None and c < 0.5 else [] for c in df["confidence"]])
+    assert fig.cue_quality(cued).equals(pooled.reset_index()[fig.cue_quality(cued).columns])
     with pytest.raises(ValueError, match="threshold=1.5"):
         fig.cue_quality(df, 1.5)
 

@@ -537,26 +537,30 @@ def reliability(df: pd.DataFrame, bins: int = 10, *, extra: pd.DataFrame | None 
                    "confidence is too high, above it too low.")
 
 
-def cue_quality(df: pd.DataFrame, threshold: float, *, qa: str | None = None) -> pd.DataFrame:
-    """How well the "probably wrong" cue (confidence < threshold) finds the wrong answers
-    (contains == 0), per mode: its precision (the flagged answers that are wrong) and its recall
-    (the wrong answers that are flagged), with the counts behind them. NaN where a share has no
-    answers to be taken of. Rows with no confidence are left out; none at all gives an empty table.
-    """
-    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1:
+def cue_quality(df: pd.DataFrame, threshold: float | None = None, *, qa: str | None = None) -> pd.DataFrame:
+    """How well the "probably wrong" cue finds the wrong answers (contains == 0), per preset and
+    mode: its precision (the flagged answers that are wrong) and its recall (the wrong answers that
+    are flagged), with the counts behind them. Flagged: confidence < threshold, or with no
+    threshold the rows whose cues hold "probably_wrong" (each answer's own model decided). NaN
+    where a share has no answers to be taken of; no rated rows gives an empty table."""
+    if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
+                                  or not 0 <= threshold <= 1):
         raise ValueError(f"threshold={threshold!r} is not a probability: pass a number from 0 to 1.")
     rated = _answered_with_confidence(_one_set(df, qa))
     rows = []
-    for mode in MODES:
-        mine = rated[rated["mode"] == mode]
-        if mine.empty:
-            continue
-        flagged, wrong = mine["confidence"] < threshold, mine["contains"] == 0
+    for (preset, mode), mine in rated.groupby([rated["preset"].fillna("-"), "mode"], sort=False):
+        flagged = (mine["confidence"] < threshold if threshold is not None else
+                   mine["cues"].map(lambda c: isinstance(c, (list, tuple)) and "probably_wrong" in c))
+        wrong = mine["contains"] == 0
         hits = int((flagged & wrong).sum())
-        rows.append({"mode": mode, "answers": len(mine), "flagged": int(flagged.sum()), "wrong": int(wrong.sum()),
-                     "precision": hits / flagged.sum() if flagged.any() else math.nan,
-                     "recall": hits / wrong.sum() if wrong.any() else math.nan})
-    return pd.DataFrame(rows, columns=["mode", "answers", "flagged", "wrong", "precision", "recall"])
+        rows.append({"preset": preset, "mode": mode, "answers": len(mine), "flagged": int(flagged.sum()),
+                     "wrong": int(wrong.sum()),
+                     "precision": round(hits / flagged.sum(), 3) if flagged.any() else math.nan,
+                     "recall": round(hits / wrong.sum(), 3) if wrong.any() else math.nan})
+    order = {m: i for i, m in enumerate(MODES)}
+    out = pd.DataFrame(rows, columns=["preset", "mode", "answers", "flagged", "wrong", "precision", "recall"])
+    return out.sort_values(["preset", "mode"], key=lambda c: c.map(order) if c.name == "mode" else c,
+                           ignore_index=True)
 
 
 # ---------------------------------------------------------------- eval --plot

@@ -1,0 +1,68 @@
+"""Fitting the confidence (`eval --fit-confidence`) on synthetic sweep rows whose right answers
+score higher: the split, the threshold's precision, the model file and the held-out rows."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from rag_demo.confidence import FEATURES, ConfidenceModel, load_model
+from rag_demo.measure import calibration as cal
+
+
+def _row(qa, qid, mode, right, rng):
+    lp = (-0.5 if right else -4.0) + rng.gauss(0, 1.0)
+    sig = {f: rng.random() for f in FEATURES[mode]}
+    sig.update(logprob=lp, mean_logprob=lp / 3)
+    return {"qa": qa, "question_id": qid, "mode": mode, "preset": "aided", "retriever": None if mode == "closed-book"
+            else "dense", "k": None if mode == "closed-book" else 5, "em": float(right), "f1": float(right),
+            "contains": float(right), "gold_in_top_k": None, "signals": sig, "cues": []}
+
+
+@pytest.fixture
+def runs(tmp_path):
+    rng = random.Random(0)
+    paths = []
+    for qa, n, p_right in (("qa_dev", 60, 0.8), ("ext", 400, 0.25)):
+        path = tmp_path / f"{qa}.jsonl"
+        with path.open("w") as f:
+            for i in range(n):
+                for mode in ("token", "closed-book"):
+                    f.write(json.dumps(_row(qa, f"{qa}:{i}", mode, rng.random() < p_right, rng)) + "\n")
+                # a K the fit must not read
+                f.write(json.dumps({**_row(qa, f"{qa}:{i}", "token", False, rng), "k": 1}) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+def test_fit_holds_out_half_the_external_questions_and_reports_there(runs, tmp_path):
+    out, held = tmp_path / "confidence.json", tmp_path / "held.jsonl"
+    about = cal.fit(runs, ["qa_dev.jsonl"], str(out), str(held), "python -m rag_demo eval --fit-confidence ...")
+    ext_held = {f"ext:{i}" for i in range(400) if cal.held_out(f"ext:{i}")}
+    assert 150 < len(ext_held) < 250  # about half
+    rows = [json.loads(line) for line in held.read_text().splitlines()]
+    assert {r["question_id"] for r in rows} == ext_held  # dev never held out, the other half never here
+    assert about["held_out_answers"] == len(rows) == 2 * len(ext_held) and all(r["k"] in (5, None) for r in rows)
+    load_model.cache_clear()
+    model = load_model(out)
+    assert isinstance(model, ConfidenceModel) and set(model.models) == {"offline|aided|token", "offline|aided|closed-book"}
+    token = model.model_for("offline", "aided", "token")
+    assert token.coef[token.features.index("logprob")] > 0  # a higher score, more likely right
+    by = {r["mode"]: r for r in about["held_out"]}
+    assert by["token"]["auroc"] > 0.8
+    # the threshold keeps the cue's precision at the target on the fitted answers
+    fitted = {r["mode"]: r for r in about["fitted"]}
+    assert fitted["token"]["precision"] >= cal.PRECISION and fitted["token"]["recall"] > 0.5
+    for r in rows:
+        m = model.model_for("offline", r["preset"], r["mode"])
+        assert ("probably_wrong" in r["cues"]) == (r["confidence"] < m.threshold)
+    meta = json.loads(held.with_name("held.meta.json").read_text())
+    assert meta["command"].startswith("python -m rag_demo eval --fit-confidence") and meta["questions"] == len(ext_held)
+
+
+def test_auroc_and_threshold_by_hand():
+    assert cal.auroc(np.array([0.9, 0.1, 0.5]), np.array([1, 0, 0])) == 1.0
+    assert cal.auroc(np.array([0.5, 0.5]), np.array([1, 0])) == 0.5
+    assert cal.choose_threshold(np.array([0.2, 0.8]), np.array([1, 0]), 0.8) == 0.0  # the lowest is right: never flag
