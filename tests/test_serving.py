@@ -5,7 +5,6 @@ answered right after. Slow (loads the real models); CI runs it.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -70,8 +69,8 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
     c = Client(url, verbose=False)
     t0 = time.monotonic()
     try:
-        r = json.loads(c.predict(LONG_QUESTION, KNOBS["k"].hi, KNOBS["num_beams"].hi, KNOBS["max_new_tokens"].hi,
-                                 "thorough", "offline", api_name="/ask"))
+        r = c.predict(LONG_QUESTION, KNOBS["k"].hi, KNOBS["num_beams"].hi, KNOBS["max_new_tokens"].hi,
+                      "thorough", "offline", api_name="/ask")
         outcome = "answered"
     except AppError as e:  # a refusal names the cost and what to change
         r, outcome = None, str(e)
@@ -91,7 +90,7 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
     assert peak < warm + budget.max_request_bytes + 0.5e9, (peak, warm, budget.max_request_bytes)
     # and the app keeps serving: a normal question right after
     t1 = time.monotonic()
-    ok = json.loads(c.predict("Who painted The Starry Night?", 5, 1, 32, "thorough", "offline", api_name="/ask"))
+    ok = c.predict("Who painted The Starry Night?", 5, 1, 32, "thorough", "offline", api_name="/ask")
     took = time.monotonic() - t1
     print(f"then a normal question in {took:.1f} s: {ok['answers']['token']['text']!r} "
           f"({ok['answers']['token']['stopped']})")

@@ -731,11 +731,11 @@ def test_the_api_endpoints_take_the_reader_settings_and_old_callers_keep_working
     try:
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
         reader = {n: OLD_CALL.get(n, DEFAULTS.knobs()[n]) for n in READER}
-        old = json.loads(c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask"))["settings"]
+        old = c.predict("What is Mars?", 1, 1, 8, "fast", "offline", api_name="/ask")["settings"]
         assert old["sequence_decoding"] == "fast" and {n: old[n] for n in READER} == reader
-        new = json.loads(c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()}))["settings"]
+        new = c.predict("What is Mars?", api_name="/ask", **{n: v for n, (_, v) in READER.items()})["settings"]
         assert {n: new[n] for n in READER} == {n: v for n, (_, v) in READER.items()}
-        assert json.loads(c.predict("What is Mars?", api_name="/ask", preset="paper"))["settings"]["aids_on"] == []
+        assert c.predict("What is Mars?", api_name="/ask", preset="paper")["settings"]["aids_on"] == []
         with pytest.raises(AppError, match="prior_temperature=30.0 is out of range"):
             c.predict("What is Mars?", api_name="/ask", prior_temperature=30.0)
 
@@ -847,14 +847,23 @@ def upload(c, *paths):
 
 @pytest.mark.slow
 def test_named_endpoints_are_listed(app):
-    names = set(client(app[1]).view_api(print_info=False, return_format="dict")["named_endpoints"])
+    api = client(app[1]).view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/ask", "/ask_stream", "/ask_session", "/upload", "/choose_corpus", "/choose_stack", "/edit_passage",
-            "/reset_edits", "/status"} <= names
+            "/reset_edits", "/status", "/sweep"} <= set(api)
+    # every /ask argument says what it is (its knob's help), and /ask returns a dict, as README says
+    for name in ("/ask", "/ask_stream"):
+        params = api[name]["parameters"]
+        assert [p["parameter_name"] for p in params] == ["question", *handlers.API_ARGUMENTS]
+        empty = [p["parameter_name"] for p in params if not p["python_type"]["description"]]
+        assert empty == [], empty
+        assert api[name]["returns"][0]["python_type"]["type"].startswith("dict")
+    k = next(p for p in api["/ask"]["parameters"] if p["parameter_name"] == "k")["python_type"]["description"]
+    assert KNOBS["k"].help in k and "1 to 20" in k
 
 
 @pytest.mark.slow
 def test_ask_endpoint_returns_three_answers(app, small_pipe):
-    r = json.loads(client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask"))
+    r = client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask")
     assert set(r) == {"question", "stack", "corpus", "settings", "answers"}
     assert r["question"] == "Who painted The Starry Night?" and r["stack"] == "offline" and r["corpus"] == "Test corpus"
     assert r["settings"]["k"] == 2 and r["settings"]["max_new_tokens"] == 8
@@ -903,10 +912,10 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
                 "answer_style": "sentence", "worked_examples": 0}
     job = c.submit("Who painted The Starry Night?", api_name="/ask_stream", **settings)
     job.result(timeout=300)
-    outs = [json.loads(o) for o in job.outputs()]  # JSON text, each
+    outs = list(job.outputs())  # a dict each
     final = outs[-1]
     assert final["done"] is True and not any(o["done"] for o in outs[:-1])
-    once = json.loads(c.predict("Who painted The Starry Night?", api_name="/ask", **settings))
+    once = c.predict("Who painted The Starry Night?", api_name="/ask", **settings)
     assert "done" not in once and set(once["answers"]) == set(final["answers"])
     for m in ("sequence", "token", "closed-book"):
         assert final["answers"][m]["text"] == once["answers"][m]["text"]
@@ -966,8 +975,8 @@ def test_bad_questions_get_a_message_and_the_app_keeps_serving(app, question, me
     with pytest.raises(ValidationError, match=message):  # the UI's validator, before the queue
         ask_session(c, question)
     with pytest.raises(AppError, match=message):
-        json.loads(c.predict(question, 2, 1, 4, "thorough", "offline", api_name="/ask"))
-    assert json.loads(c.predict("What is Mars?", 1, 1, 2, "fast", "offline", api_name="/ask"))["answers"]["token"]["text"]
+        c.predict(question, 2, 1, 4, "thorough", "offline", api_name="/ask")
+    assert c.predict("What is Mars?", 1, 1, 2, "fast", "offline", api_name="/ask")["answers"]["token"]["text"]
 
 
 @pytest.mark.slow
@@ -976,11 +985,11 @@ def test_bad_settings_get_a_message(app):
 
     c = client(app[1])
     with pytest.raises(AppError, match="k=0 is out of range"):
-        json.loads(c.predict("What is Mars?", 0, 1, 4, "thorough", "offline", api_name="/ask"))
+        c.predict("What is Mars?", 0, 1, 4, "thorough", "offline", api_name="/ask")
     with pytest.raises(AppError, match="sequence_decoding='slow' is unknown"):
-        json.loads(c.predict("What is Mars?", 2, 1, 4, "slow", "offline", api_name="/ask"))
+        c.predict("What is Mars?", 2, 1, 4, "slow", "offline", api_name="/ask")
     with pytest.raises(AppError, match="paper stack is unavailable here: HF_HUB_OFFLINE is set"):
-        json.loads(c.predict("What is Mars?", 2, 1, 4, "thorough", "paper", api_name="/ask"))
+        c.predict("What is Mars?", 2, 1, 4, "thorough", "paper", api_name="/ask")
 
 
 @pytest.mark.slow
@@ -990,7 +999,7 @@ def test_non_integer_settings_get_the_library_message(app, k, message):
 
     c = client(app[1])
     with pytest.raises(AppError, match=message) as e:
-        json.loads(c.predict("What is Mars?", k, 1, 4, "thorough", "offline", api_name="/ask"))
+        c.predict("What is Mars?", k, 1, 4, "thorough", "offline", api_name="/ask")
     assert "invalid literal" not in str(e.value)
 
 
@@ -1027,7 +1036,7 @@ def test_answers_name_their_question_and_say_why_they_stopped(app):
 
 @pytest.mark.slow
 def test_k_over_the_corpus_size_is_clamped(app):
-    r = json.loads(client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask"))
+    r = client(app[1]).predict("What is Mars?", 20, 1, 2, "fast", "offline", api_name="/ask")
     assert len(r["answers"]["token"]["docs"]) == 3
 
 
@@ -1081,8 +1090,8 @@ def test_two_sessions_with_different_uploads_do_not_see_each_other(app, tmp_path
     table = rf[4][rf[4].index("<table"):]
     assert "zorblax" not in table.lower() and "glimmerfin" not in table.lower()
     # the stateless API still answers from the built-in corpus
-    assert json.loads(client(app[1]).predict("Where is the Zorblax Festival held?", 2, 1, 2, "fast", "offline",
-                                  api_name="/ask"))["corpus"] == "Test corpus"
+    assert client(app[1]).predict("Where is the Zorblax Festival held?", 2, 1, 2, "fast", "offline",
+                                  api_name="/ask")["corpus"] == "Test corpus"
     # switching back to the built-in corpus
     back = a.predict("builtin", api_name="/choose_corpus")
     assert "Test corpus" in back[0] and val(back[1]) == "builtin"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any
 
 from rag_demo.config import MODE_COLOURS, MODE_TITLES
@@ -368,21 +369,75 @@ def _read(d: dict) -> tuple[int, ...] | None:
     return None if read is None else tuple(read)
 
 
-def render_passage_text(d: dict) -> str:
-    """A retrieved passage's text. When the generator read only some of its sentences
-    (RagSettings.passage_sentences > 0: d["read_sentences"], indices into corpus.split_sentences
-    of the text), the sentences it read are shown as they are and the others dimmed, with a note
-    saying how many it read; None (it read the whole passage): the text as it is."""
+_WORD = re.compile(r"[^\W_]+")  # a run of letters or digits: eval's match_tokens split punctuation off the same way
+_ARTICLES = {"a", "an", "the"}
+
+
+def _words(text: str) -> list[tuple[str, int, int]]:
+    """(lowercased word, start, end) of each word of `text`, articles left out (as eval compares)."""
+    return [(m.group().lower(), m.start(), m.end()) for m in _WORD.finditer(text) if m.group().lower() not in _ARTICLES]
+
+
+def answer_spans(text: str, answers: dict[str, str]) -> list[tuple[int, int, list[str]]]:
+    """Where each answer's words occur in `text` as a run (the first place): [(start, end, modes)],
+    sorted, one entry per distinct place (modes whose answers copied the same words share it);
+    overlapping places are merged."""
+    words = _words(text)
+    found: dict[tuple[int, int], list[str]] = {}
+    for mode, answer in answers.items():
+        want = [w for w, _, _ in _words(answer)]
+        n = len(want)
+        if not n:
+            continue
+        for i in range(len(words) - n + 1):
+            if [w for w, _, _ in words[i:i + n]] == want:
+                found.setdefault((words[i][1], words[i + n - 1][2]), []).append(mode)
+                break
+    merged: list[tuple[int, int, list[str]]] = []
+    for (a, b), modes in sorted(found.items()):
+        if merged and a < merged[-1][1]:
+            pa, pb, pm = merged[-1]
+            merged[-1] = (pa, max(pb, b), pm + [m for m in modes if m not in pm])
+        else:
+            merged.append((a, b, modes))
+    return merged
+
+
+def _marked(text: str, base: int, spans: list[tuple[int, int, list[str]]]) -> str:
+    """`text` (which starts at offset `base` of the passage) escaped, the answers' spans in it marked."""
+    out, at = [], 0
+    for a, b, modes in spans:
+        a, b = max(a - base, 0), min(b - base, len(text))
+        if a >= b or b <= at:
+            continue
+        who = " and ".join(MODE_TITLES[m] for m in modes)
+        out.append(esc(text[at:a]))
+        out.append(f'<mark class="rag-span" data-modes="{" ".join(modes)}" title="{esc(who)} answered with these '
+                   f'words">{esc(text[a:b])}</mark>')
+        at = b
+    return "".join(out) + esc(text[at:])
+
+
+def render_passage_text(d: dict, answers: dict[str, str] | None = None) -> str:
+    """A retrieved passage's text, the words each RAG answer copied from it marked (`answers`:
+    mode -> answer text), so a copy from the wrong part of the right passage shows. When the
+    generator read only some of its sentences (RagSettings.passage_sentences > 0:
+    d["read_sentences"], indices into corpus.split_sentences of the text), the sentences it read
+    are shown as they are and the others dimmed, with a note saying how many it read; None (it
+    read the whole passage): the text as it is."""
     read = _read(d)
     if read is None:
-        return f'<div class="rag-ptext">{esc(d["text"])}</div>'
+        return f'<div class="rag-ptext">{_marked(d["text"], 0, answer_spans(d["text"], answers or {}))}</div>'
     sentences = split_sentences(d["text"])
+    joined = " ".join(sentences)  # white space normalised, as the sentences are
+    spans, base, parts = answer_spans(joined, answers or {}), 0, []
     kept = set(read) & set(range(len(sentences)))
-    spans = " ".join(f'<span class="{"rag-read" if j in kept else "rag-unread"}">{esc(sent)}</span>'
-                     for j, sent in enumerate(sentences))
+    for j, sent in enumerate(sentences):
+        parts.append(f'<span class="{"rag-read" if j in kept else "rag-unread"}">{_marked(sent, base, spans)}</span>')
+        base += len(sent) + 1
     note = (f"the generator read the whole passage ({plural(len(sentences), 'sentence')})"
             if len(kept) == len(sentences) else f"the generator read the {plural(len(kept), 'highlighted sentence')}")
-    return (f'<div class="rag-ptext" data-read="{",".join(map(str, sorted(kept)))}">{spans}</div>'
+    return (f'<div class="rag-ptext" data-read="{",".join(map(str, sorted(kept)))}">{" ".join(parts)}</div>'
             f'<div class="rag-read-note">{esc(note)}</div>')
 
 
@@ -409,7 +464,9 @@ def explain_modes(answers: dict[str, dict]) -> str:
     order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
     top = docs[order[0]]
     name = lambda d: f"[{d['rank']}] {d['title']}"  # noqa: E731
-    if top["prior"] >= 0.9:
+    if not _same(seq["text"], tok["text"]):  # the reason is in the scores, not the prior: say the prior plainly
+        prior = f"p(z|x) puts {top['prior']:.2f} on {name(top)}"
+    elif top["prior"] >= 0.9:
         prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, so both models read that passage almost alone: "
                  "RAG-Token's mixture is then its next-token distribution, RAG-Sequence's best answer its favourite")
     else:
@@ -420,11 +477,7 @@ def explain_modes(answers: dict[str, dict]) -> str:
         verdict = (", and the two modes agree." if top["prior"] >= 0.9 else
                    ", yet both modes ranked the same answer first.")
     else:
-        post = seq.get("doc_posterior") or [d["prior"] for d in seq["docs"]]
-        best = seq["docs"][max(range(len(post)), key=post.__getitem__)]
-        verdict = (f": RAG-Sequence weighs whole answers, one passage at a time, and chose "
-                   f"“{seq['text'].strip()}” (mostly from {name(best)}, p(z|x,y) = {max(post):.2f}); RAG-Token mixes "
-                   f"the passages at every token and chose “{tok['text'].strip()}”.")
+        verdict = ". " + _why_differ(seq, tok)
     closed = ""
     if cb and cb.get("text", "").strip():
         closed = (" Closed-book, from its weights alone, says the same." if _same(cb["text"], tok["text"]) or
@@ -432,6 +485,54 @@ def explain_modes(answers: dict[str, dict]) -> str:
                   f" Closed-book, from its weights alone, said “{cb['text'].strip()}”.")
     return (f'<div class="rag-why"><b>Why the two RAG answers {"agree" if _same(seq["text"], tok["text"]) else "differ"}'
             f":</b> {esc(prior + verdict + closed)}</div>")
+
+
+def _score_of(text: str, candidates: list[dict]) -> str | None:
+    """How a mode's own candidates list scored an answer of this text ("−1.52", or "at most −1.52"
+    where the number is a branch-and-bound's upper bound); None when the mode never weighed it."""
+    for c in candidates or []:
+        if _same(c["text"], text) and c.get("logprob") is not None:
+            return ("at most " if c.get("upper_bound") else "") + _fmt_lp(c["logprob"])
+    return None
+
+
+def _parting(seq: dict, tok: dict) -> str:
+    """Where the two answers part, from RAG-Token's inspector: the mixture's top next tokens there."""
+    a, b = tok.get("tokens") or [], seq.get("tokens") or []
+    i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+    ins = tok.get("inspector") or []
+    if i >= len(ins) or not ins[i].get("mix"):
+        return ""
+    mix = ins[i]["mix"]
+    want = b[i] if i < len(b) else None
+    theirs = next((p for t, p in mix if t == want), None)
+    said = ", ".join(f"“{show_token(t.strip() or t)}” {_fmt_p(p)}" for t, p in mix)
+    other = ("" if want is None else f"; RAG-Sequence's “{show_token(want.strip() or want)}” "
+             + (f"got {_fmt_p(theirs)}" if theirs is not None else "was not in its top 3"))
+    where = "At the first token" if i == 0 else f"At token {i + 1}, where the answers part,"
+    return f" {where} the passages' mixture put {said}{other}."
+
+
+def _why_differ(seq: dict, tok: dict) -> str:
+    """Why RAG-Sequence and RAG-Token chose different answers, from the numbers on their cards: each
+    mode's score of its own answer and of the other's (its candidates list), and where the
+    answers part in RAG-Token's mixture (its inspector)."""
+    ys, yt = seq["text"].strip().rstrip("."), tok["text"].strip().rstrip(".")
+    t_own, s_own = _fmt_lp(tok["sequence_logprob"]), _fmt_lp(seq["sequence_logprob"])
+    t_other, s_other = _score_of(ys, tok.get("candidates")), _score_of(yt, seq.get("candidates"))
+    token = (f"RAG-Token's whole answer “{yt}” scored log p(y|x) = {t_own} under its mixture"
+             + (f" against {t_other} for “{ys}”." if t_other else
+                f"; its search never weighed “{ys}”." if tok.get("candidates") else
+                f"; its search (greedy or its beams) never reached “{ys}”."))
+    post = seq.get("doc_posterior") or []
+    carried = ""
+    if post and len(post) == len(seq.get("docs") or []):
+        z = max(range(len(post)), key=post.__getitem__)
+        carried = f" (mostly from [{seq['docs'][z]['rank']}] {seq['docs'][z]['title']}, p(z|x,y) = {post[z]:.2f})"
+    sequence = (f" RAG-Sequence's “{ys}”{carried} scored {s_own}"
+                + (f" against {s_other} for “{yt}”" if s_other else f"; no passage's own search wrote “{yt}”")
+                + ", each passage's answer weighed whole.")
+    return token + sequence + _parting(seq, tok)
 
 
 def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> str:
@@ -452,6 +553,9 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
         )
         # with the generator's vote on, the retriever's own prior and the reweighted one differ: show both
         voted = any(d.get("question_logprob") is not None for d in docs)
+        # each RAG answer's words where a passage holds them (a cut answer is not an answer yet)
+        copied = {m: answers[m]["text"].strip().rstrip(".") for m in modes
+                  if answers[m].get("text") and answers[m].get("stopped") not in ("time_limit", "cancelled")}
         rows = []
         for i, d in enumerate(docs):
             title = esc(d["title"])
@@ -465,7 +569,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
             own = _prob_cell(d.get("retriever_prior", d["prior"]), "retriever p(z|x)") if voted else ""
             rows.append(
                 f'<tr id="rag-p-{g}-{d["rank"]}" data-id="{esc(d["id"])}"><td>{badge(d["rank"])}</td>'
-                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d)}{drop}</td>'
+                f'<td><div class="rag-ptitle">{title}{tag}</div>{render_passage_text(d, copied)}{drop}</td>'
                 f'<td class="rag-num" data-label="score q(x)·d(z)">{d["score"]:.3f}{_question_lp_note(d)}</td>{own}'
                 f'{_prob_cell(d["prior"], "p(z|x) with the vote" if voted else "prior p(z|x)")}{posts}</tr>'
             )
