@@ -773,3 +773,89 @@ def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answer
     rows = page.locator("#rag-passages table.rag-ptable tbody tr")
     assert rows.count() == 2 and rows.first.locator(".rag-ptitle").inner_text().strip() == "seurat"
     shot(page, "07-dense-after-the-build")
+
+
+# ---------------------------------------------------------------- the Results tab
+
+QUEUE_JOINS_JS = "() => (window.__ragJoins || 0)"
+COUNT_JOINS_JS = """() => { window.__ragJoins = 0; const f = window.fetch;
+    window.fetch = (...a) => { if (String(a[0]).includes('/queue/join')) window.__ragJoins += 1; return f(...a); }; }"""
+
+
+def open_results(pg) -> float:
+    """Open the Results tab; -> seconds until its first four figures are drawn (SVG in the page)."""
+    t0 = time.perf_counter()
+    pg.get_by_role("tab", name="Results").click()
+    pg.wait_for_function("() => document.querySelectorAll('#rag-results-set ~ * .vega-embed svg.marks, "
+                         ".rag-fig .vega-embed svg.marks').length >= 4", timeout=10_000, polling=50)
+    return time.perf_counter() - t0
+
+
+def test_the_results_tab_draws_the_shipped_figures_at_once_with_their_commands(browser, server):
+    """Opening the Results tab draws at least four figures from the shipped runs within 2 s and
+    asks the server to run nothing (no model event joins the queue); each figure says the
+    command that reproduces it; at 390 px no figure is wider than the screen."""
+    for width in (1400, 390):
+        ctx = browser.new_context(viewport={"width": width, "height": 900})
+        pg = ctx.new_page()
+        try:
+            wait_ready(pg, server)  # the models warmed up: their start-up work is not what is timed
+            pg.evaluate(COUNT_JOINS_JS)
+            seconds = open_results(pg)
+            print(f"\nResults tab at {width} px: figures drawn {seconds:.2f} s after the click")
+            assert seconds <= 2.0, seconds
+            assert pg.evaluate(QUEUE_JOINS_JS) == 0  # nothing ran to draw them
+            figs = pg.locator(".rag-fig")
+            assert figs.count() >= 4
+            for i in range(4):
+                assert "python -m rag_demo eval --sweep" in figs.nth(i).locator(".rag-fig-caption").inner_text()
+            # the paper's Figure 3: accuracy against K, one line per mode (the legend names them)
+            texts = pg.evaluate("() => [...document.querySelectorAll('#rag-plot-accuracy_vs_k svg text')].map(t => t.textContent)")
+            assert {"RAG-Sequence", "RAG-Token", "Closed-book (no retrieval)"} <= set(texts), texts
+            wide = pg.evaluate("""() => [...document.querySelectorAll('.rag-fig, .rag-fig .vega-embed')]
+                .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).length""")
+            assert wide == 0 and pg.evaluate("() => document.documentElement.scrollWidth") <= width + 1
+            shot(pg, f"20-results-{width}")
+        finally:
+            ctx.close()
+
+
+SWEEP_STATE_JS = """() => { const s = document.querySelector('#rag-sweep-status .rag-sweep-status');
+    return s ? {state: s.dataset.state, done: +s.dataset.done, total: +s.dataset.total,
+                bar: !!s.querySelector('progress')} : null; }"""
+
+
+def test_a_learners_sweep_shows_progress_adds_points_and_stops_and_delays_no_one(browser, server):
+    """Run it yourself: 10 dev questions x K in {1, 2} x RAG-Token. The status shows a progress
+    bar, the accuracy figure gains "your sweep" points as answers come in, and Stop ends it. A
+    question asked from a second page meanwhile takes at most its usual time plus one question's
+    time (the sweep's answers run at low priority)."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg, other = ctx.new_page(), ctx.new_page()
+    try:
+        wait_ready(other, server)
+        small_settings(other, k=2, max_new=8)
+        usual = timed_ask(other, "Who devised pointillism?")
+        wait_ready(pg, server)
+        open_results(pg)
+        set_number(pg, "rag-sweep-n", 10)
+        for k in ("5", "2"):  # the defaults are 1 and 5; this sweep wants 1 and 2
+            pg.locator("#rag-sweep-ks").get_by_text(k, exact=True).click()
+        pg.click("#rag-sweep-run")
+        pg.wait_for_function(f"() => {{ const s = ({SWEEP_STATE_JS})(); return s && s.done >= 2; }}",
+                             timeout=ANSWER_TIMEOUT_MS, polling=200)
+        state = pg.evaluate(SWEEP_STATE_JS)
+        assert state["bar"] and state["state"] == "running" and state["total"] == 20, state
+        texts = pg.evaluate("() => [...document.querySelectorAll('#rag-plot-accuracy_vs_k svg text')].map(t => t.textContent)")
+        assert "your sweep" in " ".join(texts), texts
+        # a question from another page while the sweep runs
+        during = timed_ask(other, "What is the fourth planet from the Sun?")
+        print(f"\na question alone {usual:.1f} s; during a learner's sweep {during:.1f} s")
+        assert during <= 2 * usual + 5.0, (usual, during)
+        pg.click("#rag-sweep-stop")
+        pg.wait_for_function(f"() => ({SWEEP_STATE_JS})().state === 'stopped'", timeout=ANSWER_TIMEOUT_MS, polling=200)
+        state = pg.evaluate(SWEEP_STATE_JS)
+        assert state["done"] < state["total"], state
+        shot(pg, "21-sweep-stopped")
+    finally:
+        ctx.close()
