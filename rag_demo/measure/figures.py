@@ -595,7 +595,7 @@ def save_figure(chart, path: str | Path, note: str, fmt: str = "png") -> Path:
     if fmt == "png":
         # A figure's config (the legends' layout) may sit only on the outermost chart: moved there.
         body = chart.copy(deep=True)
-        config, body.config = body.config, alt.Undefined
+        config, body.config, body.usermeta = body.config, alt.Undefined, alt.Undefined  # top-level only
         # Legends kept with the figure, above the caption (a concatenation would gather them below it).
         framed = alt.vconcat(body.properties(width=EXPORT_WIDTH), _caption_chart(note, EXPORT_WIDTH), spacing=12
                              ).resolve_legend(**{channel: "independent" for channel in LEGEND_CHANNELS})
