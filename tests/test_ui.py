@@ -1338,3 +1338,41 @@ def test_a_second_question_from_the_same_visitor_stops_the_first_which_writes_no
     assert all("cut: stopped" in c and "rag-continue-btn" in c for c in cards)
     again = ask_all(h, "What is Venus?", None, progress=noprogress, request=me, k=1)
     assert "Q: What is Venus?" in again[1] and "cut:" not in again[1]  # the next question is not stopped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["paper", "aided"])
+def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, preset):
+    """"Show the code" of an answer: the gradio_client snippet, run as printed, and the command
+    line, run as printed (a fresh process, the same documents), give the answers on screen."""
+    import io
+    import shlex
+    from contextlib import redirect_stdout
+    from types import SimpleNamespace
+
+    demo, url = app
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"title": t, "text": x, "url": u}) + "\n" for t, x, u in DOCS), encoding="utf-8")
+    pool = demo.rag_pool
+    pool.cli_flags = ["--corpus-file", str(docs)]  # what app.py sets from --corpus-file
+    try:
+        result = client(url).predict("Who painted The Starry Night?", preset=preset, k=2, max_new_tokens=8,
+                                     sequence_decoding="fast", api_name="/ask")
+        cli, code, note = handlers.Handlers(pool, "offline").show_code(
+            result, Session(), SimpleNamespace(headers={"host": url.split("//")[1].rstrip("/")}))
+    finally:
+        pool.cli_flags = []
+    assert note == "" and f"preset={preset!r}" in code and f"--preset {preset}" in cli
+    shown = {m: a["text"].strip() for m, a in result["answers"].items()}
+    out = io.StringIO()
+    with redirect_stdout(out):
+        exec(code, {})  # noqa: S102 - the snippet the page prints, as a learner would paste it
+    printed = (line.split(" ", 1) for line in out.getvalue().splitlines() if line.split(" ", 1)[0] in MODES)
+    assert {m: t.strip() for m, t in printed} == shown  # (gradio_client also prints "Loaded as API: ...")
+    args = shlex.split(cli)
+    assert args[:4] == ["python", "-m", "rag_demo", "ask"]
+    run = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "RAG_DEMO_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    said = [t.strip() for t in re.findall(r"^Answer: (.*)$", run.stdout, re.M)]
+    assert said == [shown["sequence"], shown["token"], shown["closed-book"]], (said, shown)
