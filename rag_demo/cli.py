@@ -207,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(latency and re-asks), each in the same run ({', '.join(GENERATOR_DTYPES)}; default: auto and "
                     "float32, i.e. both where the CPU has native bfloat16; --generator-dtype alone: that one)")
     be.add_argument("--out", default="artifacts/bench.json", help="where to save the JSON results")
+    be.add_argument("--fit-cost", action="store_true", help="instead: fit what a card expects an answer to take "
+                    "(typical answer lengths from --fit-from, a factor per preset and mode from --qa's questions "
+                    "asked as the page asks them; half held out) and write it to --cost-out")
+    be.add_argument("--fit-from", default="assets/results/qa_dev.jsonl", help="--fit-cost: the sweep run whose "
+                    "answer lengths are the typical ones (default: the shipped dev run)")
+    be.add_argument("--cost-out", default="assets/cost_fit.json", help="--fit-cost: where to write the fit")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")
     be.add_argument("--scale-n", type=int, default=1_000_000, help="vectors for --scale (default 1,000,000)")
@@ -387,6 +393,17 @@ def _quote(arg: str) -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.fit_cost:
+        from rag_demo.measure.cost_fit import fit_cost, format_report
+        from rag_demo.pipeline import RagPipeline
+
+        command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] \
+            else "python -m rag_demo bench --fit-cost"
+        pipe = RagPipeline.load(_spec(args), progress=_load_progress)
+        about = fit_cost(pipe, args.qa, args.fit_from, ("paper", "aided"), args.cost_out, command, args.n, _progress)
+        print(format_report(about))
+        _progress(f"Saved {args.cost_out}")
+        return 0
     if args.scale:
         from rag_demo.measure.scale import run_scale
 

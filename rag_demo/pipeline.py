@@ -33,7 +33,7 @@ from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge
 from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_cached_index, load_or_build_index
 from rag_demo.knowledge.retrievers import BM25WhileBuilding, DenseRetriever, choose
-from rag_demo.models.cost import Cost, CostModel, Speed, Timed, model_dims
+from rag_demo.models.cost import Cost, CostFit, CostModel, Speed, Timed, model_dims
 from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
@@ -157,6 +157,9 @@ class Answer:
     # stack, preset and mode
     confidence: float | None = None
     signals: dict = field(default_factory=dict)
+    # the seconds this mode was expected to take, priced before it ran from its own prompts and what
+    # the generator kept then (models.cost.CostModel.expected; timings["total"] is what it took)
+    expected_seconds: float | None = None
     # the passages the retriever ranked just after the K read (K+1 ..): [{"rank", "id", "title",
     # "text", "url", "score"}], what a larger K would have added; [] for closed-book and given passages
     near_misses: list = field(default_factory=list)
@@ -208,6 +211,7 @@ class RagPipeline:
         self._estimates: dict[tuple, Cost] = {}
         self._bm25: BM25Retriever | None = None  # the corpus's BM25 index, made when a setting first asks for it
         self.confidence_model = load_model()  # assets/confidence.json (None: answers carry no confidence)
+        self.cost_fit = CostFit.load()  # assets/cost_fit.json: how answers usually run, against the worst case
         self._bm25_lock = threading.Lock()
 
     @classmethod
@@ -325,7 +329,7 @@ class RagPipeline:
         """Same models, another index: the hot-swap (no retraining)."""
         pipe = RagPipeline(self.stack, index, self.settings, info)
         pipe.cost_model, pipe.speed = self.cost_model, self.speed
-        pipe.confidence_model = self.confidence_model
+        pipe.confidence_model, pipe.cost_fit = self.confidence_model, self.cost_fit
         if self._bm25 is not None and getattr(index, "corpus", None) is self.index.corpus:
             pipe._bm25 = self._bm25  # the same passages: the same BM25 index
         return pipe
@@ -458,6 +462,9 @@ class RagPipeline:
         pairs = [(p.title, p.text) for p in passages]
         # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
         qg = recase(q, pairs) if s.aids.recase_question else q
+        # each mode priced before any runs, from what the generators keep now (a re-ask: its prompts)
+        expected = {m: self._expected(m, modes, [prompt(self.stack.modes[m].generator, qg, p, s.decoding, s.aids)
+                                                 for p in passages], s) for m in modes}
         for mode in modes:
             mm = self.stack.modes[mode]
             if id(mm.generator) not in shared:  # its model calls timed: the estimates follow the speed
@@ -501,7 +508,7 @@ class RagPipeline:
             if s.aids.passage_sentences:
                 t["focus"] = focus_s
             answer = self._answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores))
-            answer.retriever = retrieved_by
+            answer.retriever, answer.expected_seconds = retrieved_by, expected[mode]
             yield AnswerEvent(mode, True, answer)
 
     def _closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
@@ -511,9 +518,45 @@ class RagPipeline:
             listen(self.reading(q, "closed-book", 0))
         qg = recase(q) if s.aids.recase_question else q  # no passages: only the first letter and "?"
         cb = prompt(gen, qg, None, s.decoding, s.aids)
+        expected = self._expected("closed-book", ["closed-book"], [cb], s)
         reader = AidedReader(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True) if s.aids_on() else PAPER
         g = closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
-        return self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
+        answer = self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
+        answer.expected_seconds = expected
+        return answer
+
+    def expect(self, question: str, modes: list[str], settings: RagSettings | None = None) -> dict[str, float]:
+        """Seconds each mode is expected to take for `question` as answers usually run (not the
+        worst case `estimate` prices for the budget): its passages retrieved (milliseconds) and its
+        prompts priced with what the generator keeps now, so a re-ask is priced as one."""
+        q = check_question(question)
+        s = settings or self.settings
+        out: dict[str, float] = {}
+        for group in self.modes_by_encoder(modes):
+            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
+            qg = recase(q, [(p.title, p.text) for p in r.passages]) if s.aids.recase_question else q
+            for m in group:
+                gen = self.stack.modes[m].generator
+                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in r.passages], s)
+        if "closed-book" in modes:
+            gen = self.stack.modes["closed-book"].generator
+            qg = recase(q) if s.aids.recase_question else q
+            out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
+        return {m: out[m] for m in modes if m in out}
+
+    def _expected(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
+        """The seconds `mode` is expected to take over these prompts (`CostModel.expected`), at the
+        speed the generator runs now, priced from what it keeps now."""
+        gen = self.stack.modes[mode].generator
+        drafts = "none"
+        if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+            shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+            drafts = "shared" if shared else "own"
+        d = s.decoding
+        return self.speed.factor * self.cost_model.expected(
+            model_dims(gen), mode, len(prompts), d.num_beams, d.max_new_tokens, max(len(p) for p in prompts),
+            self.cost_fit, s.preset, thorough=d.sequence_decoding == "thorough", drafts=drafts,
+            cached_tokens=gen.cached_tokens(prompts), prompts_kept=gen.prompts_kept(prompts))
 
     def _emitter(self, q: str, gen, listen: Listen | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:

@@ -14,8 +14,10 @@ reordered, the per-step logits and the scoring chunks. docs/DESIGN.md §10.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 GiB = 2**30
 # A calibrated constant stays within these factors of the default (see CostModel.calibrate).
@@ -112,6 +114,24 @@ class CostModel:
         peak = prefill_state + max(decoding, scoring)
         return seconds, int(peak)
 
+    def expected(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
+                 fit: CostFit, preset: str, thorough: bool = True, drafts: str = "none", cached_tokens: int = 0,
+                 prompts_kept: bool = False) -> float:
+        """Seconds one mode's answer takes as answers usually run (what a card shows beside the time
+        it took), not the worst case `request` prices for the budget:
+
+            expected = f · request(T = min(max new tokens, typical tokens))
+
+        with the typical length and the factor f fitted per preset and mode (`CostFit`; f from the
+        re-ask fit when every prompt's hidden state is kept, and then no prefill is priced)."""
+        key = f"{preset}|{mode}"
+        T = max(1, min(new_tokens, round(fit.typical_tokens.get(key, CostFit.DEFAULT_TOKENS))))
+        prefill_rows = 1 if mode == "closed-book" else k
+        cached = prefill_rows * prompt_tokens if prompts_kept else cached_tokens
+        seconds, _ = self.request(dims, mode, k, beams, T, prompt_tokens, thorough=thorough, drafts=drafts,
+                                  cached_tokens=cached)
+        return seconds * (fit.reask if prompts_kept else fit.factor).get(key, 1.0)
+
     def calibrate(self, gen, prompt_tokens: int = 160, rows: int = 5, steps: int = 3, repeats: int = 3) -> "CostModel":
         """Measure this CPU: a prefill of `rows` prompts, decoding steps at 1 and `rows` rows, and
         a teacher-forced pass; -> a calibrated copy (a few seconds for SmolLM2). Each figure is
@@ -148,6 +168,40 @@ class CostModel:
         measured = dict(prefill_s_per_token=prefill, step_s=step_s, row_s=row_s, score_s_per_token=score)
         kept = {k: min(max(v, lo * getattr(self, k)), hi * getattr(self, k)) for k, v in measured.items()}
         return CostModel(**kept, calibrated=True)
+
+
+COST_FIT_PATH = Path(__file__).resolve().parents[2] / "assets" / "cost_fit.json"
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """How answers usually run, against the worst case `CostModel.request` prices: per
+    "preset|mode", the answer's typical length in tokens and the factor that turns the priced
+    seconds of that length into the seconds measured (fitted on the dev questions by
+    `bench --fit-cost`, measure/cost_fit.py); `reask` the same factor for a question whose prompts'
+    hidden states are all kept (a re-ask reads them instead of running the model)."""
+
+    typical_tokens: dict[str, float] = field(default_factory=dict)
+    factor: dict[str, float] = field(default_factory=dict)
+    reask: dict[str, float] = field(default_factory=dict)
+    about: dict = field(default_factory=dict)
+
+    DEFAULT_TOKENS = 8.0  # a short answer and its stop token, when nothing is fitted
+
+    def to_dict(self) -> dict:
+        return {"version": 1, "typical_tokens": self.typical_tokens, "factor": self.factor, "reask": self.reask,
+                "about": self.about}
+
+    @classmethod
+    def load(cls, path: str | Path = COST_FIT_PATH) -> "CostFit":
+        """The shipped fit (an empty one, every factor 1, when the file is absent)."""
+        path = Path(path)
+        if not path.is_file():
+            return cls()
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if d.get("version") != 1:
+            raise ValueError(f"{path} is not a cost fit (version 1): make one with python -m rag_demo bench --fit-cost.")
+        return cls(d["typical_tokens"], d["factor"], d.get("reask", {}), d.get("about", {}))
 
 
 class Speed:

@@ -435,6 +435,11 @@ class Generator:
         each bounded, with its stats; none here."""
         return {}
 
+    def prompts_kept(self, prompts: Sequence[Sequence[int]]) -> bool:
+        """Whether the last hidden state of every prompt is kept from an earlier question, so that
+        their prefill runs no model call (DecoderOnlyGenerator.hidden_cache); False here."""
+        return False
+
     def question_tail(self, prompt: Sequence[int], question: str) -> tuple[int, int] | None:
         """(n_question, n_after): where the question's tokens sit in `prompt`, counted from its
         end (prompt[-(n_question + n_after):-n_after]), when the generator predicts them (a
@@ -917,6 +922,9 @@ class DecoderOnlyGenerator(Generator):
         on (this model, its dtype, the opening's tokens, the passage's tokens)."""
         opening, dtype = tuple(prompts[0][:s]), next(self.model.parameters()).dtype
         return [(self._model_key, dtype, opening, tuple(p[s:e])) for p, e in zip(prompts, ends)]
+
+    def prompts_kept(self, prompts) -> bool:
+        return bool(self.hidden_cache.max_bytes) and all(digest(p) in self.hidden_cache for p in prompts)
 
     def cached_tokens(self, prompts, score_last: int = 0) -> int:
         split = self._passage_split(prompts, score_last)

@@ -314,15 +314,22 @@ def render_budget(budget: Any) -> str:
     )
 
 
-def render_cost(cost: Any, refusal: str | None, budget: Any = None) -> str:
-    """The estimated cost of one question with the current settings (all three answers)."""
+def render_cost(cost: Any, refusal: str | None, budget: Any = None, expected: dict[str, float] | None = None) -> str:
+    """The cost of one question with the current settings (all three answers): what it is expected
+    to take (a typical answer, what is kept counted; each card shows it again beside the time its
+    answer took) and the worst case the server's budget counts (every answer to max new tokens)."""
     per = " · ".join(f"{MODE_TITLES.get(m, m)} {fmt_seconds(t)}" for m, t in (cost.per_mode or {}).items())
     verdict = (f'<div class="rag-over">Over this server\'s limit, a question would be refused: {esc(refusal)}</div>'
                if refusal else '<div class="rag-note">Expensive: runs at low priority.</div>' if cost.heavy else "")
+    typical = ""
+    if expected:
+        each = " · ".join(f"{MODE_TITLES.get(m, m)} {fmt_seconds(t)}" for m, t in expected.items())
+        typical = (f'Expected for a typical question with these settings: <b data-expected="{sum(expected.values()):.3f}">'
+                   f"{fmt_seconds(sum(expected.values()))}</b> ({esc(each)}). ")
     return (
         f'<div class="rag-cost" data-seconds="{cost.seconds:.3f}" data-heavy="{int(bool(cost.heavy))}" '
-        f'data-refused="{int(bool(refusal))}">Estimated cost of one question with these settings (three answers): '
-        f"<b>{esc(cost.describe())}</b>" + (f'<div class="rag-note">{esc(per)}</div>' if per else "")
+        f'data-refused="{int(bool(refusal))}">{typical}Worst case (every answer to max new tokens), what this '
+        f"server's budget counts: <b>{esc(cost.describe())}</b>" + (f'<div class="rag-note">{esc(per)}</div>' if per else "")
         + verdict + render_budget(budget) + "</div>"
     )
 
@@ -410,6 +417,7 @@ class Handlers:
             settings = settings_from_inputs(**settings)
             settings, _ = _fit_k(pipe, active_index(s, pipe), settings)
             cost = pipe.estimate(TYPICAL_QUESTION, list(MODES), settings)
+            expected = pipe.expect(TYPICAL_QUESTION, list(MODES), settings) if hasattr(pipe, "expect") else {}
         except ValueError as e:
             return f'<div class="rag-cost rag-over">{esc(e)}</div>'
         refusal = None
@@ -418,7 +426,7 @@ class Handlers:
                 cost = self.serving.check(pipe, TYPICAL_QUESTION, settings) or cost  # sets cost.heavy
             except ValueError as e:
                 refusal = str(e)
-        return render_cost(cost, refusal, self.serving.budget if self.serving else None)
+        return render_cost(cost, refusal, self.serving.budget if self.serving else None, expected)
 
     def settle(self, s=None, **settings):
         """(the cost line, then each REACHED slider's reach) for these settings: one response, so

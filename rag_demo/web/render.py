@@ -90,11 +90,17 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def render_timings(t: dict[str, float]) -> str:
+def render_timings(t: dict[str, float], expected: float | None = None) -> str:
+    """A card's seconds per stage, its total, and beside it what it was expected to take
+    (Answer.expected_seconds: priced before it ran, from its prompts and what was kept then)."""
     keys = [k for k in STAGES if k in t] + [k for k in t if k not in STAGES and k != "total"]
     chips = [f"<span>{esc(k)} {fmt_seconds(t[k])}</span>" for k in keys]
     if "total" in t:
         chips.append(f'<span class="rag-total">total {fmt_seconds(t["total"])}</span>')
+    if expected is not None:
+        chips.append(f'<span class="rag-expected" data-expected="{expected:.3f}" title="what the cost model expected '
+                     f'this answer to take, priced before it ran (a typical answer length; kept states counted)">'
+                     f'expected {fmt_seconds(expected)}</span>')
     return f'<div class="rag-timings" title="seconds per stage">{"".join(chips)}</div>'
 
 
@@ -253,7 +259,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'title="{esc(decoding_tip(a["decoding"]))}">{esc(a["decoding"])}</span>{k}{stop}</div>'
     )
     cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
-    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta, render_timings(a["timings"])]
+    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta, render_timings(a["timings"], a.get("expected_seconds"))]
     if a.get("stopped") in ("time_limit", "cancelled"):  # cut before its end: it can be finished
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
                      f'again from the start over the same passages, with the whole time limit for it">'
