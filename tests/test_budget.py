@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rag_demo.models.cost import CostModel, ModelDims
 from rag_demo.pipeline import Run
+from rag_demo.serving.admission import time_shares
 from rag_demo.serving.budget import Budget, StepGate
 from rag_demo.config import RagSettings, StackSpec
 from rag_demo.knowledge.corpus import corpus_from_documents
@@ -136,6 +138,21 @@ def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
         assert 1 <= len(a.token_ids) <= 2, (mode, a.token_ids)  # the first step's token (BART may add <s>)
     assert "thorough stopped: time_limit" in out["sequence"].decoding
     assert free.stopped == "max_new_tokens" and len(free.token_ids) >= 40  # the same request without a deadline
+
+
+def test_each_mode_gets_its_own_estimate_where_the_limit_allows():
+    """Time shares of a 60 s limit. Estimates of 40, 30 and 2 s: each mode gets its own estimate
+    (the proportional share alone gave RAG-Sequence 60·40/72 = 33 s, cutting it short of its
+    estimate), at least a third of the limit, and 5/3 of the limit at most in all. Estimates of
+    100, 30 and 2 s cannot all fit: RAG-Sequence gets what the bound leaves, 100 - 2·20 = 60 s."""
+    fits = time_shares(SimpleNamespace(per_mode={"sequence": 40.0, "token": 30.0, "closed-book": 2.0}), 60.0)
+    assert fits == pytest.approx({"sequence": 40.0, "token": 30.0, "closed-book": 20.0})
+    over = time_shares(SimpleNamespace(per_mode={"sequence": 100.0, "token": 30.0, "closed-book": 2.0}), 60.0)
+    assert over == pytest.approx({"sequence": 60.0, "token": 20.0, "closed-book": 20.0})
+    assert sum(over.values()) == pytest.approx(5 / 3 * 60.0)
+    # under the limit in all: shares in proportion to the estimates, as before, each above its estimate
+    small = time_shares(SimpleNamespace(per_mode={"sequence": 6.0, "token": 3.0, "closed-book": 1.0}), 60.0)
+    assert small == pytest.approx({"sequence": 36.0, "token": 20.0, "closed-book": 20.0})
 
 
 @pytest.mark.parametrize("mode", MODES)
