@@ -133,6 +133,10 @@ class Answer:
     # RAG-Sequence, RAG-Token with token_drafts: [{"text", "logprob"}], "upper_bound": True where the number is one
     candidates: list[dict] = field(default_factory=list)
     stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
+    # what a stop (time limit, cancel) made this mode run instead of what its settings name, "" when
+    # nothing: "fast_ranking" (thorough RAG-Sequence's rescoring skipped, the fast ranking stands),
+    # "no_drafts" (RAG-Token's passage drafts not weighed, the mixture's own answer stands)
+    fell_back: str = ""
     # RAG modes, the token inspector: per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
     # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
     # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
@@ -579,7 +583,8 @@ class RagPipeline:
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=_ranked_candidates(gen, g),
-            stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
+            stopped=g.stopped, fell_back=g.fell_back, inspector=self._inspector(gen, g, shown),
+            passage_drop=self._drops(mode, g),
             read_question="" if read_q == q else read_q, settings=s.to_dict(),
             cues=(cues or []) + unread(text, docs, g.stopped), kept=kept_by(gen),
         )

@@ -136,8 +136,23 @@ def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
     for mode, a in out.items():
         assert a.stopped == "time_limit", mode
         assert 1 <= len(a.token_ids) <= 2, (mode, a.token_ids)  # the first step's token (BART may add <s>)
-    assert "thorough stopped: time_limit" in out["sequence"].decoding
+    assert "thorough stopped: time_limit" in out["sequence"].decoding and out["sequence"].fell_back == "fast_ranking"
     assert free.stopped == "max_new_tokens" and len(free.token_ids) >= 40  # the same request without a deadline
+
+
+def test_a_mode_a_stop_made_run_something_else_says_what_it_ran(pipe):
+    """One new token each, so the searches finish before they would ask the stop (it is asked
+    between steps) and the deadline first cuts what comes after them: thorough RAG-Sequence's
+    rescoring (the fast ranking stands) and RAG-Token's drafts (the mixture's answer stands).
+    Each answer names it in `fell_back`; the same request without a deadline ran as asked."""
+    s = RagSettings(k=3, num_beams=1, max_new_tokens=1, sequence_decoding="thorough", token_drafts=True)
+    modes = ["sequence", "token"]
+    cut = pipe.answers("who painted the starry night", modes, s, Run(seconds={m: -1.0 for m in modes}))
+    assert cut["sequence"].fell_back == "fast_ranking" and "thorough stopped: time_limit" in cut["sequence"].decoding
+    assert cut["token"].fell_back == "no_drafts" and "drafts stopped: time_limit" in cut["token"].decoding
+    free = pipe.answers("who painted the starry night", modes, s)
+    assert {m: a.fell_back for m, a in free.items()} == {"sequence": "", "token": ""}
+    assert free["sequence"].decoding.startswith("thorough") and "drafts" in free["token"].decoding
 
 
 def test_each_mode_gets_its_own_estimate_where_the_limit_allows():
