@@ -361,10 +361,11 @@ class RagPipeline:
 
     def answer_modes(self, question: str, modes: list[str], settings: RagSettings | None = None,
                      run: Run | None = None, partials: bool = False, **overrides) -> Iterator[AnswerEvent]:
-        """Answer in several modes, as events: each mode's final Answer as soon as it is done, in
-        order; with `partials` also its answer so far after every decoding step. Retrieval is
-        shared by modes with the same question encoder, the prefill by modes with the same
-        generator (answer_from_modes). The question and settings are checked before anything runs.
+        """Answer in several modes, as events: each mode's final Answer as soon as it is done,
+        closed-book first (the cheapest), then the RAG modes in order; with `partials` also its
+        answer so far after every decoding step. Retrieval is shared by modes with the same
+        question encoder, the prefill by modes with the same generator (answer_from_modes). The
+        question and settings are checked before anything runs.
 
         With `partials` the decoding runs in a worker thread (this thread only hands its events
         on); closing the iterator early cancels the decoding at its next step."""
@@ -380,13 +381,15 @@ class RagPipeline:
 
     def _events(self, q: str, modes: list[str], s: RagSettings, run: Run, listen: Listen | None
                 ) -> Iterator[AnswerEvent]:
+        # closed-book first: the cheapest (one prompt, no passage), so its card is done first; its
+        # prompt is its own, so running it before the RAG modes changes no answer
+        if "closed-book" in modes:
+            yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], s.decoding.k, s.decoding.retriever, extra=NEAR_MISSES)
             for event in self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever):
                 event.answer.near_misses = r.near_misses()
                 yield event
-        if "closed-book" in modes:
-            yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
 
     def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
         """The RAG modes among `modes` grouped by question encoder, in order: modes of one group

@@ -167,9 +167,10 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
         run = Run(cancelled=cancelled)
     answers: dict[str, dict] = {}
 
-    def step() -> None:
+    def step() -> None:  # what is done, not which mode runs next: the pipeline orders the modes
         if progress and len(answers) < len(MODES):
-            progress(len(answers) / len(MODES), desc=f"{MODE_TITLES[MODES[len(answers)]]}: retrieve, generate, attribute")
+            done = "".join(f", {MODE_TITLES[m]} done" for m in MODES if m in answers)
+            progress(len(answers) / len(MODES), desc=f"Answering in {len(MODES)} modes{done}")
 
     with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
         try:
