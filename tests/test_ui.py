@@ -1283,6 +1283,16 @@ def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     assert handlers.Handlers.ask_session in wired and handlers.Handlers.ask in wired and handlers.Handlers.without_passage in wired
 
 
+def test_answer_without_it_shows_its_progress_on_the_comparison_it_is_drawn_into():
+    """Its output is hidden data (drawn into the comparison afterwards): without show_progress_on
+    the second run showed nothing while it ran."""
+    cfg = page.build_app(reader_pool()[1]).get_config_file()
+    elem = {c["id"]: c.get("props", {}).get("elem_id") for c in cfg["components"]}
+    dep = next(d for d in cfg["dependencies"] if d.get("api_name") == "without_passage")
+    assert [elem[i] for i in dep.get("show_progress_on") or []] == ["rag-without"]
+    assert dep["show_progress"] == "full"
+
+
 def test_ask_stream_declares_the_arguments_of_ask():
     """/ask_stream takes /ask's arguments, declared once: gr.api sees the same parameters,
     defaults and types in both, and a streamed call binds them by position or by name."""

@@ -309,8 +309,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         )
         gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
+        # its output is hidden data: the progress shows on the comparison it is drawn into, so the
+        # visitor sees the second run going rather than a page that seems to ignore the click
         without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
-                          api_name="without_passage", **model
+                          api_name="without_passage", show_progress_on=[without], **model
                           ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
                                  show_progress="hidden", api_visibility="private")
         continue_btn.click(h.continue_mode, inputs=[continue_mode, raw, session],
