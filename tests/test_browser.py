@@ -677,6 +677,38 @@ def test_on_a_phone_the_answer_cards_stack_and_nothing_runs_off_the_page(browser
         ctx.close()
 
 
+def test_on_a_phone_asking_scrolls_to_the_answer_cards(browser, server):
+    """At 390 px wide the cards sit below the question, the corpus and the settings, off the screen:
+    Ask, and Enter in the question box, bring the top of the cards into view, and the cards there
+    already show the answers coming (waiting, streaming or final: not the empty placeholder)."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    t0 = time.perf_counter()
+    try:
+        wait_ready(pg, server)
+        small_settings(pg, k=1, max_new=4)
+        box = pg.locator("#rag-question textarea, #rag-question input").first
+        for i, (question, press) in enumerate((("What is Mars?", "click"), ("Who devised pointillism?", "enter"))):
+            fill_kept(pg, box, question)
+            pg.locator("#rag-ask").scroll_into_view_if_needed()
+            cards_top = "() => document.querySelector('#rag-cards').getBoundingClientRect().top"
+            assert pg.evaluate(cards_top) > 844, "the cards are on the screen before asking: nothing to test"
+            if press == "enter":
+                box.press("Enter")
+            else:
+                pg.click("#rag-ask")
+            pg.wait_for_function(
+                """() => { const top = document.querySelector('#rag-cards').getBoundingClientRect().top;
+                    const busy = document.querySelector('#rag-cards .rag-card-partial, #rag-cards .rag-total');
+                    return top >= 0 && top < window.innerHeight && busy; }""", timeout=60_000, polling=100)
+            shot(pg, f"11-phone-asked-{i}")
+            wait_answered(pg, question)  # the server is free again for the next test
+        print(f"\nphone scroll test: {time.perf_counter() - t0:.0f} s")
+    finally:
+        ctx.close()
+
+
 # The Factbook test's app keeps the user's index cache (config.default_cache_dir): its ~2,300
 # passages are embedded once (`python -m rag_demo index --corpus factbook`, or this test's first
 # run: 2-15 minutes on 2 shared cores), then loaded in seconds.

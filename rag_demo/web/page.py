@@ -53,11 +53,29 @@ def _diagram() -> str:
     return f'<div class="rag-diagram">{svg}</div>'
 
 
+# Screens narrower than this (CSS pixels) are phones: the answer cards sit below the question,
+# the corpus and the settings, off the screen, so asking scrolls to them (PAGE_JS).
+PHONE_MAX_PX = 700
+
 # Runs once when the page loads (launch(js=...)): a click on an answer token opens that token's
 # inspector panel in its card (render_inspector) instead of jumping to its passage; a second
-# click, or "close", hides it.
+# click, or "close", hides it. On a phone, Ask (or Enter in the question box) scrolls to the cards.
 PAGE_JS = """() => {
+    // On a phone the cards are off the screen when Ask is pressed: bring them into view, where
+    // they show at once that the answers are coming. Not for an empty or over-long question,
+    // whose message shows on the question box.
+    const toCards = () => {
+        const q = document.querySelector('#rag-question textarea, #rag-question input');
+        const n = [...((q && q.value) || '').trim()].length;
+        const cards = document.querySelector('#rag-cards');
+        if (window.innerWidth >= %(phone)d || n === 0 || n > %(max_chars)d || !cards) return;
+        cards.scrollIntoView({block: 'start', behavior: 'smooth'});
+    };
+    document.addEventListener('keydown', (ev) => {
+        if (ev.key === 'Enter' && !ev.shiftKey && ev.target.closest && ev.target.closest('#rag-question')) toCards();
+    }, true);
     document.addEventListener('click', (ev) => {
+        if (ev.target.closest('#rag-ask')) { toCards(); return; }
         const drop = ev.target.closest('button.rag-without-btn');
         if (drop) {  // "answer without it": hand the passage id to the hidden textbox, then press its button
             const box = document.querySelector('#rag-without-id textarea, #rag-without-id input');
@@ -119,7 +137,7 @@ PAGE_JS = """() => {
     };
     document.addEventListener('keydown', typed, true);
     document.addEventListener('blur', typed, true);
-}"""
+}""" % {"phone": PHONE_MAX_PX, "max_chars": MAX_QUESTION_CHARS}
 COUNTER_JS = """(q) => {
   const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
   return `<div class="rag-qcount${over ? " rag-over" : ""}" data-n="${n}">${n.toLocaleString("en")} / ${
