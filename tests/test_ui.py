@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1002,6 +1003,22 @@ def test_unknown_passage_id_gets_a_message_not_a_bare_400(app):
     ask_session(c, "What is Mars?", k=1, max_new_tokens=2)
     with pytest.raises(ValidationError, match="'Nope#7' is not one of the passages retrieved for your last question"):
         c.predict("Nope#7", "text", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["/ask", "/ask_stream"])
+def test_a_refused_question_is_one_line_in_the_servers_log_not_a_traceback(app, endpoint, capfd, caplog):
+    """The server says why it refused, once, naming the endpoint; a refusal is the app's answer,
+    not its failure, so no traceback (gradio printed one for every refused question)."""
+    from gradio_client.exceptions import AppError
+
+    capfd.readouterr()  # what came before this call
+    with caplog.at_level(logging.WARNING, logger="rag_demo.web.validation"):
+        with pytest.raises(AppError, match="k=0 is out of range"):
+            client(app[1]).predict("What is Mars?", 0, 1, 2, "fast", api_name=endpoint)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rag_demo.web.validation"]
+    assert lines == [f"{endpoint} refused: k=0 is out of range: use 1 to 20."], lines
+    assert "Traceback" not in capfd.readouterr().err
 
 
 @pytest.mark.slow

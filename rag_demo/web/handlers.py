@@ -35,7 +35,17 @@ from rag_demo.web.render import (
 )
 from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
-from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
+from rag_demo.web.validation import (
+    _settings,
+    check_passage_chosen,
+    check_upload,
+    logs_refusals,
+    refusal,
+    settings_from_inputs,
+    user_errors,
+    validate_ask,
+    validate_edit,
+)
 
 # /ask's arguments after the question, in their positional order: the order earlier clients call
 # with, then the preset, then every other knob in its declaration order (rag_demo/config.py), and
@@ -508,6 +518,7 @@ class Handlers:
         return render_status(self.pool, s, pipe), gr.skip() if callable(building) and building() else gr.Timer(active=False)
 
     @page_event
+    @logs_refusals
     def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
         """Answer in all three modes from this visitor's corpus (upload and edits included),
         streamed: the cards grow token by token, each final as soon as its mode is done, then the
@@ -531,6 +542,7 @@ class Handlers:
                 yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
     @_api(dict)
+    @logs_refusals
     def ask(self, *args, **kwargs) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over a built-in corpus
         (no per-visitor state). Every knob is optional (None: the preset's value). Returns a dict:
@@ -548,10 +560,10 @@ class Handlers:
         """/ask's and /ask_stream's arguments -> (the pipeline of the stack and corpus asked for, the
         validated settings)."""
         if args["stack"] not in STACKS:
-            raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
+            raise refusal(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
         corpus = args.get("corpus") or "builtin"
         if corpus not in ("builtin", *self.pool.corpora()):
-            raise gr.Error(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
+            raise refusal(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
         settings = _settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
                              **{n: args[n] for n in KNOBS})
         with user_errors():
@@ -559,6 +571,7 @@ class Handlers:
             return pipe, settings
 
     @_api(dict)
+    @logs_refusals
     def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
         """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done":
         false} while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict,
@@ -589,6 +602,7 @@ class Handlers:
                 esc(caveat(s.corpus, bool(s.edits))))
 
     @page_event
+    @logs_refusals
     def upload(self, files, s, progress=gr.Progress(), request: gr.Request = None):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
@@ -613,6 +627,7 @@ class Handlers:
         )
 
     @page_event
+    @logs_refusals
     def choose_corpus(self, choice, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this visitor between the stack's built-in corpus, the other built-in corpora (the
         CIA World Factbook: its index is built, with a progress bar, by the first visitor that
@@ -625,7 +640,7 @@ class Handlers:
             choice = "builtin"
         if choice not in ("builtin", "upload", *self.pool.corpora()):
             known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
-            raise gr.Error(f"corpus {choice!r} is unknown: choose one of {known}.")
+            raise refusal(f"corpus {choice!r} is unknown: choose one of {known}.")
         if s.edits and choice != s.corpus:
             note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
@@ -639,6 +654,7 @@ class Handlers:
         )
 
     @page_event
+    @logs_refusals
     def choose_stack(self, stack, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this visitor's stack, loading it once (lazily, with progress). An unavailable
         stack is refused at once with the reason, said once, in the status line (not a pop-up:
@@ -646,7 +662,7 @@ class Handlers:
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         if stack not in STACKS:
-            raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
+            raise refusal(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
 
         def stay(note: str = ""):
             return (render_status(self.pool, s, note=note), gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
@@ -675,6 +691,7 @@ class Handlers:
         return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))
 
     @page_event
+    @logs_refusals
     def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
                      new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this visitor's copy of the index
@@ -700,6 +717,7 @@ class Handlers:
         return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
     @page_event
+    @logs_refusals
     def without_passage(self, pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
         `pid` taken away; -> the comparison as data (`render_without` draws it on the page): per mode
@@ -713,6 +731,7 @@ class Handlers:
         return _finite(result), s
 
     @page_event
+    @logs_refusals
     def continue_mode(self, mode, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Finish a card that was cut (time limit, or stopped): answer its mode again over the same
         passages with the same settings, with the whole time limit for that one mode. -> its card,
@@ -742,6 +761,7 @@ class Handlers:
         return (*cards, render_passages(answers, s.edits), raw, _stop(False), s)
 
     @page_event
+    @logs_refusals
     def reset_edits(self, s, request: gr.Request = None):
         """Drop this visitor's passage edits (back to the unedited corpus)."""
         self.begin_run(request)  # a question still running is from before the switch: stop it

@@ -3,13 +3,17 @@
 Owns the gradio validators (`validate_ask`, `validate_edit`, `validate_upload`: one
 `gr.validate` per input, run before the queue, so a bad input gets the library's message on its
 own box and nothing runs), the settings widgets' values turned into `RagSettings`, and
-`user_errors`, which turns the library's ValueErrors into `gr.Error` messages. The checks
+`user_errors`, which turns the library's ValueErrors into `refusal`s (gr.Errors gradio prints no
+traceback of; `logs_refusals` logs each as one line naming its endpoint). The checks
 themselves are the library's (config.check_question, RagSettings, corpus.check_passage_text,
 corpus.load_documents); this module only routes their messages.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,16 +27,56 @@ from rag_demo.serving.session import Session
 
 MAX_UPLOAD_FILES = 20
 
+log = logging.getLogger(__name__)
+
+
+def refusal(message: str) -> gr.Error:
+    """A request refused, with the message its visitor sees. A refusal is the app's answer, not its
+    failure: gradio prints no traceback of it, and `logs_refusals` logs it in one line."""
+    return gr.Error(message, print_exception=False)
+
 
 @contextmanager
 def user_errors():
-    """Library ValueErrors become gr.Error: a visible message, and the app keeps serving."""
+    """Library ValueErrors become gr.Error (`refusal`): a visible message, and the app keeps serving."""
     try:
         yield
     except gr.Error:
         raise
     except ValueError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(str(e)) from e
+
+
+def logs_refusals(fn: Callable) -> Callable:
+    """An endpoint (a handler method; its name is its api_name) whose refusals, any gr.Error it
+    raises, each make one line in the server's log, "/name refused: message", and no traceback.
+    A generator stays a generator (gradio streams what a generator function yields)."""
+    name = fn.__name__
+
+    def say(e: gr.Error) -> None:
+        e.print_exception = False
+        # WARNING: the level Python's last-resort handler prints, so an app that configures no
+        # logging still writes the line
+        log.warning("/%s refused: %s", name, " ".join(str(e.message).split()))
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def streamed(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error as e:
+                say(e)
+                raise
+        return streamed
+
+    @functools.wraps(fn)
+    def called(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error as e:
+            say(e)
+            raise
+    return called
 
 
 def settings_from_inputs(**values: Any) -> RagSettings:
