@@ -1005,6 +1005,56 @@ def test_unknown_passage_id_gets_a_message_not_a_bare_400(app):
         c.predict("Nope#7", "text", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
 
 
+@pytest.fixture(scope="module")
+def last_raw(app):
+    """The last answers' JSON as the page holds it (/ask_session's raw output), for the endpoints
+    that take it back."""
+    return ask_session(client(app[1]), "What is Mars?", k=1, max_new_tokens=2)[5]
+
+
+NOT_AN_ANSWER = {"question": "What is Mars?", "settings": {}, "answers": {"token": "Mars"}}
+# Each named endpoint sent an argument of the wrong type (a number as a string, a list or a string
+# where a dict goes, None): (endpoint, its arguments, what the message says: the argument, what it
+# got, what to send). /reset_edits and /status take no argument a client sends.
+WRONG_TYPES = [
+    ("/ask", ("What is Mars?", [2], 1, 2, "fast"), r"k=\[2\] is not a number: give e.g. 5"),
+    ("/ask", (5, 1, 1, 2, "fast"), "question must be text, got int: pass a string"),
+    ("/ask", ("What is Mars?", 1, 1, 2, "fast", ["offline"]), r"stack=\['offline'\] is unknown: use one of offline"),
+    ("/ask_stream", ("What is Mars?", "two"), "k='two' is not a number: give e.g. 5"),
+    ("/ask_session", ("What is Mars?", "abc", 1, 2, "fast"), "k='abc' is not a number: give e.g. 5"),
+    ("/ask_session", ("What is Mars?", 1, 1, 2, ["fast"]), r"sequence_decoding=\['fast'\] is unknown"),
+    ("/upload", ("notes.txt",), "files got str 'notes.txt': send one or more files, each as gradio_client's handle_file"),
+    ("/upload", (["/etc/hostname"],), r"files got list \['/etc/hostname'\]: send one or more files"),
+    ("/choose_corpus", (5,), "choice got int 5: send the corpus to answer from: one of builtin"),
+    ("/choose_stack", (None,), r"stack got nothing \(None\): send the stack to answer with: one of offline, paper"),
+    ("/edit_passage", ([1], "text", "What is Mars?", 1, 1, 2, "fast"), r"pid got list \[1\]: send the id of one"),
+    ("/without_passage", ("Mars#0", "the last answer"), "raw got str 'the last answer': send a dict, as in the last "
+     "answers' JSON"),
+    ("/without_passage", ("Mars#0", [1, 2]), r"raw got list \[1, 2\]: send a dict"),
+    ("/without_passage", ("Mars#0", NOT_AN_ANSWER), r"raw\[\"answers\"\]\['token'\] got str 'Mars': send an answer"),
+    ("/continue_mode", ("token", None), r"raw got nothing \(None\): there is no answer yet"),
+    ("/continue_mode", ("token", {**NOT_AN_ANSWER, "settings": "aided"}), r"raw\[\"settings\"\] got str 'aided'"),
+    ("/continue_mode", (3, "LAST"), "mode got str '3': send the mode of one of the last answers: sequence, token, "
+     "closed-book"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint, args, message", WRONG_TYPES, ids=[f"{e}-{i}" for i, (e, *_) in enumerate(WRONG_TYPES)])
+def test_every_endpoint_answers_an_argument_of_the_wrong_type_with_what_to_send(app, last_raw, endpoint, args, message):
+    """A clear message (gr.Error, or the validator's before the queue), not a traceback's last line
+    (/without_passage sent a string where the last answers' dict goes said "AttributeError: 'str'
+    object has no attribute 'get'"); the app keeps serving."""
+    from gradio_client.exceptions import AppError, ValidationError
+
+    c = client(app[1])
+    args = tuple(last_raw if a == "LAST" else a for a in args)
+    with pytest.raises((AppError, ValidationError), match=message) as e:
+        c.predict(*args, api_name=endpoint)
+    assert "attribute" not in str(e.value) and "Error:" not in str(e.value), e.value
+    assert c.predict("What is Mars?", 1, 1, 2, "fast", api_name="/ask")["answers"]["token"]["text"]  # still serving
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("endpoint", ["/ask", "/ask_stream"])
 def test_a_refused_question_is_one_line_in_the_servers_log_not_a_traceback(app, endpoint, capfd, caplog):

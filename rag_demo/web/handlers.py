@@ -37,6 +37,7 @@ from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
 from rag_demo.web.validation import (
     _settings,
+    check_last_answers,
     check_passage_chosen,
     check_upload,
     logs_refusals,
@@ -45,6 +46,7 @@ from rag_demo.web.validation import (
     user_errors,
     validate_ask,
     validate_edit,
+    wrong,
 )
 
 # /ask's arguments after the question, in their positional order: the order earlier clients call
@@ -635,6 +637,9 @@ class Handlers:
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         note = ""
+        if not isinstance(choice, str):
+            known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
+            raise refusal(str(wrong("choice", choice, f"the corpus to answer from: one of {known}")))
         if choice == "upload" and s.upload is None:
             note = "You have not uploaded any documents yet: upload files first."
             choice = "builtin"
@@ -661,6 +666,8 @@ class Handlers:
         a pop-up per event showed the same warning twice), and the visitor stays where they were."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
+        if not isinstance(stack, str):
+            raise refusal(str(wrong("stack", stack, f"the stack to answer with: one of {', '.join(STACKS)}")))
         if stack not in STACKS:
             raise refusal(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
 
@@ -725,6 +732,7 @@ class Handlers:
         s = self.fresh(s)
         with user_errors():
             pipe, s = session_pipeline(self.pool, s, progress)
+            raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
             progress(0.1, desc="Answering again without the passage")
             run = self.serving.run(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, run)  # the visitor's index: uploads and edits too
@@ -739,8 +747,11 @@ class Handlers:
         turn = self.begin_run(request)
         s = self.fresh(s)
         with user_errors():
-            if not raw or mode not in (raw.get("answers") or {}):
-                raise ValueError(f"there is no {mode!r} answer to continue: ask a question first.")
+            raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
+            if mode not in MODES or mode not in raw["answers"]:
+                have = [m for m in MODES if m in raw["answers"]]
+                raise wrong("mode", mode, f"the mode of one of the last answers: {', '.join(have)}" if have else
+                            "a mode, once there is an answer: ask a question first")
             pipe, s = session_pipeline(self.pool, s, progress)
             settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
                                    **{n: v for n, v in raw["settings"].items() if n in KNOBS})

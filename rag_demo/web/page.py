@@ -17,6 +17,7 @@ from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
+from rag_demo.web import inputs
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.handlers import Handlers, describe_api
 from rag_demo.web.results import ResultsHandlers, results_tab
@@ -198,19 +199,20 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                         examples = gr.HTML('<div class="rag-lessons rag-placeholder">Lessons appear here once the '
                                            'models are ready.</div>', elem_id="rag-examples")
                     with gr.Column(scale=2):
-                        corpus_dd = gr.Dropdown(
+                        # handed on: a value that is no choice reaches the handler, which names it
+                        corpus_dd = inputs.handed_on(gr.Dropdown(
                             choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
                             label="Corpus (the non-parametric memory)", elem_id="rag-corpus",
-                        )
-                        stack_dd = gr.Dropdown(
+                        ))
+                        stack_dd = inputs.handed_on(gr.Dropdown(
                             choices=stack_choices(pool), value=default_stack, label="Model stack",
                             elem_id="rag-stack",
-                        )
+                        ))
                         with gr.Accordion("Upload your own documents", open=False, elem_id="rag-upload-acc"):
                             # no file_types: gradio would refuse another type while preprocessing the
                             # validator's input, a bare HTTP 400; check_upload names the types instead
-                            files = gr.File(
-                                file_count="multiple",
+                            # inputs.files: what is not a list of files reaches check_upload, which names it
+                            files = inputs.files(
                                 label=f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
                                 "in all", elem_id="rag-files",
                             )
