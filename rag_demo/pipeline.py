@@ -133,6 +133,10 @@ class Answer:
     # RAG-Sequence, RAG-Token with token_drafts: [{"text", "logprob"}], "upper_bound": True where the number is one
     candidates: list[dict] = field(default_factory=list)
     stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
+    # what a stop (time limit, cancel) made this mode run instead of what its settings name, "" when
+    # nothing: "fast_ranking" (thorough RAG-Sequence's rescoring skipped, the fast ranking stands),
+    # "no_drafts" (RAG-Token's passage drafts not weighed, the mixture's own answer stands)
+    fell_back: str = ""
     # RAG modes, the token inspector: per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
     # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
     # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
@@ -361,10 +365,11 @@ class RagPipeline:
 
     def answer_modes(self, question: str, modes: list[str], settings: RagSettings | None = None,
                      run: Run | None = None, partials: bool = False, **overrides) -> Iterator[AnswerEvent]:
-        """Answer in several modes, as events: each mode's final Answer as soon as it is done, in
-        order; with `partials` also its answer so far after every decoding step. Retrieval is
-        shared by modes with the same question encoder, the prefill by modes with the same
-        generator (answer_from_modes). The question and settings are checked before anything runs.
+        """Answer in several modes, as events: each mode's final Answer as soon as it is done,
+        closed-book first (the cheapest), then the RAG modes in order; with `partials` also its
+        answer so far after every decoding step. Retrieval is shared by modes with the same
+        question encoder, the prefill by modes with the same generator (answer_from_modes). The
+        question and settings are checked before anything runs.
 
         With `partials` the decoding runs in a worker thread (this thread only hands its events
         on); closing the iterator early cancels the decoding at its next step."""
@@ -380,13 +385,15 @@ class RagPipeline:
 
     def _events(self, q: str, modes: list[str], s: RagSettings, run: Run, listen: Listen | None
                 ) -> Iterator[AnswerEvent]:
+        # closed-book first: the cheapest (one prompt, no passage), so its card is done first; its
+        # prompt is its own, so running it before the RAG modes changes no answer
+        if "closed-book" in modes:
+            yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], s.decoding.k, s.decoding.retriever, extra=NEAR_MISSES)
             for event in self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever):
                 event.answer.near_misses = r.near_misses()
                 yield event
-        if "closed-book" in modes:
-            yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
 
     def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
         """The RAG modes among `modes` grouped by question encoder, in order: modes of one group
@@ -622,7 +629,8 @@ class RagPipeline:
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
             candidates=_ranked_candidates(gen, g),
-            stopped=g.stopped, inspector=self._inspector(gen, g, shown), passage_drop=self._drops(mode, g),
+            stopped=g.stopped, fell_back=g.fell_back, inspector=self._inspector(gen, g, shown),
+            passage_drop=self._drops(mode, g),
             read_question="" if read_q == q else read_q, settings=s.to_dict(),
             cues=(cues or []) + unread(text, docs, g.stopped), kept=kept_by(gen),
         )

@@ -677,6 +677,97 @@ def test_on_a_phone_the_answer_cards_stack_and_nothing_runs_off_the_page(browser
         ctx.close()
 
 
+def test_on_a_phone_asking_scrolls_to_the_answer_cards(browser, server):
+    """At 390 px wide the cards sit below the question, the corpus and the settings, off the screen:
+    Ask, and Enter in the question box, bring the top of the cards into view, and the cards there
+    already show the answers coming (waiting, streaming or final: not the empty placeholder)."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    t0 = time.perf_counter()
+    try:
+        wait_ready(pg, server)
+        small_settings(pg, k=1, max_new=4)
+        box = pg.locator("#rag-question textarea, #rag-question input").first
+        for i, (question, press) in enumerate((("What is Mars?", "click"), ("Who devised pointillism?", "enter"))):
+            fill_kept(pg, box, question)
+            pg.locator("#rag-ask").scroll_into_view_if_needed()
+            cards_top = "() => document.querySelector('#rag-cards').getBoundingClientRect().top"
+            assert pg.evaluate(cards_top) > 844, "the cards are on the screen before asking: nothing to test"
+            if press == "enter":
+                box.press("Enter")
+            else:
+                pg.click("#rag-ask")
+            pg.wait_for_function(
+                """() => { const top = document.querySelector('#rag-cards').getBoundingClientRect().top;
+                    const busy = document.querySelector('#rag-cards .rag-card-partial, #rag-cards .rag-total');
+                    return top >= 0 && top < window.innerHeight && busy; }""", timeout=60_000, polling=100)
+            shot(pg, f"11-phone-asked-{i}")
+            wait_answered(pg, question)  # the server is free again for the next test
+        print(f"\nphone scroll test: {time.perf_counter() - t0:.0f} s")
+    finally:
+        ctx.close()
+
+
+FINAL_ORDER_JS = """() => {  // the order in which the answer cards first become final
+    window.__finalOrder = [];
+    const look = () => document.querySelectorAll('[id^=rag-answer-]').forEach((box) => {
+        const mode = box.id.replace('rag-answer-', '');
+        if (box.querySelector('.rag-total') && !window.__finalOrder.includes(mode)) window.__finalOrder.push(mode);
+    });
+    new MutationObserver(look).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+WATCH_WITHOUT_JS = """() => {  // whether the "answer without it" comparison ever shows its progress
+    window.__withoutProgress = false;
+    const box = document.querySelector('#rag-without');
+    new MutationObserver(() => {
+        if (box.innerText.includes('Answering again without the passage')) window.__withoutProgress = true;
+    }).observe(box, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+@pytest.fixture(scope="module")
+def low_limit_page(browser, free_port, stop_process):
+    """A page of its own app whose time limit is a millisecond: every mode's share is past before
+    its first step, so each search stops at its first check."""
+    with _own_app_page(browser, free_port(), stop_process, "low-limit", RAG_DEMO_TIME_LIMIT="0.001") as page_and_url:
+        yield page_and_url
+
+
+def test_a_card_a_stop_made_rank_the_fast_way_says_so_in_its_head_and_closed_book_is_final_first(low_limit_page):
+    """The paper's preset (thorough RAG-Sequence) under a one-millisecond time limit, one new token
+    each: the searches end before they ask the stop, and the deadline cuts RAG-Sequence at its
+    rescoring. Its card's head says it ranked the fast way, not as the paper does, and offers to
+    answer the mode in full; the other cards ran as asked. Closed-book, the cheapest, is final
+    before either RAG card. "Answer without it" shows its progress on the comparison while it runs."""
+    page, url = low_limit_page
+    t0 = time.perf_counter()
+    wait_ready(page, url)
+    page.locator("#rag-settings").get_by_text("Settings").click()
+    page.locator("#rag-preset").get_by_text("Plain RAG, as in the paper", exact=True).click()
+    page.wait_for_function("() => (document.querySelector('#rag-knob-num-beams input[type=number]') || {}).value"
+                           " === '1'", timeout=30_000)
+    small_settings(page, k=2, max_new=1, decoding="thorough", open_settings=False)
+    page.evaluate(FINAL_ORDER_JS)
+    ask(page, "Who devised pointillism?")
+    wait_answered(page, "Who devised pointillism?")
+    order = page.evaluate("window.__finalOrder")
+    assert order[0] == "closed-book" and sorted(order) == ["closed-book", "sequence", "token"], order
+    head = page.locator("#rag-answer-sequence .rag-card-head .rag-fell-back")
+    assert head.get_attribute("data-fell-back") == "fast_ranking"
+    assert "Stopped early: ranked the fast way, not as the paper does" in head.inner_text()
+    assert "thorough stopped" in page.locator("#rag-answer-sequence .rag-decoding").inner_text()
+    assert page.locator("#rag-answer-sequence .rag-continue-btn[data-mode='sequence']").is_visible()
+    for mode in ("token", "closed-book"):
+        assert page.locator(f"#rag-answer-{mode} .rag-fell-back").count() == 0, mode
+    shot(page, "12-fell-back")
+    page.evaluate(WATCH_WITHOUT_JS)
+    page.locator("#rag-passages tbody tr").first.locator("button.rag-without-btn").click()
+    page.locator("#rag-without .rag-without[data-without]").wait_for(timeout=ANSWER_TIMEOUT_MS)
+    assert page.evaluate("window.__withoutProgress"), "no progress was shown while answering without the passage"
+    print(f"\nlow time limit test: {time.perf_counter() - t0:.0f} s")
+
+
 # The Factbook test's app keeps the user's index cache (config.default_cache_dir): its ~2,300
 # passages are embedded once (`python -m rag_demo index --corpus factbook`, or this test's first
 # run: 2-15 minutes on 2 shared cores), then loaded in seconds.

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rag_demo.models.cost import CostModel, ModelDims
 from rag_demo.pipeline import Run
+from rag_demo.serving.admission import time_shares
 from rag_demo.serving.budget import Budget, StepGate
 from rag_demo.config import RagSettings, StackSpec
 from rag_demo.knowledge.corpus import corpus_from_documents
@@ -134,8 +136,38 @@ def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
     for mode, a in out.items():
         assert a.stopped == "time_limit", mode
         assert 1 <= len(a.token_ids) <= 2, (mode, a.token_ids)  # the first step's token (BART may add <s>)
-    assert "thorough stopped: time_limit" in out["sequence"].decoding
+    assert "thorough stopped: time_limit" in out["sequence"].decoding and out["sequence"].fell_back == "fast_ranking"
     assert free.stopped == "max_new_tokens" and len(free.token_ids) >= 40  # the same request without a deadline
+
+
+def test_a_mode_a_stop_made_run_something_else_says_what_it_ran(pipe):
+    """One new token each, so the searches finish before they would ask the stop (it is asked
+    between steps) and the deadline first cuts what comes after them: thorough RAG-Sequence's
+    rescoring (the fast ranking stands) and RAG-Token's drafts (the mixture's answer stands).
+    Each answer names it in `fell_back`; the same request without a deadline ran as asked."""
+    s = RagSettings(k=3, num_beams=1, max_new_tokens=1, sequence_decoding="thorough", token_drafts=True)
+    modes = ["sequence", "token"]
+    cut = pipe.answers("who painted the starry night", modes, s, Run(seconds={m: -1.0 for m in modes}))
+    assert cut["sequence"].fell_back == "fast_ranking" and "thorough stopped: time_limit" in cut["sequence"].decoding
+    assert cut["token"].fell_back == "no_drafts" and "drafts stopped: time_limit" in cut["token"].decoding
+    free = pipe.answers("who painted the starry night", modes, s)
+    assert {m: a.fell_back for m, a in free.items()} == {"sequence": "", "token": ""}
+    assert free["sequence"].decoding.startswith("thorough") and "drafts" in free["token"].decoding
+
+
+def test_each_mode_gets_its_own_estimate_where_the_limit_allows():
+    """Time shares of a 60 s limit. Estimates of 40, 30 and 2 s: each mode gets its own estimate
+    (the proportional share alone gave RAG-Sequence 60·40/72 = 33 s, cutting it short of its
+    estimate), at least a third of the limit, and 5/3 of the limit at most in all. Estimates of
+    100, 30 and 2 s cannot all fit: RAG-Sequence gets what the bound leaves, 100 - 2·20 = 60 s."""
+    fits = time_shares(SimpleNamespace(per_mode={"sequence": 40.0, "token": 30.0, "closed-book": 2.0}), 60.0)
+    assert fits == pytest.approx({"sequence": 40.0, "token": 30.0, "closed-book": 20.0})
+    over = time_shares(SimpleNamespace(per_mode={"sequence": 100.0, "token": 30.0, "closed-book": 2.0}), 60.0)
+    assert over == pytest.approx({"sequence": 60.0, "token": 20.0, "closed-book": 20.0})
+    assert sum(over.values()) == pytest.approx(5 / 3 * 60.0)
+    # under the limit in all: shares in proportion to the estimates, as before, each above its estimate
+    small = time_shares(SimpleNamespace(per_mode={"sequence": 6.0, "token": 3.0, "closed-book": 1.0}), 60.0)
+    assert small == pytest.approx({"sequence": 36.0, "token": 20.0, "closed-book": 20.0})
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -5,6 +5,7 @@ an estimate that follows the machine's speed. Pure functions and fake pipelines:
 from __future__ import annotations
 
 import time
+from html import escape as html_escape
 from types import SimpleNamespace
 
 import pytest
@@ -75,7 +76,10 @@ def test_the_sentence_under_the_cards_says_why_the_modes_agree_or_differ_from_th
     assert explain_modes({"closed-book": _answer("closed-book", "x", [])}) == ""
     stopped = explain_modes({"sequence": _answer("sequence", "Brasília.", spread, [0.82, 0.17, 0.01]),
                              "token": _answer("token", "Rio", spread, stopped="cancelled")})
-    assert "RAG-Token stopped before its end" in stopped and "differ" not in stopped  # no lesson from a cut answer
+    assert "RAG-Token stopped early" in stopped and "differ" not in stopped  # no lesson from a cut answer
+    ranked_fast = explain_modes({"sequence": _answer("sequence", "Brasília.", spread, fell_back="fast_ranking"),
+                                 "token": _answer("token", "Rio de Janeiro.", spread)})
+    assert "RAG-Sequence stopped early" in ranked_fast and "differ" not in ranked_fast  # nor from another algorithm
 
 
 def test_the_passage_table_shows_the_retrievers_own_prior_beside_the_reweighted_one():
@@ -101,6 +105,22 @@ def test_a_cut_answer_offers_continue_and_a_finished_one_does_not():
     cut = _answer("token", "Cle", [("A", 1.0)], stopped="time_limit")
     assert 'class="rag-continue-btn"' in render_answer(cut) and 'data-mode="token"' in render_answer(cut)
     assert "rag-continue-btn" not in render_answer(_answer("token", "Cleopatra.", [("A", 1.0)], stopped="eos"))
+
+
+@pytest.mark.parametrize("mode, fell_back, says", [
+    ("sequence", "fast_ranking", "Stopped early: ranked the fast way, not as the paper does"),
+    ("token", "no_drafts", "Stopped early: the passages' drafts were not weighed"),
+])
+def test_a_card_whose_mode_a_stop_made_run_something_else_says_so_in_its_head_and_can_be_answered_in_full(
+        mode, fell_back, says):
+    """An answer that ended at its own end (stopped "eos") but by another algorithm than its settings
+    name (Answer.fell_back): the card's head says so, and it offers to answer the mode in full."""
+    html = render_answer(_answer(mode, "Cleopatra.", [("A", 1.0)], stopped="eos", fell_back=fell_back))
+    head = html[html.index('class="rag-card-head"'):html.index('class="rag-answer"')]  # before the answer
+    assert f'data-fell-back="{fell_back}"' in head and html_escape(says) in head
+    assert f'class="rag-continue-btn" type="button" data-mode="{mode}"' in html
+    as_asked = render_answer(_answer(mode, "Cleopatra.", [("A", 1.0)], stopped="eos", fell_back=""))
+    assert "rag-fell-back" not in as_asked and "rag-continue-btn" not in as_asked
 
 
 def test_each_mode_gets_its_own_share_of_the_time_limit():

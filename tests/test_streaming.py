@@ -46,7 +46,8 @@ def test_listening_changes_nothing(pipe, beams):
 
 def test_each_answer_is_handed_over_as_soon_as_its_mode_is_done(pipe):
     """answer_modes' events (the app's one call for three cards): each mode's final Answer comes
-    before the next mode streams anything, in order, and is the answer `answers` returns."""
+    before the next mode streams anything, closed-book (the cheapest) first, then the RAG modes in
+    the order asked; each is the answer `answers` gives, and the answer each mode gives alone."""
     events: list[tuple[str, str]] = []
     modes = ["sequence", "token", "closed-book"]
     out = {}
@@ -54,14 +55,17 @@ def test_each_answer_is_handed_over_as_soon_as_its_mode_is_done(pipe):
         events.append(("answer" if e.final else "partial", e.mode))
         if e.final:
             out[e.mode] = e.answer
-    assert [m for kind, m in events if kind == "answer"] == modes
-    for i, mode in enumerate(modes):
+    order = ["closed-book", "sequence", "token"]
+    assert [m for kind, m in events if kind == "answer"] == order
+    for i, mode in enumerate(order):
         done = events.index(("answer", mode))
         assert ("partial", mode) in events[:done]  # it streamed first
         assert all(m != mode for kind, m in events[done + 1:])  # nothing of it after its answer
-        assert all(m not in modes[i + 1:] for _, m in events[:done])  # the later modes wait
-    alone = pipe.answers(QUESTION, modes, num_beams=1)
-    assert all(out[m].token_ids == alone[m].token_ids for m in modes)
+        assert all(m not in order[i + 1:] for _, m in events[:done])  # the later modes wait
+    together = pipe.answers(QUESTION, modes, num_beams=1)
+    assert all(out[m].token_ids == together[m].token_ids for m in modes)
+    for m in modes:  # running first or last changes no mode's answer
+        assert pipe.answers(QUESTION, [m], num_beams=1)[m].token_ids == out[m].token_ids, m
 
 
 def test_rag_token_partials_are_prefixes_with_the_final_attribution_rows(pipe):

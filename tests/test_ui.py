@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1013,6 +1014,72 @@ def test_unknown_passage_id_gets_a_message_not_a_bare_400(app):
         c.predict("Nope#7", "text", "What is Mars?", 1, 1, 2, "fast", api_name="/edit_passage")
 
 
+@pytest.fixture(scope="module")
+def last_raw(app):
+    """The last answers' JSON as the page holds it (/ask_session's raw output), for the endpoints
+    that take it back."""
+    return ask_session(client(app[1]), "What is Mars?", k=1, max_new_tokens=2)[5]
+
+
+NOT_AN_ANSWER = {"question": "What is Mars?", "settings": {}, "answers": {"token": "Mars"}}
+# Each named endpoint sent an argument of the wrong type (a number as a string, a list or a string
+# where a dict goes, None): (endpoint, its arguments, what the message says: the argument, what it
+# got, what to send). /reset_edits and /status take no argument a client sends.
+WRONG_TYPES = [
+    ("/ask", ("What is Mars?", [2], 1, 2, "fast"), r"k=\[2\] is not a number: give e.g. 5"),
+    ("/ask", (5, 1, 1, 2, "fast"), "question must be text, got int: pass a string"),
+    ("/ask", ("What is Mars?", 1, 1, 2, "fast", ["offline"]), r"stack=\['offline'\] is unknown: use one of offline"),
+    ("/ask_stream", ("What is Mars?", "two"), "k='two' is not a number: give e.g. 5"),
+    ("/ask_session", ("What is Mars?", "abc", 1, 2, "fast"), "k='abc' is not a number: give e.g. 5"),
+    ("/ask_session", ("What is Mars?", 1, 1, 2, ["fast"]), r"sequence_decoding=\['fast'\] is unknown"),
+    ("/upload", ("notes.txt",), "files got str 'notes.txt': send one or more files, each as gradio_client's handle_file"),
+    ("/upload", (["/etc/hostname"],), r"files got list \['/etc/hostname'\]: send one or more files"),
+    ("/choose_corpus", (5,), "choice got int 5: send the corpus to answer from: one of builtin"),
+    ("/choose_stack", (None,), r"stack got nothing \(None\): send the stack to answer with: one of offline, paper"),
+    ("/edit_passage", ([1], "text", "What is Mars?", 1, 1, 2, "fast"), r"pid got list \[1\]: send the id of one"),
+    ("/without_passage", ("Mars#0", "the last answer"), "raw got str 'the last answer': send a dict, as in the last "
+     "answers' JSON"),
+    ("/without_passage", ("Mars#0", [1, 2]), r"raw got list \[1, 2\]: send a dict"),
+    ("/without_passage", ("Mars#0", NOT_AN_ANSWER), r"raw\[\"answers\"\]\['token'\] got str 'Mars': send an answer"),
+    ("/continue_mode", ("token", None), r"raw got nothing \(None\): there is no answer yet"),
+    ("/continue_mode", ("token", {**NOT_AN_ANSWER, "settings": "aided"}), r"raw\[\"settings\"\] got str 'aided'"),
+    ("/continue_mode", (3, "LAST"), "mode got str '3': send the mode of one of the last answers: sequence, token, "
+     "closed-book"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint, args, message", WRONG_TYPES, ids=[f"{e}-{i}" for i, (e, *_) in enumerate(WRONG_TYPES)])
+def test_every_endpoint_answers_an_argument_of_the_wrong_type_with_what_to_send(app, last_raw, endpoint, args, message):
+    """A clear message (gr.Error, or the validator's before the queue), not a traceback's last line
+    (/without_passage sent a string where the last answers' dict goes said "AttributeError: 'str'
+    object has no attribute 'get'"); the app keeps serving."""
+    from gradio_client.exceptions import AppError, ValidationError
+
+    c = client(app[1])
+    args = tuple(last_raw if a == "LAST" else a for a in args)
+    with pytest.raises((AppError, ValidationError), match=message) as e:
+        c.predict(*args, api_name=endpoint)
+    assert "attribute" not in str(e.value) and "Error:" not in str(e.value), e.value
+    assert c.predict("What is Mars?", 1, 1, 2, "fast", api_name="/ask")["answers"]["token"]["text"]  # still serving
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["/ask", "/ask_stream"])
+def test_a_refused_question_is_one_line_in_the_servers_log_not_a_traceback(app, endpoint, capfd, caplog):
+    """The server says why it refused, once, naming the endpoint; a refusal is the app's answer,
+    not its failure, so no traceback (gradio printed one for every refused question)."""
+    from gradio_client.exceptions import AppError
+
+    capfd.readouterr()  # what came before this call
+    with caplog.at_level(logging.WARNING, logger="rag_demo.web.validation"):
+        with pytest.raises(AppError, match="k=0 is out of range"):
+            client(app[1]).predict("What is Mars?", 0, 1, 2, "fast", api_name=endpoint)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rag_demo.web.validation"]
+    assert lines == [f"{endpoint} refused: k=0 is out of range: use 1 to 20."], lines
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.slow
 def test_question_box_does_not_cut_a_long_paste(app):
     box = next(b for b in app[0].blocks.values() if getattr(b, "elem_id", None) == "rag-question")
@@ -1290,6 +1357,16 @@ def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     demo = page.build_app(reader_pool()[1])
     wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
     assert handlers.Handlers.ask_session in wired and handlers.Handlers.ask in wired and handlers.Handlers.without_passage in wired
+
+
+def test_answer_without_it_shows_its_progress_on_the_comparison_it_is_drawn_into():
+    """Its output is hidden data (drawn into the comparison afterwards): without show_progress_on
+    the second run showed nothing while it ran."""
+    cfg = page.build_app(reader_pool()[1]).get_config_file()
+    elem = {c["id"]: c.get("props", {}).get("elem_id") for c in cfg["components"]}
+    dep = next(d for d in cfg["dependencies"] if d.get("api_name") == "without_passage")
+    assert [elem[i] for i in dep.get("show_progress_on") or []] == ["rag-without"]
+    assert dep["show_progress"] == "full"
 
 
 def test_ask_stream_declares_the_arguments_of_ask():

@@ -55,6 +55,15 @@ class Generation:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
     stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
     inspection: Inspection | None = None  # RAG modes: the token inspector's tables (`inspect_answer`)
+    # what a stop made the mode run instead of what its settings name ("" when nothing):
+    # FAST_RANKING, NO_DRAFTS
+    fell_back: str = ""
+
+
+# Generation.fell_back: thorough RAG-Sequence stopped before its rescoring, so the fast ranking stands
+FAST_RANKING = "fast_ranking"
+# Generation.fell_back: RAG-Token's passage drafts were not weighed, so the mixture's own answer stands
+NO_DRAFTS = "no_drafts"
 
 
 @dataclass
@@ -191,7 +200,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     logprob = float(rag_token_logprob(doc_lp, q.prior))  # Σ_i log Σ_z p(z|x) p(y_i|x,z,y_<i)
     out = Generation(best.tokens, logprob, _decoding_name(d) + choice.note, doc_lp, token_posteriors(doc_lp, q.prior),
                      candidates=choice.candidates, prior=q.prior, question_lp=q.question_lp, inspection=inspection,
-                     bounded=choice.bounded)
+                     bounded=choice.bounded, fell_back=choice.fell_back)
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, q.ends, d)
     return out
@@ -249,7 +258,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         on_partial(Partial("sequence", [group[0].tokens if group else [] for group in hyps], None, q.prior,
                            [True] * K, phase="rescoring"))
     name = f"{d.sequence_decoding}, {_decoding_name(d)}"
-    lp, inspection = None, None
+    lp, inspection, fell_back = None, None, ""
     if d.sequence_decoding == "thorough" and not stopped:
         lp, mask = score_candidates(gen, q.state0, q.first_lp, [h.tokens for h in cands], gen.pad_token_id,
                                     stop=stop)  # (K, C, T)
@@ -263,7 +272,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         logprob = float(scores[win])  # log p(y|x): the candidate's score over all K docs
     else:  # fast decoding, or thorough stopped by its deadline: no rescoring passes
         if d.sequence_decoding == "thorough":
-            name = f"fast (thorough stopped: {stopped}), {_decoding_name(d)}"
+            name, fell_back = f"fast (thorough stopped: {stopped}), {_decoding_name(d)}", FAST_RANKING
         scores = _fast_scores(hyps, cands, q.prior)  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
@@ -280,6 +289,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         cands[win].tokens, logprob, name, doc_lp, post, post[-1],
         [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=q.prior, question_lp=q.question_lp,
         inspection=inspection or inspect_answer(gen, q.state0, q.first_lp, cands[win].tokens, None),
+        fell_back=fell_back,
     )
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(out.tokens, stopped, q.ends, d)

@@ -111,12 +111,14 @@ class Reader:
 class Choice:
     """RAG-Token's answer and what chose it: `candidates` (tokens, log p(y|x) as ranked) and the
     numbers among them that are upper bounds; `doc_lp` (K, T) when the choice already scored the
-    answer under every passage; `note` says how it was chosen (shown with the decoding)."""
+    answer under every passage; `note` says how it was chosen (shown with the decoding);
+    `fell_back` what a stop made it do instead of what the reader would have (engine.NO_DRAFTS)."""
 
     def __init__(self, best: Hyp, candidates: list[tuple[list[int], float]] | None = None,
-                 doc_lp: torch.Tensor | None = None, bounded: set[int] | None = None, note: str = ""):
+                 doc_lp: torch.Tensor | None = None, bounded: set[int] | None = None, note: str = "",
+                 fell_back: str = ""):
         self.best, self.candidates, self.doc_lp = best, candidates or [], doc_lp
-        self.bounded, self.note = bounded or set(), note
+        self.bounded, self.note, self.fell_back = bounded or set(), note, fell_back
 
 
 PAPER = Reader()

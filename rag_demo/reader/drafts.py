@@ -14,7 +14,7 @@ import torch
 
 from rag_demo.models.generators import Generator, GenState
 from rag_demo.rag.decoding import Hyp, score_candidates, score_pairs
-from rag_demo.rag.engine import dedupe, doc_searches
+from rag_demo.rag.engine import NO_DRAFTS, dedupe, doc_searches
 from rag_demo.rag.hooks import Choice, Prefilled
 from rag_demo.rag.marginalize import rag_token_logprob
 from rag_demo.reader.retries import Rejects
@@ -32,7 +32,7 @@ def choose_among_drafts(q: Prefilled, mixture: list[Hyp], rejects: Rejects | Non
                                                      q.stop)
     if ranked is None:
         cut = stopped or (q.stop() if q.stop is not None else None) or "stopped"
-        return Choice(mixture[0], note=f" (drafts stopped: {cut})")
+        return Choice(mixture[0], note=f" (drafts stopped: {cut})", fell_back=NO_DRAFTS)
     win, doc_lp, scores, bounded = ranked
     return Choice(cands[win], [(h.tokens, sc) for h, sc in zip(cands, scores)], doc_lp, bounded,
                   note=", with each doc's drafts")

@@ -120,10 +120,10 @@ class Serving:
         return cost
 
     def run(self, cost: Any, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
-        """How one request runs: each mode gets the time limit's share the estimate gives it (at
-        least a third of the limit; never less than the mode's own estimate), low priority when the
-        cost is heavy, its model steps through the shared gate, cancelled once the client has gone
-        (or `cancelled()` says so)."""
+        """How one request runs: each mode gets the time limit's share the estimate gives it
+        (`time_shares`: at least a third of the limit, and its own estimate where the limit
+        allows), low priority when the cost is heavy, its model steps through the shared gate,
+        cancelled once the client has gone (or `cancelled()` says so)."""
         from rag_demo.pipeline import Run
 
         gone = client_gone(self.queue, request)
@@ -136,14 +136,43 @@ class Serving:
 
 
 def time_shares(cost: Any, limit: float) -> dict[str, float]:
-    """Each mode's own share of the time limit (`limit`, seconds): proportional to its estimated
-    seconds, at least a third of the limit each, so that no mode pays for another's overrun (a
-    question's modes may then take up to about 5/3 of the limit in all)."""
+    """Each mode's own share of the time limit (`limit`, seconds), from its estimated seconds s_m:
+
+        share_m = max(limit / 3, a · s_m),   a = max(limit / Σ s, min(1, a*))
+
+    where a* is the factor that makes the shares add up to 5/3 of the limit. Every mode gets at
+    least a third of the limit, so that none pays for another's overrun; at least its share of
+    the limit in proportion to its estimate (a ≥ limit / Σ s); and its whole estimate whenever
+    the shares can still add up to no more than 5/3 of the limit (a = 1), so that a mode priced
+    above its proportional share, thorough RAG-Sequence's rescoring, gets the time it was priced
+    at rather than falling back. In all, a question's modes take at most 5/3 of the limit, the
+    bound the first two rules alone give."""
     per_mode = dict(getattr(cost, "per_mode", None) or {})
     if not per_mode:  # not priced: each mode may take the whole limit
         return {m: limit for m in MODES}
-    total = sum(per_mode.values()) or 1.0
-    return {m: max(limit / 3, limit * sec / total) for m, sec in per_mode.items()}
+    floor, total = limit / 3, sum(per_mode.values())
+    if total <= limit:  # proportional shares already give each mode more than its estimate
+        a = limit / (total or 1.0)
+    else:
+        a = min(1.0, _scale_to(per_mode, floor, 5 / 3 * limit))
+        a = max(a, limit / total)
+    return {m: max(floor, a * sec) for m, sec in per_mode.items()}
+
+
+def _scale_to(seconds: dict[str, float], floor: float, bound: float) -> float:
+    """The factor a with Σ_m max(floor, a · s_m) = bound (or inf when no factor reaches it): with
+    the j largest s_m above the floor, a = (bound - (n - j) · floor) / (their sum)."""
+    desc = sorted(seconds.values(), reverse=True)
+    n = len(desc)
+    for j in range(1, n + 1):
+        top = sum(desc[:j])
+        if top <= 0:
+            break
+        a = (bound - (n - j) * floor) / top
+        # consistent: the j largest are above the floor at this a, the others at or below it
+        if a * desc[j - 1] >= floor and (j == n or a * desc[j] <= floor):
+            return a
+    return float("inf")
 
 
 def within_defaults(settings: RagSettings) -> bool:

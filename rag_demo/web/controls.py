@@ -9,6 +9,7 @@ from __future__ import annotations
 import gradio as gr
 
 from rag_demo.config import KNOBS, PRESETS, KnobSpec, RagSettings
+from rag_demo.web import inputs
 
 
 def elem_id(name: str) -> str:
@@ -17,19 +18,20 @@ def elem_id(name: str) -> str:
 
 
 def knob_control(spec: KnobSpec, value) -> gr.components.Component:
-    """The control of one knob, showing `value`."""
+    """The control of one knob, showing `value`. What a client sends for it reaches RagSettings as it
+    came (web/inputs.py), which names a bad value, the knob's range and what to give."""
     common = {"label": spec.label, "info": spec.help, "elem_id": elem_id(spec.name)}
     if spec.kind == "bool":
-        return gr.Checkbox(value=value, **common)
+        return gr.Checkbox(value=value, **common)  # gradio hands a checkbox's value on as it came
     if spec.kind == "choice":
-        return gr.Radio(list(spec.choices), value=value, **common)
-    return gr.Slider(spec.lo, spec.hi, value=value, step=spec.step, **common)
+        return inputs.handed_on(gr.Radio(list(spec.choices), value=value, **common))
+    return inputs.handed_on(gr.Slider(spec.lo, spec.hi, value=value, step=spec.step, **common))
 
 
 def preset_switch(preset: str) -> gr.Radio:
     """Which preset runs: the paper's algorithm alone, or with the reader aids."""
-    return gr.Radio([(title, key) for key, title in PRESETS.items()], value=preset, show_label=False,
-                    container=False, elem_id="rag-preset")
+    return inputs.handed_on(gr.Radio([(title, key) for key, title in PRESETS.items()], value=preset,
+                                     show_label=False, container=False, elem_id="rag-preset"))
 
 
 def settings_controls(settings: RagSettings) -> dict[str, gr.components.Component]:

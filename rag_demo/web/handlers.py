@@ -35,7 +35,19 @@ from rag_demo.web.render import (
 )
 from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
-from rag_demo.web.validation import _settings, settings_from_inputs, check_passage_chosen, check_upload, user_errors, validate_ask, validate_edit
+from rag_demo.web.validation import (
+    _settings,
+    check_last_answers,
+    check_passage_chosen,
+    check_upload,
+    logs_refusals,
+    refusal,
+    settings_from_inputs,
+    user_errors,
+    validate_ask,
+    validate_edit,
+    wrong,
+)
 
 # /ask's arguments after the question, in their positional order: the order earlier clients call
 # with, then the preset, then every other knob in its declaration order (rag_demo/config.py), and
@@ -167,9 +179,10 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
         run = Run(cancelled=cancelled)
     answers: dict[str, dict] = {}
 
-    def step() -> None:
+    def step() -> None:  # what is done, not which mode runs next: the pipeline orders the modes
         if progress and len(answers) < len(MODES):
-            progress(len(answers) / len(MODES), desc=f"{MODE_TITLES[MODES[len(answers)]]}: retrieve, generate, attribute")
+            done = "".join(f", {MODE_TITLES[m]} done" for m in MODES if m in answers)
+            progress(len(answers) / len(MODES), desc=f"Answering in {len(MODES)} modes{done}")
 
     with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
         try:
@@ -515,6 +528,7 @@ class Handlers:
         return render_status(self.pool, s, pipe), gr.skip() if callable(building) and building() else gr.Timer(active=False)
 
     @page_event
+    @logs_refusals
     def ask_session(self, question, s, progress=gr.Progress(), request: gr.Request = None, **settings):
         """Answer in all three modes from this visitor's corpus (upload and edits included),
         streamed: the cards grow token by token, each final as soon as its mode is done, then the
@@ -538,6 +552,7 @@ class Handlers:
                 yield (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
     @_api(dict)
+    @logs_refusals
     def ask(self, *args, **kwargs) -> dict:
         """Answer one question with RAG-Sequence, RAG-Token and closed-book over a built-in corpus
         (no per-visitor state). Every knob is optional (None: the preset's value). Returns a dict:
@@ -555,10 +570,10 @@ class Handlers:
         """/ask's and /ask_stream's arguments -> (the pipeline of the stack and corpus asked for, the
         validated settings)."""
         if args["stack"] not in STACKS:
-            raise gr.Error(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
+            raise refusal(f"stack={args['stack']!r} is unknown: use one of {', '.join(STACKS)}.")
         corpus = args.get("corpus") or "builtin"
         if corpus not in ("builtin", *self.pool.corpora()):
-            raise gr.Error(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
+            raise refusal(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
         settings = _settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
                              **{n: args[n] for n in KNOBS})
         with user_errors():
@@ -566,6 +581,7 @@ class Handlers:
             return pipe, settings
 
     @_api(dict)
+    @logs_refusals
     def ask_stream(self, *args, **kwargs) -> dict:  # each value it yields (gr.api counts the outputs from this hint)
         """/ask, streamed: yields {"question", "stack", "corpus", "answers": {mode: dict}, "done":
         false} while the answers are decoded (each answer so far: RagPipeline.partial_answer's dict,
@@ -596,6 +612,7 @@ class Handlers:
                 esc(caveat(s.corpus, bool(s.edits))))
 
     @page_event
+    @logs_refusals
     def upload(self, files, s, progress=gr.Progress(), request: gr.Request = None):
         """Split the uploaded files into passages, embed them (progress bar) and answer from them."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
@@ -620,6 +637,7 @@ class Handlers:
         )
 
     @page_event
+    @logs_refusals
     def choose_corpus(self, choice, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this visitor between the stack's built-in corpus, the other built-in corpora (the
         CIA World Factbook: its index is built, with a progress bar, by the first visitor that
@@ -627,12 +645,15 @@ class Handlers:
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
         note = ""
+        if not isinstance(choice, str):
+            known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
+            raise refusal(str(wrong("choice", choice, f"the corpus to answer from: one of {known}")))
         if choice == "upload" and s.upload is None:
             note = "You have not uploaded any documents yet: upload files first."
             choice = "builtin"
         if choice not in ("builtin", "upload", *self.pool.corpora()):
             known = ", ".join(["builtin", *self.pool.corpora(), "upload"])
-            raise gr.Error(f"corpus {choice!r} is unknown: choose one of {known}.")
+            raise refusal(f"corpus {choice!r} is unknown: choose one of {known}.")
         if s.edits and choice != s.corpus:
             note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
@@ -646,14 +667,17 @@ class Handlers:
         )
 
     @page_event
+    @logs_refusals
     def choose_stack(self, stack, s, progress=gr.Progress(), request: gr.Request = None):
         """Switch this visitor's stack, loading it once (lazily, with progress). An unavailable
         stack is refused at once with the reason, said once, in the status line (not a pop-up:
         a pop-up per event showed the same warning twice), and the visitor stays where they were."""
         self.begin_run(request)  # a question still running is from before the switch: stop it
         s = self.fresh(s)
+        if not isinstance(stack, str):
+            raise refusal(str(wrong("stack", stack, f"the stack to answer with: one of {', '.join(STACKS)}")))
         if stack not in STACKS:
-            raise gr.Error(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
+            raise refusal(f"stack={stack!r} is unknown: use one of {', '.join(STACKS)}.")
 
         def stay(note: str = ""):
             return (render_status(self.pool, s, note=note), gr.Dropdown(choices=stack_choices(self.pool), value=s.stack),
@@ -682,6 +706,7 @@ class Handlers:
         return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))
 
     @page_event
+    @logs_refusals
     def edit_passage(self, pid, new_text, question, s, progress=gr.Progress(), request: gr.Request = None, *,
                      new_title=None, **settings):
         """Replace one passage's text (and title, if given) in this visitor's copy of the index
@@ -707,6 +732,7 @@ class Handlers:
         return (render_status(self.pool, s, pipe), *_ask_outputs(result, s))
 
     @page_event
+    @logs_refusals
     def without_passage(self, pid, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
         `pid` taken away; -> the comparison as data (`render_without` draws it on the page): per mode
@@ -714,12 +740,14 @@ class Handlers:
         s = self.fresh(s)
         with user_errors():
             pipe, s = session_pipeline(self.pool, s, progress)
+            raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
             progress(0.1, desc="Answering again without the passage")
             run = self.serving.run(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, run)  # the visitor's index: uploads and edits too
         return _finite(result), s
 
     @page_event
+    @logs_refusals
     def continue_mode(self, mode, raw, s, progress=gr.Progress(), request: gr.Request = None):
         """Finish a card that was cut (time limit, or stopped): answer its mode again over the same
         passages with the same settings, with the whole time limit for that one mode. -> its card,
@@ -727,8 +755,11 @@ class Handlers:
         turn = self.begin_run(request)
         s = self.fresh(s)
         with user_errors():
-            if not raw or mode not in (raw.get("answers") or {}):
-                raise ValueError(f"there is no {mode!r} answer to continue: ask a question first.")
+            raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
+            if mode not in MODES or mode not in raw["answers"]:
+                have = [m for m in MODES if m in raw["answers"]]
+                raise wrong("mode", mode, f"the mode of one of the last answers: {', '.join(have)}" if have else
+                            "a mode, once there is an answer: ask a question first")
             pipe, s = session_pipeline(self.pool, s, progress)
             settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
                                    **{n: v for n, v in raw["settings"].items() if n in KNOBS})
@@ -749,6 +780,7 @@ class Handlers:
         return (*cards, render_passages(answers, s.edits), raw, _stop(False), s)
 
     @page_event
+    @logs_refusals
     def reset_edits(self, s, request: gr.Request = None):
         """Drop this visitor's passage edits (back to the unedited corpus)."""
         self.begin_run(request)  # a question still running is from before the switch: stop it

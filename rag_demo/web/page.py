@@ -17,6 +17,7 @@ from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
+from rag_demo.web import inputs
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.handlers import Handlers, describe_api
 from rag_demo.web.results import ResultsHandlers, results_tab
@@ -53,11 +54,29 @@ def _diagram() -> str:
     return f'<div class="rag-diagram">{svg}</div>'
 
 
+# Screens narrower than this (CSS pixels) are phones: the answer cards sit below the question,
+# the corpus and the settings, off the screen, so asking scrolls to them (PAGE_JS).
+PHONE_MAX_PX = 700
+
 # Runs once when the page loads (launch(js=...)): a click on an answer token opens that token's
 # inspector panel in its card (render_inspector) instead of jumping to its passage; a second
-# click, or "close", hides it.
+# click, or "close", hides it. On a phone, Ask (or Enter in the question box) scrolls to the cards.
 PAGE_JS = """() => {
+    // On a phone the cards are off the screen when Ask is pressed: bring them into view, where
+    // they show at once that the answers are coming. Not for an empty or over-long question,
+    // whose message shows on the question box.
+    const toCards = () => {
+        const q = document.querySelector('#rag-question textarea, #rag-question input');
+        const n = [...((q && q.value) || '').trim()].length;
+        const cards = document.querySelector('#rag-cards');
+        if (window.innerWidth >= %(phone)d || n === 0 || n > %(max_chars)d || !cards) return;
+        cards.scrollIntoView({block: 'start', behavior: 'smooth'});
+    };
+    document.addEventListener('keydown', (ev) => {
+        if (ev.key === 'Enter' && !ev.shiftKey && ev.target.closest && ev.target.closest('#rag-question')) toCards();
+    }, true);
     document.addEventListener('click', (ev) => {
+        if (ev.target.closest('#rag-ask')) { toCards(); return; }
         const drop = ev.target.closest('button.rag-without-btn');
         if (drop) {  // "answer without it": hand the passage id to the hidden textbox, then press its button
             const box = document.querySelector('#rag-without-id textarea, #rag-without-id input');
@@ -119,7 +138,7 @@ PAGE_JS = """() => {
     };
     document.addEventListener('keydown', typed, true);
     document.addEventListener('blur', typed, true);
-}"""
+}""" % {"phone": PHONE_MAX_PX, "max_chars": MAX_QUESTION_CHARS}
 COUNTER_JS = """(q) => {
   const n = [...(q || "").trim()].length, limit = %d, over = n > limit;
   return `<div class="rag-qcount${over ? " rag-over" : ""}" data-n="${n}">${n.toLocaleString("en")} / ${
@@ -180,19 +199,20 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                         examples = gr.HTML('<div class="rag-lessons rag-placeholder">Lessons appear here once the '
                                            'models are ready.</div>', elem_id="rag-examples")
                     with gr.Column(scale=2):
-                        corpus_dd = gr.Dropdown(
+                        # handed on: a value that is no choice reaches the handler, which names it
+                        corpus_dd = inputs.handed_on(gr.Dropdown(
                             choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
                             label="Corpus (the non-parametric memory)", elem_id="rag-corpus",
-                        )
-                        stack_dd = gr.Dropdown(
+                        ))
+                        stack_dd = inputs.handed_on(gr.Dropdown(
                             choices=stack_choices(pool), value=default_stack, label="Model stack",
                             elem_id="rag-stack",
-                        )
+                        ))
                         with gr.Accordion("Upload your own documents", open=False, elem_id="rag-upload-acc"):
                             # no file_types: gradio would refuse another type while preprocessing the
                             # validator's input, a bare HTTP 400; check_upload names the types instead
-                            files = gr.File(
-                                file_count="multiple",
+                            # inputs.files: what is not a list of files reaches check_upload, which names it
+                            files = inputs.files(
                                 label=f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
                                 "in all", elem_id="rag-files",
                             )
@@ -309,8 +329,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         )
         gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
+        # its output is hidden data: the progress shows on the comparison it is drawn into, so the
+        # visitor sees the second run going rather than a page that seems to ignore the click
         without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
-                          api_name="without_passage", **model
+                          api_name="without_passage", show_progress_on=[without], **model
                           ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
                                  show_progress="hidden", api_visibility="private")
         continue_btn.click(h.continue_mode, inputs=[continue_mode, raw, session],

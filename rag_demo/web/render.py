@@ -222,18 +222,41 @@ def _fmt_lp(lp: float | None) -> str:
     return f"{lp:.3f}" if lp is not None and math.isfinite(lp) else "-inf"
 
 
-def card_head(mode: str) -> str:
+# What a card's head says when a stop made its mode run something other than its settings name
+# (Answer.fell_back): (the head's line, what happened, on hover).
+FELL_BACK = {
+    "fast_ranking": ("Stopped early: ranked the fast way, not as the paper does",
+                     "The time limit (or Stop) came before every candidate was rescored under every passage "
+                     "(thorough RAG-Sequence), so the candidates were ranked the fast way: each counted only under "
+                     "the passages that wrote it. “Answer this mode in full” runs it again with the whole time limit."),
+    "no_drafts": ("Stopped early: the passages' drafts were not weighed",
+                  "The time limit (or Stop) came before RAG-Token weighed each passage's own drafts, so the "
+                  "mixture's own answer stands. “Answer this mode in full” runs it again with the whole time limit."),
+}
+
+
+def card_head(mode: str, fell_back: str = "") -> str:
     """A card's head: the mode's name in its colour (config.MODE_COLOURS, the figures' colours too)
-    and its formula."""
+    and its formula; and, when a stop made the mode run something else (`fell_back`, Answer's),
+    a line saying so."""
+    line, why = FELL_BACK.get(fell_back, (f"Stopped early: ran {fell_back} instead", "")) if fell_back else ("", "")
+    note = (f'<div class="rag-fell-back" data-fell-back="{esc(fell_back)}" role="status" title="{esc(why)}">'
+            f"{esc(line)}</div>" if fell_back else "")
     return (f'<div class="rag-card-head" style="border-top: 4px solid {MODE_COLOURS[mode]}"><span class="rag-mode" '
             f'style="color: {MODE_COLOURS[mode]}">{esc(MODE_TITLES[mode])}</span>'
-            f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span></div>')
+            f'<span class="rag-formula">{esc(MODE_FORMULAS[mode])}</span>{note}</div>')
+
+
+def can_continue(a: dict) -> bool:
+    """Whether a card offers "Answer this mode in full": cut before its end (time limit, Stop), or
+    finished by something other than what its settings name (Answer.fell_back)."""
+    return a.get("stopped") in ("time_limit", "cancelled") or bool(a.get("fell_back"))
 
 
 def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None) -> str:
     """One answer card: answer text, score and timings, then coloured tokens and the heatmap."""
     mode = a["mode"] if a else mode
-    head = card_head(mode)
+    head = card_head(mode, (a or {}).get("fell_back") or "")
     if a is None:
         wait = '<div class="rag-placeholder">Ask a question to see this answer.</div>'
         return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
@@ -259,8 +282,9 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'title="{esc(decoding_tip(a["decoding"]))}">{esc(a["decoding"])}</span>{k}{stop}</div>'
     )
     cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
-    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta, render_timings(a["timings"], a.get("expected_seconds"))]
-    if a.get("stopped") in ("time_limit", "cancelled"):  # cut before its end: it can be finished
+    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta,
+             render_timings(a["timings"], a.get("expected_seconds"))]
+    if can_continue(a):  # cut, or finished another way: it can be answered in full
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
                      f'again from the start over the same passages, with the whole time limit for it">'
                      f'Answer this mode in full</button>')
@@ -461,11 +485,11 @@ def explain_modes(answers: dict[str, dict]) -> str:
     seq, tok, cb = answers.get("sequence"), answers.get("token"), answers.get("closed-book")
     if not seq or not tok or not tok.get("docs"):
         return ""
-    cut = [MODE_TITLES[m] for m, a in (("sequence", seq), ("token", tok)) if a.get("stopped") in ("time_limit", "cancelled")]
-    if cut:  # a cut answer is not the mode's answer: nothing to compare yet
+    cut = [MODE_TITLES[m] for m, a in (("sequence", seq), ("token", tok)) if can_continue(a)]
+    if cut:  # a cut answer, or one another algorithm gave, is not the mode's answer: nothing to compare yet
         which = " and ".join(cut)
         return (f'<div class="rag-why"><b>Compare the modes once both have finished:</b> {esc(which)} stopped '
-                "before its end; “Answer this mode in full” on the card finishes it.</div>")
+                "early; “Answer this mode in full” on the card finishes it.</div>")
     docs = tok["docs"]
     order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
     top = docs[order[0]]

@@ -1,15 +1,22 @@
-"""What the app checks before anything runs: questions, settings, passages to edit, uploads.
+"""What the app checks before anything runs: questions, settings, passages to edit, uploads, and
+what a client sends back.
 
 Owns the gradio validators (`validate_ask`, `validate_edit`, `validate_upload`: one
 `gr.validate` per input, run before the queue, so a bad input gets the library's message on its
-own box and nothing runs), the settings widgets' values turned into `RagSettings`, and
-`user_errors`, which turns the library's ValueErrors into `gr.Error` messages. The checks
-themselves are the library's (config.check_question, RagSettings, corpus.check_passage_text,
-corpus.load_documents); this module only routes their messages.
+own box and nothing runs), the settings widgets' values turned into `RagSettings`,
+`check_last_answers` (the last answers' JSON a client hands back), `wrong` (the message of an
+argument of the wrong type: its name, what it got, what to send), and how a request is refused:
+`user_errors` turns the library's ValueErrors into `refusal`s, gr.Errors gradio prints no
+traceback of, and `logs_refusals` logs each as one line naming its endpoint. The checks of
+questions, settings and documents are the library's (config.check_question, RagSettings,
+corpus.check_passage_text, corpus.load_documents); this module only routes their messages.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,19 +27,116 @@ import gradio as gr
 from rag_demo.config import RagSettings, check_question
 from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, check_passage_text, load_documents, supported_extensions
 from rag_demo.serving.session import Session
+from rag_demo.web.inputs import NotFiles
 
 MAX_UPLOAD_FILES = 20
+
+log = logging.getLogger(__name__)
+
+
+def refusal(message: str) -> gr.Error:
+    """A request refused, with the message its visitor sees. A refusal is the app's answer, not its
+    failure: gradio prints no traceback of it, and `logs_refusals` logs it in one line."""
+    return gr.Error(message, print_exception=False)
 
 
 @contextmanager
 def user_errors():
-    """Library ValueErrors become gr.Error: a visible message, and the app keeps serving."""
+    """Library ValueErrors become gr.Error (`refusal`): a visible message, and the app keeps serving."""
     try:
         yield
     except gr.Error:
         raise
     except ValueError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(str(e)) from e
+
+
+def logs_refusals(fn: Callable) -> Callable:
+    """An endpoint (a handler method; its name is its api_name) whose refusals, any gr.Error it
+    raises, each make one line in the server's log, "/name refused: message", and no traceback.
+    A generator stays a generator (gradio streams what a generator function yields)."""
+    name = fn.__name__
+
+    def say(e: gr.Error) -> None:
+        e.print_exception = False
+        # WARNING: the level Python's last-resort handler prints, so an app that configures no
+        # logging still writes the line
+        log.warning("/%s refused: %s", name, " ".join(str(e.message).split()))
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def streamed(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error as e:
+                say(e)
+                raise
+        return streamed
+
+    @functools.wraps(fn)
+    def called(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error as e:
+            say(e)
+            raise
+    return called
+
+
+def wrong(name: str, value: Any, want: str) -> ValueError:
+    """The ValueError of an argument a client sent with the wrong type: its name, what it got, what
+    to send."""
+    got = "nothing (None)" if value is None else f"{type(value).__name__} {_short(value)}"
+    return ValueError(f"{name} got {got}: send {want}.")
+
+
+def _short(value: Any, n: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+_NUMBER = (int, float)
+# What the handlers that take the last answers back (/without_passage, /continue_mode) read of
+# each answer and of each of its passages: (key, type, what to send)
+ANSWER_FIELDS = (("text", str, "its text"), ("corpus", str, "its corpus's name"), ("docs", list, "a list of passages"))
+DOC_FIELDS = (("id", str, "the passage id, a string"), ("rank", int, "its rank, a whole number"),
+              ("title", str, "its title, a string"), ("text", str, "its text, a string"),
+              ("score", _NUMBER, "its retrieval score, a number"), ("prior", _NUMBER, "its p(z|x), a number"))
+
+
+def check_last_answers(raw: Any, name: str = "raw") -> dict:
+    """The last answers' JSON that a client hands back (/without_passage, /continue_mode), as the
+    page holds it: /ask_session's `raw` output (/ask's dict), {"question": str, "settings": dict,
+    "answers": {mode: Answer.to_dict()}}; -> raw. A ValueError names the first part that is missing
+    or of another type, what it got and what to send."""
+    whole = "the last answers' JSON, the dict /ask_session returns as its raw output (or /ask returns)"
+    if raw is None:
+        raise ValueError(f"{name} got nothing (None): there is no answer yet; ask a question first, then send "
+                         f"{whole}.")
+
+    def need(value: Any, path: str, kind: Any, want: str) -> Any:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise wrong(path, value, f"{want}, as in {whole}")
+        return value
+
+    need(raw, name, dict, "a dict")
+    need(raw.get("question"), f'{name}["question"]', str, "the question, a string")
+    need(raw.get("settings"), f'{name}["settings"]', dict, "the settings, a dict")
+    for mode, a in need(raw.get("answers"), f'{name}["answers"]', dict, "a dict of answers by mode").items():
+        at = f'{name}["answers"][{mode!r}]'
+        need(a, at, dict, "an answer, a dict")
+        for key, kind, want in ANSWER_FIELDS:
+            need(a.get(key), f'{at}["{key}"]', kind, want)
+        for key in ("passage_drop", "doc_posterior"):  # one number (or null) per passage, when given
+            if a.get(key) is not None:
+                for x in need(a[key], f'{at}["{key}"]', list, "a list of numbers, one per passage"):
+                    if x is not None:
+                        need(x, f'{at}["{key}"]', _NUMBER, "a list of numbers, one per passage")
+        for i, d in enumerate(a["docs"]):
+            need(d, f'{at}["docs"][{i}]', dict, "a passage, a dict")
+            for key, kind, want in DOC_FIELDS:
+                need(d.get(key), f'{at}["docs"][{i}]["{key}"]', kind, want)
+    return raw
 
 
 def settings_from_inputs(**values: Any) -> RagSettings:
@@ -47,6 +151,8 @@ def check_passage_chosen(pid: object, s: Session | None = None) -> None:
     """A passage to edit is chosen and, given the session, is one of its last answer's passages."""
     if not pid:
         raise ValueError("No passage chosen: ask a question first, then pick one of its passages to edit.")
+    if not isinstance(pid, str):
+        raise wrong("pid", pid, "the id of one of your last answer's passages, a string such as 'Mars#0'")
     if s is not None and pid not in {i for i, _, _ in s.last_docs}:
         raise ValueError(
             f"passage {pid!r} is not one of the passages retrieved for your last question: ask a question, "
@@ -119,7 +225,13 @@ def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fi
 
 def check_upload(files: Any) -> Any:
     """The Corpus of an upload (files: paths or gradio file objects), or a ValueError naming the
-    problem and the fix: no file, too many, too large, or a file that cannot be read."""
+    problem and the fix: no file, too many, too large, a file that cannot be read, or what a client
+    sent that is not files (`inputs.NotFiles`)."""
+    if isinstance(files, NotFiles):
+        if files.value in (None, "", []):
+            files = None
+        else:
+            raise wrong("files", files.value, "one or more files, each as gradio_client's handle_file(path) makes it")
     paths = [getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
     if not paths:
         raise ValueError(f"No file uploaded: choose one or more files ({', '.join(supported_extensions())}).")
