@@ -29,7 +29,6 @@ import platform
 import random
 import statistics
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -488,7 +488,7 @@ def plain_vs_aided(df: pd.DataFrame, k: int = 5, retriever: str = "dense", metri
     mine = None
     if y_table is not None and not y_table.empty:
         mine = _yours(y_table, colour, x=x, y=y, tooltip=[alt.Tooltip("source:N", title="from"), *tip])
-    note = (f" Some seconds are after a smaller K, with kept states: faster than a first ask."
+    note = (" Some seconds are after a smaller K, with kept states: faster than a first ask."
             if (table["timing"] == KEPT).any() else "")
     return _finish(_layered(link, points, mine), f"Plain RAG against reader aids, K={k}",
                    "Up is more right answers, right is slower: each line joins a mode's plain and aided "

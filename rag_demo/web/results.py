@@ -18,10 +18,11 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS, RagSettings
+from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
 from rag_demo.measure.evaluate import read_qa, sample_items
 from rag_demo.serving.session import Session, session_pipeline
+from rag_demo.web.handlers import page_event
 from rag_demo.web.render import esc, fmt_seconds
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -142,6 +143,7 @@ class ResultsHandlers:
             flag.set()
         return '<div class="rag-sweep-status">Stopping after the answer being computed ...</div>'
 
+    @page_event
     def run(self, n, ks, modes, preset, retriever, metric, mine, s, request: gr.Request = None,
             progress=gr.Progress()) -> Iterator[tuple]:
         """A learner's sweep: (status, accuracy figure, recall figure, the learner's rows, set picker)
