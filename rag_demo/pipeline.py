@@ -469,15 +469,9 @@ class RagPipeline:
         pairs = [(p.title, p.text) for p in passages]
         # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
         qg = recase(q, pairs) if s.aids.recase_question else q
-        # each mode priced before any runs, from what the generators keep now (a re-ask: its prompts)
-        expected = {m: self._expected(m, modes, [prompt(self.stack.modes[m].generator, qg, p, s.decoding, s.aids)
-                                                 for p in passages], s) for m in modes}
         for mode in modes:
-            mm = self.stack.modes[mode]
-            if id(mm.generator) not in shared:  # its model calls timed: the estimates follow the speed
-                shared[id(mm.generator)] = SharedPrefill(Timed(mm.generator, self.cost_model, self.speed))
-            gen = shared[id(mm.generator)]
             # step 2b: the part of each passage the generator reads (focus.py; all of it by default)
+            mm = self.stack.modes[mode]
             key = id(mm.question_encoder)
             if key not in fed_for:
                 t0 = time.perf_counter()
@@ -486,7 +480,16 @@ class RagPipeline:
                     qv = mm.question_encoder.encode_questions([q])[0]  # (D,)
                     fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.aids.passage_sentences)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
-            fed, kept, focus_s = fed_for[key]
+        # each mode priced before any runs, over the prompts it will read, from what the generators keep now
+        expected = {m: self._expected(m, modes, [prompt(self.stack.modes[m].generator, qg, p, s.decoding, s.aids)
+                                                 for p in fed_for[id(self.stack.modes[m].question_encoder)][0]], s)
+                    for m in modes}
+        for mode in modes:
+            mm = self.stack.modes[mode]
+            if id(mm.generator) not in shared:  # its model calls timed: the estimates follow the speed
+                shared[id(mm.generator)] = SharedPrefill(Timed(mm.generator, self.cost_model, self.speed))
+            gen = shared[id(mm.generator)]
+            fed, kept, focus_s = fed_for[id(mm.question_encoder)]
             # the retriever's logits scale * q(x)·d(z) over the K passages; the doc log-prior is made
             # from them in the engine (rag.engine.prefill), where a reader aid may add the generator's vote
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
@@ -542,9 +545,13 @@ class RagPipeline:
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
             qg = recase(q, [(p.title, p.text) for p in r.passages]) if s.aids.recase_question else q
+            fed = r.passages
+            if s.aids.passage_sentences:  # priced over the sentences it will read (focus.py)
+                qv = self.stack.modes[group[0]].question_encoder.encode_questions([q])[0]  # (D,)
+                fed = focus_passages(qv, r.passages, self.stack.ctx_encoder, s.aids.passage_sentences)[0]
             for m in group:
                 gen = self.stack.modes[m].generator
-                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in r.passages], s)
+                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
         if "closed-book" in modes:
             gen = self.stack.modes["closed-book"].generator
             qg = recase(q) if s.aids.recase_question else q

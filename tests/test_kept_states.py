@@ -174,7 +174,10 @@ def test_answers_say_what_is_kept_and_a_reask_reads_it(three_passage_pipe, smoll
     again = pipe.answers(QUESTIONS[0], modes, s.merged(prior_temperature=2.0))
     for a in (*first.values(), *again.values()):
         assert set(a.kept) == {"passages", "hidden_states"}
-        assert all(0 < x["bytes"] <= x["max_bytes"] for x in a.kept.values())
+        assert all(0 <= x["bytes"] <= x["max_bytes"] for x in a.kept.values())
+    # closed-book runs first and reads no passage; the RAG answers after it leave both caches filled
+    for a in (first["sequence"], first["token"], *again.values()):
+        assert all(x["bytes"] > 0 for x in a.kept.values()), a.kept
     assert again["closed-book"].kept["hidden_states"]["hits"] > first["closed-book"].kept["hidden_states"]["hits"]
     assert again["sequence"].text == first["sequence"].text and gen.positions_run - ran < ran
 
