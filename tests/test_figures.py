@@ -324,3 +324,16 @@ def test_eval_plot_errors_are_exit_status_2(tmp_path, capsys):
     assert main(["eval", "--plot", str(tmp_path / "bad.jsonl")]) == 2
     assert main(["eval", "--plot-format", "html"]) == 2
     assert "add --plot" in capsys.readouterr().err
+
+
+def test_a_caption_names_every_command_that_filled_the_file_and_the_questions_drawn():
+    """A run filled by two commands (answers, then recall rows for more questions) is remade by
+    both, in order; the count is of the questions the figure draws, not the last command's."""
+    first = {**META, "command": "eval --sweep --k 1,5", "date": "2026-11-26"}
+    second = {**META, "command": "eval --sweep --modes none --k 20", "date": "2026-11-27"}
+    meta = {**second, "runs": [first, first, second]}  # a resumed command is named once
+    text = fig.caption(meta, questions=600)
+    assert "Rerun: eval --sweep --k 1,5 then eval --sweep --modes none --k 20" in text
+    assert "2026-11-26 to 2026-11-27" in text and "600 questions of" in text
+    rows = fig.tidy(pd.DataFrame(tidy_rows()))
+    assert fig.questions_drawn(rows, retrieval=False) == rows.loc[rows["mode"] != "retrieval", "question_id"].nunique()

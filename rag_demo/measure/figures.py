@@ -163,16 +163,23 @@ def load_meta(path: str | Path) -> dict:
     return meta
 
 
-def caption(meta: dict) -> str:
-    """The line under every figure: the question set and its size, the CPU, the date and the command."""
+def caption(meta: dict, questions: int | None = None) -> str:
+    """The line under every figure: the question set and its size (`questions`: those the figure
+    draws, where it knows them), the CPU, the date and the command."""
     if not meta:
         return "No RUN.meta.json beside this run: the command, CPU and date that made it are unknown."
-    qa, n = meta.get("qa"), meta.get("questions")
+    qa, n = meta.get("qa"), meta.get("questions") if questions is None else questions
     parts = [f"{n} questions of {qa}." if qa and n is not None else
              f"Questions of {qa}." if qa else f"{n} questions." if n is not None else "Question set not recorded."]
-    parts.append(f"CPU: {meta['cpu']}." if meta.get("cpu") else "CPU not recorded.")
-    parts.append(f"Run on {meta['date']}." if meta.get("date") else "Date not recorded.")
-    parts.append(f"Rerun: {meta['command']}" if meta.get("command") else "Command not recorded.")
+    runs = meta.get("runs") or [meta]
+    cpus = list(dict.fromkeys(r["cpu"] for r in runs if r.get("cpu")))
+    dates = sorted({r["date"] for r in runs if r.get("date")})
+    # a file filled by several commands (another K list, recall rows only) needs each of them to remake it
+    commands = list(dict.fromkeys(r["command"] for r in runs if r.get("command")))
+    parts.append(f"CPU: {'; '.join(cpus)}." if cpus else "CPU not recorded.")
+    parts.append(("Run on " + (dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}") + ".") if dates
+                 else "Date not recorded.")
+    parts.append(("Rerun: " + " then ".join(commands)) if commands else "Command not recorded.")
     return " ".join(parts)
 
 
@@ -609,19 +616,27 @@ def save_figure(chart, path: str | Path, note: str, fmt: str = "png") -> Path:
     return path
 
 
+def questions_drawn(rows: pd.DataFrame, retrieval: bool) -> int:
+    """How many questions a figure draws: those with retrieval rows (recall) or with answers."""
+    part = rows[rows["mode"] == "retrieval"] if retrieval else rows[rows["mode"] != "retrieval"]
+    return int(part["question_id"].nunique())
+
+
 def write_figures(run: str | Path, out_dir: str | Path | None = None, fmt: str = "png") -> list[Path]:
     """`eval --plot RUN`: every figure of the run, captioned with its meta file, into out_dir
     (default: RUN's stem + "_figures" beside it). Each question set in the run gets its own
     figures, prefixed with its name when there are several. Returns the paths written."""
     _check("format", fmt, FORMATS)
     run = Path(run)
-    rows, note = load_rows(run), caption(load_meta(run))
+    rows, meta = load_rows(run), load_meta(run)
     out = Path(out_dir) if out_dir is not None else run.with_name(run.stem + "_figures")
     out.mkdir(parents=True, exist_ok=True)
     sets = sorted(rows["qa"].dropna().unique())
     written = []
     for qa in sets:
         prefix = f"{qa}_" if len(sets) > 1 else ""
+        mine = rows[rows["qa"] == qa]
         for name, chart in figures(rows, qa=qa).items():
+            note = caption(meta, questions_drawn(mine, retrieval=name.startswith("recall")))
             written.append(save_figure(chart, out / f"{prefix}{name}.{fmt}", note, fmt))
     return written

@@ -63,8 +63,9 @@ def _rows(name: str) -> tuple[pd.DataFrame, dict]:
     return got if got is not None else (fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {})
 
 
-def _caption(meta: dict) -> str:
-    return f'<div class="rag-fig-caption">{esc(fig.caption(meta))}</div>'
+def _caption(meta: dict, rows: pd.DataFrame | None = None, retrieval: bool = False) -> str:
+    n = fig.questions_drawn(rows, retrieval) if rows is not None and len(rows) else None
+    return f'<div class="rag-fig-caption">{esc(fig.caption(meta, n))}</div>'
 
 
 def _mine(rows: list[dict] | None) -> pd.DataFrame | None:
@@ -84,10 +85,10 @@ def draw(name: str, metric: str, mine: list[dict] | None = None) -> tuple:
     reliability = fig.reliability(held) if held is not None else fig.reliability(rows.iloc[0:0])
     cues = (fig.cue_quality(held) if held is not None
             else pd.DataFrame(columns=["preset", "mode", "answers", "flagged", "wrong", "precision", "recall"]))
-    return (fig.accuracy_vs_k(rows, metric, extra=extra), _caption(meta),
-            fig.recall_vs_k(rows, extra=extra), _caption(meta),
-            fig.accuracy_given_retrieval(rows, k=k), _caption(meta),
-            fig.plain_vs_aided(rows, k=k), _caption(meta),
+    return (fig.accuracy_vs_k(rows, metric, extra=extra), _caption(meta, rows),
+            fig.recall_vs_k(rows, extra=extra), _caption(meta, rows, retrieval=True),
+            fig.accuracy_given_retrieval(rows, k=k), _caption(meta, rows),
+            fig.plain_vs_aided(rows, k=k), _caption(meta, rows),
             reliability, _caption(held_meta), cues)
 
 
