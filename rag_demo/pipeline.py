@@ -731,9 +731,13 @@ class RagPipeline:
                 # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
                 shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
                 drafts = "shared" if shared else "own"
+            # the aids that run the model again: echo retries decode again, context contrast reads the
+            # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
+            contrast = (len(prompt(gen, q, None, s.decoding, s.aids)) if s.aids.context_contrast and key[1] else 0)
             sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
                                                thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
-                                               cached_tokens=cached)
+                                               cached_tokens=cached, retries=s.aids.echo_retries,
+                                               contrast_tokens=contrast)
             sec *= self.speed.factor  # at the speed the generator runs now
             per_mode[mode] = sec
             seconds += sec
@@ -757,9 +761,7 @@ class RagPipeline:
                      f"RAG-Sequence {s.decoding.sequence_decoding}, modes {', '.join(modes)}")
             raise ValueError(
                 f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
-                + ("lower K, the beam size or max new tokens, or use fast RAG-Sequence decoding."
-                   if "sequence" in modes and s.decoding.sequence_decoding == "thorough" else
-                   "lower K, the beam size or max new tokens.")
+                + lower_what(s, modes)
             )
         return cost
 
@@ -784,6 +786,18 @@ class RagPipeline:
         self.answers(self.WARM_UP_QUESTION, ["token"], k=k)
         self.speed.settle()
         return time.perf_counter() - t0
+
+
+def lower_what(s: RagSettings, modes: list[str]) -> str:
+    """What to change to bring a request under the budget: the knobs that price it, those set."""
+    lower = ["K", "the beam size", "max new tokens"] + ([f"echo retries ({s.aids.echo_retries})"]
+                                                       if s.aids.echo_retries else [])
+    acts = ["lower " + ", ".join(lower[:-1]) + " or " + lower[-1]]
+    if s.aids.context_contrast:
+        acts.append("turn context-aware decoding off (0)")
+    if "sequence" in modes and s.decoding.sequence_decoding == "thorough":
+        acts.append("use fast RAG-Sequence decoding")
+    return (acts[0] if len(acts) == 1 else ", ".join(acts[:-1]) + ", or " + acts[-1]) + "."
 
 
 def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:

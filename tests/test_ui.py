@@ -526,8 +526,8 @@ def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budge
         def check_budget(self, q, modes, settings, budget):
             raise ValueError("This request (K=...) would need about 57 s of generation (limit 45 s)")
 
-        def estimate(self, q, modes, settings):
-            return Cost(57.0, 1, {})
+        def estimate(self, q, modes, settings):  # priced by K alone here; the defaults' K prices 57 s
+            return Cost(57.0 * settings.decoding.k / RagSettings().decoding.k, 1, {})
 
     serving = admission.Serving(budget=Budget())
     cost = serving.check(SlowCpu(), "q", RagSettings())
@@ -787,10 +787,6 @@ def test_modes_that_read_different_sentences_get_their_own_passage_tables():
     assert render.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
 
 
-def test_the_question_before_the_passage_is_costlier_than_the_defaults():
-    assert admission.within_defaults(RagSettings(question_position="after")) is True  # never longer than the default
-    assert admission.within_defaults(RagSettings(question_position="both")) is (DEFAULTS.aids.question_position == "both")
-
 
 
 # ---------------------------------------------------------------- the real app (offline models, 3 documents)
@@ -807,6 +803,32 @@ def small_pipe():
     stack = load_stack(StackSpec())
     index = build_index(corpus_from_documents("Test corpus", DOCS), stack.ctx_encoder)
     return RagPipeline(stack, index, RagSettings(**SMALL))
+
+
+def test_the_defaults_exemption_is_decided_by_cost_so_every_knob_counts(small_pipe):
+    """A server with a tiny budget (max_seconds 0.5) still answers each preset's defaults (they are
+    always admitted), and anything no costlier by the budget's own estimate; it refuses the aided
+    defaults with thorough RAG-Sequence, 5 echo retries and context contrast 4, naming its cost and
+    the knobs to lower (a list of fields compared K, beams and lengths only, and admitted it)."""
+    from rag_demo.serving.budget import Budget
+
+    serving, q = admission.Serving(budget=Budget(max_seconds=0.5)), "Who painted The Starry Night?"
+    for preset in ("paper", "aided"):
+        defaults = RagSettings(preset=preset)
+        assert small_pipe.estimate(q, list(MODES), defaults).seconds > 0.5  # over the budget: the exemption decides
+        assert serving.check(small_pipe, q, defaults).heavy is False
+        cheaper = defaults.merged(question_position="after", k=2)
+        assert serving.check(small_pipe, q, cheaper) is not None
+    costly = RagSettings(preset="aided", sequence_decoding="thorough", echo_retries=5, context_contrast=4)
+    with pytest.raises(ValueError) as e:
+        serving.check(small_pipe, q, costly)
+    said = str(e.value)
+    assert "s of generation (limit 0 s)" in said or "s of generation (limit 1 s)" in said, said
+    assert "echo retries (5)" in said and "context-aware decoding off" in said and "fast RAG-Sequence decoding" in said
+    # each of the three knobs alone is priced above the defaults
+    for knob in ({"sequence_decoding": "thorough"}, {"echo_retries": 5}, {"context_contrast": 4.0}):
+        assert small_pipe.estimate(q, list(MODES), RagSettings(preset="aided", **knob)).seconds > \
+            small_pipe.estimate(q, list(MODES), RagSettings(preset="aided")).seconds, knob
 
 
 @pytest.fixture(scope="module")

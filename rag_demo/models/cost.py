@@ -82,8 +82,12 @@ class CostModel:
 
     def request(self, dims: ModelDims, mode: str, k: int, beams: int, new_tokens: int, prompt_tokens: int,
                 thorough: bool = True, scoring_rows: int = 64, logits_chunk: int = 32 * 2**20,
-                drafts: str = "none", cached_tokens: int = 0) -> tuple[float, int]:
+                drafts: str = "none", cached_tokens: int = 0, retries: int = 0,
+                contrast_tokens: int = 0) -> tuple[float, int]:
         """(seconds, peak bytes) of one mode's answer, worst case (every output runs to new_tokens).
+        retries (ReaderAids.echo_retries): each rejected answer is decoded again from its prefill, so
+        the worst case decodes 1 + retries times. contrast_tokens (ReaderAids.context_contrast): the
+        prompt without passages, prefilled once and run beside every decoding row at each step.
         drafts (RAG-Token, RagSettings.token_drafts): "own" decodes each doc's drafts too, "shared"
         takes RAG-Sequence's (asked in the same request); either way its k·B + B candidates may be
         scored under all k docs (rank_by_rag_token's worst case). cached_tokens: prompt tokens of
@@ -104,12 +108,15 @@ class CostModel:
             cands = k * B if thorough else 1
             rows, prefill_rows, scored = k * B, k, k * cands
         prefilled = max(0, prefill_rows * S - cached_tokens)  # tokens the prefill runs
-        seconds = (prefilled * self.prefill_s_per_token
-                   + T * (self.step_s + rows * self.row_s)
-                   + (T * (self.step_s + draft_rows * self.row_s) if draft_rows else 0.0)
+        contrast_rows = rows if contrast_tokens else 0  # each row's logits without its passage too
+        decode = (T * (self.step_s + (rows + contrast_rows) * self.row_s)
+                  + (T * (self.step_s + draft_rows * self.row_s) if draft_rows else 0.0))
+        seconds = (prefilled * self.prefill_s_per_token + contrast_tokens * self.prefill_s_per_token
+                   + (1 + retries) * decode
                    + scored * T * self.score_s_per_token)
-        prefill_state = prefill_rows * S * kv
-        decoding = 2 * rows * (S + T) * kv + rows * step_logits  # a reorder copies the cache before freeing it
+        prefill_state = prefill_rows * S * kv + contrast_tokens * kv
+        # a reorder copies the cache before freeing it
+        decoding = 2 * rows * (S + T) * kv + 2 * contrast_rows * (contrast_tokens + T) * kv + rows * step_logits
         scoring = (min(batch or scored, scoring_rows) * (S + T) * kv + 4 * logits_chunk) if scored else 0
         peak = prefill_state + max(decoding, scoring)
         return seconds, int(peak)

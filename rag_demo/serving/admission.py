@@ -102,12 +102,13 @@ class Serving:
         try:
             cost = pipe.check_budget(question, list(MODES), settings, self.budget)
         except ValueError:
-            if not within_defaults(settings):
-                raise
-            # the page's defaults are always admitted (the time limit still bounds them): the
-            # estimate is a worst case calibrated at warm-up, and on a busy CPU it put the
-            # defaults themselves over max_seconds, which would refuse every ordinary question
+            # a request no costlier than its preset's defaults is always admitted (the time limit
+            # still bounds it): the estimate is a worst case calibrated at warm-up, and on a busy
+            # CPU it put the defaults themselves over max_seconds, which would refuse every
+            # ordinary question. "No costlier" is the same estimate, so every knob counts.
             cost = pipe.estimate(question, list(MODES), settings)
+            if not within_defaults(pipe, question, settings, cost):
+                raise
             cost.heavy = False
             return cost
         if cost.heavy:  # never expensive: a question no costlier than the page's default settings
@@ -175,13 +176,11 @@ def _scale_to(seconds: dict[str, float], floor: float, bound: float) -> float:
     return float("inf")
 
 
-def within_defaults(settings: RagSettings) -> bool:
-    """Whether `settings` cost no more than their preset's defaults in every dimension."""
-    d = RagSettings(preset=settings.preset)
-    return (settings.decoding.k <= d.decoding.k and settings.decoding.num_beams <= d.decoding.num_beams and settings.decoding.max_new_tokens <= d.decoding.max_new_tokens
-            and settings.decoding.max_doc_tokens <= d.decoding.max_doc_tokens
-            # "both" puts the question in every passage's prompt twice: longer than "after"
-            and settings.aids.question_position in (d.aids.question_position, "after"))
+def within_defaults(pipe: Any, question: str, settings: RagSettings, cost: Any) -> bool:
+    """Whether `cost` (the estimate of `settings`) is no more than the estimate of the preset's
+    defaults for the same question, in seconds and in memory."""
+    base = pipe.estimate(question, list(MODES), RagSettings(preset=settings.preset))
+    return cost.seconds <= base.seconds * (1 + 1e-9) and cost.peak_bytes <= base.peak_bytes
 
 
 def client_gone(queue_of: Callable[[], Any], request: Any) -> Callable[[], bool] | None:
