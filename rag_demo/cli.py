@@ -91,7 +91,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "again runs the model only where it reads something new (0: none; default 64)")
     p.add_argument("--rebuild-index", action="store_true", help="ignore the cached index and rebuild it")
     p.add_argument("--index-kind", default=StackSpec.index_kind, help=f"{', '.join(INDEX_KINDS)} (default auto: exact "
-                   "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/ann.py)")
+                   "flat while the vectors fit in 2 GB, else the compressed ivfpq; rag_demo/knowledge/ann.py)")
     p.add_argument("--index-rerank", type=int, default=StackSpec.index_rerank,
                    help="ivfpq: re-score the top N x k hits exactly (0: off; default 40)")
     p.add_argument("--corpus", default="vital", help=f"built-in corpus: {' or '.join(CORPORA)} (vital: Wikipedia "
@@ -101,7 +101,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_knowledge(p: argparse.ArgumentParser) -> None:
-    """A knowledge dataset in transformers' RAG format as the passages (rag_demo/knowledge.py)."""
+    """A knowledge dataset in transformers' RAG format as the passages (rag_demo/knowledge/hf_format.py)."""
     p.add_argument("--knowledge-dataset", help="use this knowledge dataset (a datasets save_to_disk folder with "
                    "title, text, embeddings: transformers' RAG format) with its stored vectors; needs --knowledge-index")
     p.add_argument("--knowledge-index", help="the FAISS index file of --knowledge-dataset "

@@ -1,4 +1,4 @@
-"""Index kinds (rag_demo/ann.py) and the scale benchmark's pieces (rag_demo/scale.py) on small
+"""Index kinds (rag_demo/knowledge/ann.py) and the scale benchmark's pieces (rag_demo/measure/scale.py) on small
 clustered vector sets: validation, each kind against exact search, the exact re-rank over a
 memory-mapped file, the synthetic vectors' promises, and the 21M projection's arithmetic."""
 from __future__ import annotations

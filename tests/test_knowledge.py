@@ -1,4 +1,4 @@
-"""transformers' RAG knowledge format, both ways (rag_demo/knowledge.py), against transformers'
+"""transformers' RAG knowledge format, both ways (rag_demo/knowledge/hf_format.py), against transformers'
 own `RagRetriever(index_name="custom")` on the tiny random DPR+BART checkpoints.
 
 Retrieval is compared as RAG uses it: the retriever's doc ids (rows) in rank order, and the doc

@@ -1,7 +1,7 @@
 """The passage index: inner-product search over passage vectors, cached on disk.
 
 Owns `PassageIndex` (a corpus, its (N, D) embeddings and a FAISS index: `IndexFlatIP`, exact,
-for demo-sized corpora; HNSW or compressed IVF-PQ for big ones, rag_demo/ann.py), the
+for demo-sized corpora; HNSW or compressed IVF-PQ for big ones, rag_demo/knowledge/ann.py), the
 per-session "edit a passage" copy, and the on-disk cache:
 `cache_dir/indexes/<key>/{index.faiss, embeddings.npy, meta.json}` where key =
 sha256(corpus fingerprint + encoder fingerprint [+ index kind])[:16]. A cache is written atomically (temp

@@ -1,4 +1,4 @@
-"""`bench --scale`: the index kinds (rag_demo/ann.py) at a million vectors, and projected to wiki_dpr.
+"""`bench --scale`: the index kinds (rag_demo/knowledge/ann.py) at a million vectors, and projected to wiki_dpr.
 
 Owns making a large, realistic vector set without embedding a million passages, measuring each
 index kind on it, and projecting memory to the paper's 21,015,300 passages. A script that
@@ -251,7 +251,7 @@ def run_scale(n: int, dims: list[int], say: Callable[[str], None] = print, out: 
                       f"{how['nn_cosines']} measured at {how['sizes']}, alpha {how['alpha']}; the set's own: "
                       f"{how['measured_nn_cosine']}); "
                       f"{len(queries)} real questions as queries; "
-                      "768-d by a fixed isometry + 10% isotropic noise (rag_demo/scale.py)"),
+                      "768-d by a fixed isometry + 10% isotropic noise (rag_demo/measure/scale.py)"),
              "cpu": f"{cpu}, {os.cpu_count()} cores", "load": [round(x, 2) for x in os.getloadavg()]}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

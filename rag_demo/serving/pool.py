@@ -3,7 +3,7 @@
 Owns `PipelinePool` (lazy loading with progress, the error of a stack that cannot load, the
 lock the app takes while it swaps indexes), the factory that loads a stack with the app's
 corpus, and the check of whether the paper stack's Hub checkpoints can be had at all. Imports
-no gradio: the page (ui.py) reads the pool's state and shows it.
+no gradio: the page (web/page.py, web/handlers.py) reads the pool's state and shows it.
 """
 from __future__ import annotations
 
