@@ -50,7 +50,7 @@ def active_index(s: Session, base: Any) -> Any:
     return base.index
 
 
-def _embed(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
+def embed_corpus(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
     """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder."""
     from rag_demo.knowledge.index import build_index
 
@@ -68,7 +68,7 @@ def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None =
     relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
     base = pool.get(s.stack, relay)
     if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
-        index = _embed(pool, base, s.upload, progress or (lambda *a, **k: None))
+        index = embed_corpus(pool, base, s.upload, progress or (lambda *a, **k: None))
         s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
     if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
         index = pool.corpus_index(s.stack, s.corpus, relay)

@@ -22,9 +22,9 @@ from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESET_OF_STACK, STACKS, 
 from rag_demo.serving import memory
 from rag_demo.serving.admission import Serving, throttled
 from rag_demo.serving.pool import PipelinePool
-from rag_demo.serving.session import Session, _embed, active_index, session_pipeline
+from rag_demo.serving.session import Session, embed_corpus, active_index, session_pipeline
 from rag_demo.web.render import (
-    _finite,
+    json_safe,
     anchors,
     esc,
     fmt_seconds,
@@ -36,7 +36,7 @@ from rag_demo.web.render import (
 from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, passage_choices, render_lessons, render_status, stack_choices
 from rag_demo.web.validation import (
-    _settings,
+    checked_settings,
     check_last_answers,
     check_passage_chosen,
     check_upload,
@@ -193,7 +193,7 @@ def _answering(pipe: Any, question: str, settings: RagSettings, progress=None, *
             for latest in throttled(events):
                 for mode, a in latest.items():
                     if not isinstance(a, dict) and mode not in answers:  # this mode's final Answer
-                        answers[mode] = _finite(a.to_dict())
+                        answers[mode] = json_safe(a.to_dict())
                         step()
                 if partials:
                     yield "partial", {m: {**answers[m], "final": True} if m in answers else a for m, a in latest.items()}
@@ -536,7 +536,7 @@ class Handlers:
         which writes nothing more to the page. `settings`: the controls' values by knob name."""
         turn = self.begin_run(request)
         s = self.fresh(s)
-        settings = _settings(**settings)
+        settings = checked_settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(self.pool, s, progress)
@@ -574,7 +574,7 @@ class Handlers:
         corpus = args.get("corpus") or "builtin"
         if corpus not in ("builtin", *self.pool.corpora()):
             raise refusal(f"corpus={corpus!r} is unknown: use one of {', '.join(['builtin', *self.pool.corpora()])}.")
-        settings = _settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
+        settings = checked_settings(preset=args["preset"] or PRESET_OF_STACK[args["stack"]],
                              **{n: args[n] for n in KNOBS})
         with user_errors():
             pipe, _ = session_pipeline(self.pool, Session(stack=args["stack"], corpus=corpus))
@@ -595,7 +595,7 @@ class Handlers:
         for kind, value in _answering(pipe, question, settings, serving=self.serving, request=request):
             if kind == "partial":
                 yield {"question": question, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-                       "answers": _finite(value), "done": False}
+                       "answers": json_safe(value), "done": False}
             else:
                 yield {**value[0], "done": True}
 
@@ -623,7 +623,7 @@ class Handlers:
             corpus = check_upload(files)
             base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
         t0 = time.perf_counter()
-        index = _embed(self.pool, base, corpus, progress)
+        index = embed_corpus(self.pool, base, corpus, progress)
         s = dataclasses.replace(
             s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
         )
@@ -715,7 +715,7 @@ class Handlers:
         s = self.fresh(s)
         with user_errors():
             check_passage_chosen(pid, s)
-        settings = _settings(**settings)
+        settings = checked_settings(**settings)
         with user_errors():
             check_question(question)
             pipe, s = session_pipeline(self.pool, s, progress)
@@ -744,7 +744,7 @@ class Handlers:
             progress(0.1, desc="Answering again without the passage")
             run = self.serving.run(None, request) if self.serving else None
             result = _answer_without(pipe, raw, pid, run)  # the visitor's index: uploads and edits too
-        return _finite(result), s
+        return json_safe(result), s
 
     @page_event
     @logs_refusals
@@ -773,7 +773,7 @@ class Handlers:
             a = _answer_again(pipe, raw, mode, settings, run)
         if turn.superseded():
             return tuple(gr.skip() for _ in range(len(MODES) + 4))
-        answers = {**raw["answers"], mode: _finite(a.to_dict())}
+        answers = {**raw["answers"], mode: json_safe(a.to_dict())}
         raw = {**raw, "answers": answers}
         anc = anchors(answers)
         cards = [render_answer(answers[m], anc.get(m, "rag-p-all-")) if m == mode else gr.skip() for m in MODES]

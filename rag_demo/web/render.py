@@ -79,14 +79,14 @@ def fmt_seconds(s: float) -> str:
     return f"{1000 * s:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _finite(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """JSON-safe copy: non-finite floats become None."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [json_safe(v) for v in x]
     return x
 
 

@@ -160,7 +160,8 @@ def check_passage_chosen(pid: object, s: Session | None = None) -> None:
         )
 
 
-def _settings(**values: Any) -> RagSettings:
+def checked_settings(**values: Any) -> RagSettings:
+    """settings_from_inputs, its ValueError made the page's gr.Error (user_errors)."""
     with user_errors():
         return settings_from_inputs(**values)
 

@@ -1,0 +1,28 @@
+"""The layout's rules a newcomer relies on: no module imports another module's private name, and
+every file a docstring or help text names exists."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rag_demo"
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rag_demo"):
+                found += [f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}"
+                          for a in node.names if a.name.startswith("_")]
+    assert not found, found
+
+
+def test_every_package_path_the_code_names_exists():
+    stale = []
+    for path in PACKAGE.rglob("*.py"):
+        for named in re.findall(r"\brag_demo/[\w/]+\.py\b", path.read_text(encoding="utf-8")):
+            if not (PACKAGE.parent / named).is_file():
+                stale.append(f"{path.relative_to(PACKAGE.parent)} names {named}")
+    assert not stale, stale
