@@ -3,7 +3,6 @@ the step gate, and memory-bounded teacher forcing. Tiny random DPR+BART checkpoi
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -187,32 +186,36 @@ def test_cancelled_request_stops_where_the_client_left(pipe, mode):
 
 
 def test_step_gate_serves_cheap_before_expensive_and_one_at_a_time():
+    """While one step runs, an expensive request queues, then a cheap one: the cheap one, later,
+    goes first, and nobody is ever inside with another (ordered by events, no sleeps)."""
     gate = StepGate()
     order: list[str] = []
     inside = []
-    start = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def holder():
         with gate.step(1):
-            start.set()
-            time.sleep(0.3)  # while this step runs, both others queue up
+            entered.set()
+            assert release.wait(10)  # while this step runs, both others queue up
             order.append("first")
 
-    def worker(name: str, prio: int, delay: float):
-        start.wait()
-        time.sleep(delay)
+    def worker(name: str, prio: int):
         with gate.step(prio):
             inside.append(name)
             assert len(inside) == 1  # nobody else inside
             order.append(name)
             inside.remove(name)
 
-    threads = [threading.Thread(target=holder), threading.Thread(target=worker, args=("expensive", 1, 0.0)),
-               threading.Thread(target=worker, args=("cheap", 0, 0.1))]
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert entered.wait(10)
+    for name, prio, queued in (("expensive", 1, 1), ("cheap", 0, 2)):
+        threads.append(threading.Thread(target=worker, args=(name, prio)))
+        threads[-1].start()
+        assert gate.wait_queued(queued, 10)  # it waits at the gate before the next one comes
+    release.set()
     for t in threads:
-        t.start()
-    for t in threads:
-        t.join(5)
+        t.join(10)
     assert order == ["first", "cheap", "expensive"]  # the cheap one came later but went first
 
 

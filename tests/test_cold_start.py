@@ -8,7 +8,6 @@ waits until the test lets it go."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -123,11 +122,8 @@ def test_warm_up_pauses_the_build(staged, monkeypatch):
 
     def calibrate(self, gen, **kw):
         gated.go.set()
-        deadline = time.monotonic() + 60
-        while build.done < 6 and time.monotonic() < deadline:  # the batch in flight finishes ...
-            time.sleep(0.05)
-        time.sleep(0.5)  # ... and nothing more: publishing the index would take milliseconds
-        seen.append((build.done, build.running, build.index is None))
+        assert build.held.wait(60)  # the batch in flight finishes, then the build waits out the pause ...
+        seen.append((build.done, build.running, build.index is None))  # ... without publishing the index
         return real(gen, rows=2, repeats=1)
 
     monkeypatch.setattr(type(pipe.cost_model), "calibrate", calibrate)

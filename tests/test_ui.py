@@ -298,12 +298,13 @@ class FakePipe:
 
 
 def test_pool_loads_each_stack_once_lazily_and_relays_progress():
-    calls = []
+    calls, loading, go = [], threading.Event(), threading.Event()
 
     def factory(stack, progress):
         calls.append(stack)
         progress(0.5, "half way")
-        time.sleep(0.3)
+        loading.set()
+        assert go.wait(10)  # still loading while the other visitors ask
         return FakePipe(stack)
 
     pool = PipelinePool(factory, unavailable=fake_unavailable)
@@ -311,8 +312,11 @@ def test_pool_loads_each_stack_once_lazily_and_relays_progress():
     seen, results = [], []
     threads = [threading.Thread(target=lambda: results.append(pool.get("offline", lambda f, m: seen.append(m))))
                for _ in range(4)]
-    for t in threads:
+    threads[0].start()
+    assert loading.wait(10)
+    for t in threads[1:]:
         t.start()
+    go.set()
     for t in threads:
         t.join(10)
     assert calls == ["offline"] and len(results) == 4 and len({id(r) for r in results}) == 1
@@ -346,14 +350,21 @@ def test_pool_reports_a_failed_load_and_can_retry():
 
 
 def test_page_load_streams_loading_progress_then_says_what_is_live():
+    shown = [threading.Event() for _ in range(3)]
+
     def factory(stack, progress):
         for i in range(3):
             progress(i / 3, f"step {i}")
-            time.sleep(0.4)
+            assert shown[i].wait(10)  # the next step only once the page has shown this one
         return FakePipe(stack)
 
     pool = PipelinePool(factory, unavailable=fake_unavailable)
-    steps = list(handlers.Handlers(pool).on_load(None))
+    steps = []
+    for step in handlers.Handlers(pool).on_load(None):
+        steps.append(step)
+        for i, said in enumerate(shown):
+            if f"step {i}" in step[0]:
+                said.set()
     statuses = [step[0] for step in steps]
     assert len(statuses) >= 3
     assert all("Loading the <b>offline</b> stack" in st and "rag-bar" in st for st in statuses[:-1])
@@ -454,21 +465,19 @@ def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
 
 
 def test_ready_only_after_warm_up():
-    warmed = threading.Event()
-    release = threading.Event()
+    warmed, release, said = threading.Event(), threading.Event(), threading.Event()
 
     class WarmPipe(FakePipe):
         def warm_up(self, progress=None):
             progress("answering one question in every mode")
+            said.set()
             release.wait(10)
             warmed.set()
             return 0.5
 
     pool = PipelinePool(lambda s, p: WarmPipe(s), unavailable=fake_unavailable)
     pool.start("offline")
-    deadline = time.monotonic() + 10
-    while "every mode" not in pool.progress("offline")[1] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert said.wait(10) and "every mode" in pool.progress("offline")[1]
     assert pool.loaded("offline") is None and pool.loading("offline")  # loaded, not yet warm: not ready
     status = session_view.render_status(pool, Session())
     assert "rag-loading" in status and "data-stack" not in status and "every mode" in status

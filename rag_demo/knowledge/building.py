@@ -41,6 +41,8 @@ class IndexBuild:
         self.rebuild, self.delay = rebuild, delay_per_passage
         self.total = len(corpus)
         self.done = 0  # passages embedded (or read back from checkpoints) so far
+        # set while the thread waits out a pause (`paused`) between batches: nothing is embedded then
+        self.held = threading.Event()
         self.index: PassageIndex | None = None
         self.info: IndexInfo | None = None
         self.error: str | None = None
@@ -125,7 +127,10 @@ class IndexBuild:
         if self.delay:
             time.sleep(self.delay * max(done - self.done, 0))
         self.done = done
+        if not self._go.is_set():
+            self.held.set()  # waiting out a pause after a finished batch (what `held` tells)
         self._go.wait()
+        self.held.clear()
 
     def _chunk(self, start: int, vectors: np.ndarray) -> None:
         with self._lock:

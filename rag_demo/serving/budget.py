@@ -69,6 +69,7 @@ class StepGate:
         with self._cv:
             me = (priority, next(self._tickets))
             heapq.heappush(self._waiting, me)
+            self._cv.notify_all()  # one watching the queue (`wait_queued`) sees the arrival
             while self._busy or self._waiting[0] != me:
                 self._cv.wait()
             heapq.heappop(self._waiting)
@@ -79,6 +80,11 @@ class StepGate:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
+
+    def wait_queued(self, n: int, timeout: float | None = None) -> bool:
+        """Block until at least n requests wait for the gate; False if `timeout` passes first."""
+        with self._cv:
+            return self._cv.wait_for(lambda: len(self._waiting) >= n, timeout)
 
     def gated(self, gen, priority: int = 0):
         """`gen` with its model calls taken through this gate at `priority`."""
