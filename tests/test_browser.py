@@ -252,6 +252,15 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     assert rows.first.locator(".rag-ptitle").inner_text().strip() == "seurat"
     assert "pointillism" in rows.first.locator(".rag-ptext").inner_text()
     assert any("Seurat" in a for a in answers.values()), answers
+    # where the answer came from: the words a RAG card copied are marked in their passage, tagged
+    # with the modes that copied them, and the mark is visibly highlighted
+    marks = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) mark.rag-span")
+    assert marks.count() >= 1
+    for i in range(marks.count()):
+        words, modes = marks.nth(i).inner_text().strip(), marks.nth(i).get_attribute("data-modes").split()
+        assert modes and all(words.lower() in answers[m].lower() for m in modes), (words, modes, answers)
+    colour = marks.first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert colour not in ("rgba(0, 0, 0, 0)", "transparent"), colour
     shot(page, "02-answer")
 
 
