@@ -106,7 +106,7 @@ def tiny_pipeline(**knobs):
 
     stack = tiny_stack()
     index, info = load_or_build_index(tiny_corpus(), stack.ctx_encoder, stack.spec.cache_dir)
-    return RagPipeline(stack, index, RagSettings(**{**TINY_KNOBS, **knobs}), info)
+    return RagPipeline(stack, index, RagSettings(**{"preset": "aided", **TINY_KNOBS, **knobs}), info)
 
 
 def tiny_run(path: str | Path, modes=("closed-book", "sequence", "token")) -> Path:

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe = RagPipeline.load(StackSpec(generator_dtype="float32"))
         questions = [json.loads(line)["question"] for line in _shared.DEV_QA.open(encoding="utf-8")][: args.n]
     gen = pipe.stack.modes["token"].generator
-    model, s = gen.model.float(), RagSettings()
+    model, s = gen.model.float(), RagSettings(preset="aided")
     sequences = []
     for q in questions:
         for p in pipe.retrieve(q, k=3).passages:

@@ -1,7 +1,8 @@
 """Settings, declared once: the paper's knobs, the reader aids, the two presets, and the model stacks.
 
-Every per-question setting is one `knob(...)` line below: its type, range, default (the `aided`
-preset's value), the `paper` preset's value, a label, one sentence of help and one of why. The
+Every per-question setting is one `knob(...)` line below: its type, range, default (the `paper`
+preset's value: `Decoding()`, `ReaderAids()` and `RagSettings()` are the paper), the `aided`
+preset's value, a label, one sentence of help and one of why. The
 command line (`cli.add_settings`), the page's controls (`web/controls.py`), the API's parameters
 (`web/handlers.py`) and the validation (pydantic, here) are all generated from these lines, so a
 new knob is one line here plus its use.
@@ -38,16 +39,17 @@ PRESET_OF_STACK = {"offline": "aided", "paper": "paper"}  # each stack's default
 
 # ---------------------------------------------------------------- declaring a knob
 
-def knob(aided: Any, *, label: str, help: str, why: str, paper: Any = ..., lo: float | None = None,
+def knob(paper: Any, *, label: str, help: str, why: str, aided: Any = ..., lo: float | None = None,
          hi: float | None = None, step: float | None = None, ends: tuple[str, str] = ("", ""),
          flag: str | None = None) -> Any:
-    """One setting's declaration: `aided` is its value in the aided preset (the class default),
-    `paper` its value in the paper preset (an aid's is its "off" value; left out: the same), lo..hi
-    its range and `step` the page's slider step, `ends` what its two ends mean (said when a value
-    is refused), `flag` its command-line flag (default --name-with-dashes)."""
-    extra = {"label": label, "why": why, "paper": aided if paper is ... else paper, "step": step, "ends": list(ends),
+    """One setting's declaration: `paper` is its value in the paper preset (the class default: a
+    group built with no arguments is the paper, an aid's is its "off" value), `aided` its value in
+    the aided preset (left out: the same), lo..hi its range and `step` the page's slider step,
+    `ends` what its two ends mean (said when a value is refused), `flag` its command-line flag
+    (default --name-with-dashes)."""
+    extra = {"label": label, "why": why, "aided": paper if aided is ... else aided, "step": step, "ends": list(ends),
              "flag": flag}
-    return Field(aided, ge=lo, le=hi, description=help, json_schema_extra=extra)
+    return Field(paper, ge=lo, le=hi, description=help, json_schema_extra=extra)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class Decoding(_Knobs):
     k: int = knob(5, lo=1, hi=20, step=1, label="Passages K",
                   help="How many passages the retriever hands the generator.",
                   why="The paper reads 5 to 10 passages at test time; each one more is a generator row per step.")
-    num_beams: int = knob(2, paper=1, lo=1, hi=8, step=1, flag="--beams", ends=("greedy", ""),
+    num_beams: int = knob(1, aided=2, lo=1, hi=8, step=1, flag="--beams", ends=("greedy", ""),
                           label="Beam size (1 = greedy)",
                           help="Hypotheses the search keeps at each step; 1 is greedy decoding.",
                           why="The paper decodes open-domain QA greedily; two beams find better answers for the "
@@ -112,8 +114,7 @@ class Decoding(_Knobs):
     max_new_tokens: int = knob(32, lo=1, hi=256, step=1, label="Max new tokens",
                                help="The longest answer, in generated tokens.",
                                why="Factoid answers fit in 32 tokens; longer only costs time.")
-    sequence_decoding: Literal["thorough", "fast"] = knob(
-        "fast", paper="thorough", flag="--decoding", label="RAG-Sequence decoding",
+    sequence_decoding: Literal["thorough", "fast"] = knob("thorough", aided="fast", flag="--decoding", label="RAG-Sequence decoding",
         help="thorough: rescore every candidate under every passage; fast: count a candidate only under "
              "the passages whose search wrote it (paper §2.5).",
         why="The paper uses thorough decoding for short answers; fast ranked the small reader's candidates "
@@ -129,8 +130,7 @@ class Decoding(_Knobs):
                                     help="p(z|x) = softmax(score / T): above 1 spreads the answer over more "
                                          "passages, below 1 leans on the top one.",
                                     why="1 is the retriever's own p(z|x); the slider shows how the modes mix.")
-    answer_style: Literal["short", "sentence"] = knob(
-        "short", paper="short", label="Answer style",
+    answer_style: Literal["short", "sentence"] = knob("short", label="Answer style",
         help="short: the prompt asks for the shortest phrase and the answer ends at its full stop; "
              "sentence: a full sentence (BART ignores it).",
         why="Exact match credits only short spans, the paper's answers are a few words, and the short "
@@ -154,11 +154,11 @@ class ReaderAids(_Knobs):
     prior, which candidates compete, which tokens the search may pick or which answer is kept,
     never how a kept answer is scored, so every log-probability stays the model's."""
 
-    worked_examples: int = knob(4, paper=0, lo=0, hi=4, step=1, ends=("none", ""), label="Worked examples",
+    worked_examples: int = knob(0, aided=4, lo=0, hi=4, step=1, ends=("none", ""), label="Worked examples",
                                 help="Invented passages answered in the answer style, shown before the question.",
                                 why="They show the task (name the asked-for thing, then stop); the K prompts "
                                     "share them, so they are computed once.")
-    question_weight: float = knob(0.5, paper=0.0, lo=0.0, hi=5.0, step=0.25,
+    question_weight: float = knob(0.0, aided=0.5, lo=0.0, hi=5.0, step=0.25,
                                   ends=("the retriever's p(z|x) alone", "the generator's vote counts that much"),
                                   label="Generator's vote on the passages",
                                   help="p(z|x) = softmax((score + w · log p(question | passage)) / T): the generator "
@@ -174,37 +174,37 @@ class ReaderAids(_Knobs):
                                   help="0 = the whole passage; n = the n sentences the retriever finds closest to "
                                        "the question.",
                                   why="Off by default: whole passages answered as well (docs/reader_results.md).")
-    extractive: bool = knob(True, paper=False, label="Copy the answer from a passage",
+    extractive: bool = knob(False, aided=True, label="Copy the answer from a passage",
                             help="Decoding may only continue a span of the passages (each its own in RAG-Sequence); "
                                  "scores stay the model's.",
                             why="The small reader otherwise mixes its own guesses into copied names and numbers.")
-    copy_min_prior: float = knob(0.05, paper=0.0, lo=0.0, hi=1.0, step=0.05,
+    copy_min_prior: float = knob(0.0, aided=0.05, lo=0.0, hi=1.0, step=0.05,
                                  ends=("copy from any of the K passages", "only from the most likely one"),
                                  label="RAG-Token copies from passages with p(z|x) at least",
                                  help="With extractive answers, RAG-Token copies only from passages the mixture "
                                       "reads (the most likely one always).",
                                  why="A passage at p(z|x) ≈ 0 adds nothing to the mixture; copying its words let the "
                                      "model's guesses through.")
-    echo_retries: int = knob(3, paper=0, lo=0, hi=5, step=1, ends=("keep answers that repeat the question", ""),
+    echo_retries: int = knob(0, aided=3, lo=0, hi=5, step=1, ends=("keep answers that repeat the question", ""),
                              label="Retry answers that only repeat the question",
                              help="An answer made of the question's words is decoded again with its first token "
                                   "banned, up to n times.",
                              why="The small reader often answers with its passage's subject, which the question "
                                  "already named.")
-    echo_subjects: bool = knob(True, paper=False, label="Also retry answers naming the question's subject",
+    echo_subjects: bool = knob(False, aided=True, label="Also retry answers naming the question's subject",
                                help="An answer that only names what the question is about (a retrieved passage's "
                                     "title the question names) is retried like an echo.",
                                why="'What did Alfred Nobel invent?' answered 'Alfred Nobel' is no answer.")
-    recase_question: bool = knob(True, paper=False, label="Case the question as the passages do",
+    recase_question: bool = knob(False, aided=True, label="Case the question as the passages do",
                                  help="A question typed in lower case reaches the generator cased as the retrieved "
                                       "passages write its words.",
                                  why="The small reader reads 'george eastman' as a weaker name than 'George Eastman'.")
-    token_drafts: bool = knob(True, paper=False, label="RAG-Token also weighs each passage's drafts",
+    token_drafts: bool = knob(False, aided=True, label="RAG-Token also weighs each passage's drafts",
                               help="RAG-Token ranks its beams and each passage's own drafts by its exact "
                                    "log p(y|x), not only its beams.",
                               why="The mixture's search only approximates its argmax; with extractive copies it "
                                   "misses answers the model scores higher.")
-    title_candidates: bool = knob(True, paper=False, label="Passage titles compete as answers",
+    title_candidates: bool = knob(False, aided=True, label="Passage titles compete as answers",
                                   help="With short answers each passage's title is also an answer of its passage, "
                                        "scored exactly.",
                                   why="The subject of a passage is often the answer, and a copying search can miss it.")
@@ -235,7 +235,7 @@ def _spec(name: str, group: str, f) -> KnobSpec:
     hi = next((m.le for m in f.metadata if isinstance(m, annotated_types.Le)), None)
     kind = _kind(f.annotation)
     choices = tuple(f.annotation.__args__) if kind == "choice" else ()
-    return KnobSpec(name, group, kind, f.default, extra["paper"], extra["label"], f.description, extra["why"], lo, hi,
+    return KnobSpec(name, group, kind, extra["aided"], f.default, extra["label"], f.description, extra["why"], lo, hi,
                     extra["step"], choices, tuple(extra["ends"]), extra["flag"] or "--" + name.replace("_", "-"))
 
 
@@ -290,7 +290,7 @@ class RagSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    preset: Literal["paper", "aided"] = "aided"
+    preset: Literal["paper", "aided"] = "paper"  # the reference; the aided preset is named where it is used
     decoding: Decoding = Field(default_factory=Decoding)
     aids: ReaderAids = Field(default_factory=ReaderAids)
 
@@ -307,7 +307,7 @@ class RagSettings(BaseModel):
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if v is not None}
-        preset = data.get("preset", "aided")
+        preset = data.get("preset", "paper")
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is unknown: use one of {', '.join(PRESETS)} "
                              f"({'; '.join(f'{p}: {d}' for p, d in PRESETS.items())}).")

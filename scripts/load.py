@@ -47,7 +47,7 @@ from rag_demo.serving.memory import peak_rss_bytes, rss_bytes  # noqa: E402 - to
 from rag_demo.web.session_view import VITAL_EXAMPLES  # noqa: E402 - torch-free
 
 # a cheap question: the offline stack's defaults, as the page asks them
-CHEAP = {n: getattr(RagSettings().decoding, n) for n in ("k", "num_beams", "max_new_tokens", "sequence_decoding")}
+CHEAP = {n: getattr(RagSettings(preset="aided").decoding, n) for n in ("k", "num_beams", "max_new_tokens", "sequence_decoding")}
 EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}
 EXPENSIVE_QUESTION = "Tell me everything about the history of the Roman Empire."
 BURST_QUESTIONS = VITAL_EXAMPLES + ("What is Mars?", "Who devised pointillism?")  # the app's examples + 2

@@ -92,7 +92,7 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
     spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
                      ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
     corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
-    pipe = RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=8))
+    pipe = RagPipeline.load(spec, corpus=corpus, settings=RagSettings(preset="aided", k=3, max_new_tokens=8))
     with torch.no_grad():  # -1e4 on the EOS logit
         for mm in pipe.stack.modes.values():
             mm.generator.model.final_logits_bias[..., mm.generator.eos_token_ids[0]] = -1e4

@@ -27,7 +27,7 @@ def pipe(tiny_ckpts, tmp_path_factory):
     spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
                      ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("cache"))
     corpus = corpus_from_documents("fixture", [(t, x, None) for t, x in fixture_passages()])
-    return RagPipeline.load(spec, corpus=corpus, settings=RagSettings(k=3, max_new_tokens=6))
+    return RagPipeline.load(spec, corpus=corpus, settings=RagSettings(preset="aided", k=3, max_new_tokens=6))
 
 
 # ---------------------------------------------------------------- the cost model
@@ -59,29 +59,29 @@ def test_cost_model_worked_example():
 
 def test_estimate_grows_with_every_knob(pipe):
     q = "who painted the starry night"
-    base = pipe.estimate(q, MODES, RagSettings(k=2, max_new_tokens=8))
+    base = pipe.estimate(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=8))
     for more in (dict(k=3), dict(num_beams=4), dict(max_new_tokens=64)):
-        bigger = pipe.estimate(q, MODES, RagSettings(**{"k": 2, "max_new_tokens": 8, **more}))
+        bigger = pipe.estimate(q, MODES, RagSettings(preset="aided", **{"k": 2, "max_new_tokens": 8, **more}))
         assert bigger.seconds > base.seconds and bigger.peak_bytes >= base.peak_bytes, more
     assert set(base.per_mode) == set(MODES) and base.seconds == pytest.approx(sum(base.per_mode.values()))
 
 
 def test_check_budget_refuses_with_what_was_asked_and_what_to_change(pipe):
     q = "who painted the starry night"
-    ok = pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget())
+    ok = pipe.check_budget(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=4, num_beams=1), Budget())
     assert not ok.heavy
     tight = Budget(max_seconds=ok.seconds / 2)
     with pytest.raises(ValueError, match=r"K=2, beams=1, max new tokens=4.*over this server's budget: lower K"):
-        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), tight)
+        pipe.check_budget(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=4, num_beams=1), tight)
     with pytest.raises(ValueError, match="GB of memory"):
-        pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(max_request_bytes=1))
+        pipe.check_budget(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=4, num_beams=1), Budget(max_request_bytes=1))
     # fast RAG-Sequence is suggested only where it would change something
     for decoding, suggested in (("fast", False), ("thorough", True)):
         with pytest.raises(ValueError) as err:
-            pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1, sequence_decoding=decoding),
+            pipe.check_budget(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=4, num_beams=1, sequence_decoding=decoding),
                               Budget(max_request_bytes=1))
         assert ("use fast RAG-Sequence decoding" in str(err.value)) is suggested, decoding
-    assert pipe.check_budget(q, MODES, RagSettings(k=2, max_new_tokens=4, num_beams=1), Budget(heavy_seconds=ok.seconds / 2)).heavy
+    assert pipe.check_budget(q, MODES, RagSettings(preset="aided", k=2, max_new_tokens=4, num_beams=1), Budget(heavy_seconds=ok.seconds / 2)).heavy
 
 
 def test_budget_rejects_bad_limits():
@@ -128,7 +128,7 @@ def no_eos(pipe):
 def test_past_deadline_stops_every_mode_and_says_so(pipe, beams):
     """Each mode's share of time already spent: each mode stops after its first step and marks the
     answer "time_limit"; thorough RAG-Sequence skips its rescoring and names what it did instead."""
-    s = RagSettings(k=3, num_beams=beams, max_new_tokens=50, sequence_decoding="thorough")
+    s = RagSettings(preset="aided", k=3, num_beams=beams, max_new_tokens=50, sequence_decoding="thorough")
     with no_eos(pipe):
         out = pipe.answers("who painted the starry night", MODES, s, Run(seconds={m: -1.0 for m in MODES}))
         free = pipe.answers("who painted the starry night", ["token"], s)["token"]
@@ -144,7 +144,7 @@ def test_a_mode_a_stop_made_run_something_else_says_what_it_ran(pipe):
     between steps) and the deadline first cuts what comes after them: thorough RAG-Sequence's
     rescoring (the fast ranking stands) and RAG-Token's drafts (the mixture's answer stands).
     Each answer names it in `fell_back`; the same request without a deadline ran as asked."""
-    s = RagSettings(k=3, num_beams=1, max_new_tokens=1, sequence_decoding="thorough", token_drafts=True)
+    s = RagSettings(preset="aided", k=3, num_beams=1, max_new_tokens=1, sequence_decoding="thorough", token_drafts=True)
     modes = ["sequence", "token"]
     cut = pipe.answers("who painted the starry night", modes, s, Run(seconds={m: -1.0 for m in modes}))
     assert cut["sequence"].fell_back == "fast_ranking" and "thorough stopped: time_limit" in cut["sequence"].decoding
@@ -179,7 +179,7 @@ def test_cancelled_request_stops_where_the_client_left(pipe, mode):
         return len(calls) >= 3
 
     with no_eos(pipe):
-        a = pipe.answer("who painted the starry night", mode, RagSettings(k=3, max_new_tokens=40),
+        a = pipe.answer("who painted the starry night", mode, RagSettings(preset="aided", k=3, max_new_tokens=40),
                         Run(cancelled=gone))
     assert a.stopped == "cancelled" and len(calls) == 3
     assert 2 <= len(a.token_ids) <= 3  # 3 generated tokens; a BART <s> among them is not shown
@@ -220,7 +220,7 @@ def test_step_gate_serves_cheap_before_expensive_and_one_at_a_time():
 
 
 def test_gated_answers_equal_ungated(pipe):
-    s = RagSettings(k=3, max_new_tokens=6)
+    s = RagSettings(preset="aided", k=3, max_new_tokens=6)
     a = pipe.answers("what is the capital of france", MODES, s)
     gate = StepGate()
     b = pipe.answers("what is the capital of france", MODES, s, Run(share=lambda gen: gate.gated(gen, 1)))

@@ -134,5 +134,5 @@ def test_the_pipeline_hands_the_engine_the_closed_book_prompt(tiny_offline, monk
 
 @pytest.fixture(scope="module")
 def tiny_offline(three_passage_pipe, gen):
-    settings = RagSettings(k=3, max_new_tokens=5, num_beams=1, worked_examples=0, answer_style="short", max_doc_tokens=64)
+    settings = RagSettings(preset="aided", k=3, max_new_tokens=5, num_beams=1, worked_examples=0, answer_style="short", max_doc_tokens=64)
     return three_passage_pipe(gen, PASSAGES, settings)

@@ -307,7 +307,7 @@ def test_the_pipeline_checks_answers_against_the_examples_it_prompted_with(tiny_
 
 @pytest.fixture(scope="module")
 def tiny_offline_echo(three_passage_pipe, gen):
-    return three_passage_pipe(gen, PASSAGES, RagSettings(k=3, max_new_tokens=5, num_beams=1, worked_examples=0))
+    return three_passage_pipe(gen, PASSAGES, RagSettings(preset="aided", k=3, max_new_tokens=5, num_beams=1, worked_examples=0))
 
 
 def test_the_pipeline_hands_the_subject_test_its_retrieved_passages_when_asked(tiny_offline_echo, monkeypatch):

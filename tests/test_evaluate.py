@@ -228,7 +228,7 @@ def tiny_pipe(tiny_ckpts, tmp_path_factory):
     paths = tiny_ckpts
     spec = StackSpec(name="paper", rag_token=str(paths["rag_token"]), rag_sequence=str(paths["rag_sequence"]),
                      ctx_encoder=str(paths["ctx_encoder"]), cache_dir=tmp_path_factory.mktemp("evalcache"))
-    settings = RagSettings(k=2, max_new_tokens=4)
+    settings = RagSettings(preset="aided", k=2, max_new_tokens=4)
     return RagPipeline.load(spec, corpus=corpus_from_documents("three", DOCS), settings=settings)
 
 
@@ -248,7 +248,7 @@ def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
     the 3-passage corpus, and the report prints and round-trips through JSON."""
     from rag_demo.config import RagSettings
 
-    settings = RagSettings(k=2, max_new_tokens=4)
+    settings = RagSettings(preset="aided", k=2, max_new_tokens=4)
     partial = tmp_path / "partial.json"
     report = ev.evaluate(tiny_pipe, QUESTIONS[:2], ["closed-book", "sequence", "token"], settings,
                          ["dense", "bm25"], progress=False, partial_path=partial)
@@ -299,7 +299,7 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
 
     qs = [ev.QAItem(q.question, q.answers, {**q.meta, "source": "A"}) for q in QUESTIONS[:2]]
     qs.append(ev.QAItem("Who wrote Hamlet?", ["Shakespeare"], {"type": "who", "source": "B"}))
-    report = ev.evaluate(tiny_pipe, qs, ["closed-book", "sequence", "token"], RagSettings(k=1, max_new_tokens=3),
+    report = ev.evaluate(tiny_pipe, qs, ["closed-book", "sequence", "token"], RagSettings(preset="aided", k=1, max_new_tokens=3),
                          ["dense", "bm25"], progress=False)
     by_row = {(g["mode"], g["retriever"].split(" ")[0]): g for g in report["generation"]}
     for mode in ("sequence", "token"):
@@ -321,7 +321,7 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
             assert row["docs"][0]["posterior"] in (None, pytest.approx(1.0))  # None: no shown token
     text = ev.format_report(report)
     assert "given retrieval" in text and "| RAG-Token | BM25 (bm25s, k1=1.5, b=0.75) | B | 1 |" in text
-    assert report["settings"]["answer_style"] == RagSettings().decoding.answer_style
+    assert report["settings"]["answer_style"] == RagSettings(preset="aided").decoding.answer_style
 
 
 def test_sample_items_is_deterministic_and_validated():

@@ -192,7 +192,7 @@ def test_pipeline_answers_from_a_loaded_knowledge_dataset(tiny_ckpts, script_kno
     k = load_knowledge(passages_path, index_path)
     spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),
                      ctx_encoder=str(tiny_ckpts["ctx_encoder"]), cache_dir=tmp_path / "cache")
-    pipe = RagPipeline.load(spec, settings=RagSettings(k=3, max_new_tokens=2), knowledge=k)
+    pipe = RagPipeline.load(spec, settings=RagSettings(preset="aided", k=3, max_new_tokens=2), knowledge=k)
     assert pipe.index is k.index and pipe.index_info.source == "knowledge dataset"
     assert not (tmp_path / "cache" / "indexes").exists()  # nothing embedded or cached
     r = pipe.retrieve(QUESTIONS[0], "token", 3)

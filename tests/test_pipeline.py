@@ -30,7 +30,7 @@ def _corpus() -> Corpus:
 @pytest.fixture(scope="module")
 def pipe(tiny_ckpts, tmp_path_factory):
     return RagPipeline.load(_spec(tiny_ckpts, tmp_path_factory.mktemp("cache")), corpus=_corpus(),
-                            settings=RagSettings(k=3, max_new_tokens=6))
+                            settings=RagSettings(preset="aided", k=3, max_new_tokens=6))
 
 
 def test_answer_structure_all_modes(pipe):

@@ -91,7 +91,7 @@ def tiny_offline(minilm, smollm_tokenizer_folder, tmp_path_factory):
                                        for m in ("token", "sequence", "closed-book")}, 0.0)
     corpus = corpus_from_documents("three", [(t, x, None) for t, x in DOCS])
     index, info = load_or_build_index(corpus, minilm, spec.cache_dir)
-    return RagPipeline(stack, index, RagSettings(k=3, max_new_tokens=5), info)
+    return RagPipeline(stack, index, RagSettings(preset="aided", k=3, max_new_tokens=5), info)
 
 
 def test_prior_temperature_is_the_softmax_of_scaled_scores_over_t(tiny_offline):
@@ -173,7 +173,7 @@ def test_shared_prefill_runs_once_and_changes_no_number(tiny_offline, monkeypatc
         counts.append(self)
 
     monkeypatch.setattr(G.SharedPrefill, "__init__", spy)
-    for s in (RagSettings(k=3, max_new_tokens=5), RagSettings(k=3, max_new_tokens=5, num_beams=2)):
+    for s in (RagSettings(preset="aided", k=3, max_new_tokens=5), RagSettings(preset="aided", k=3, max_new_tokens=5, num_beams=2)):
         both = tiny_offline.answers(Q, ["token", "sequence"], s)
         assert len(counts) == 1 and counts[0].prefills == 1  # one wrapper, one prefill, two modes
         counts.clear()
@@ -511,7 +511,7 @@ def test_the_cost_estimate_counts_token_drafts_once_per_question(tiny_offline):
     """pipeline.estimate: RAG-Token's drafts cost their decoding when it asks alone, only their
     ranking when RAG-Sequence (same generator) drafts them in the same request, nothing when off."""
     def token_s(modes, **kw):
-        return tiny_offline.estimate(Q, modes, RagSettings(**kw)).per_mode["token"]
+        return tiny_offline.estimate(Q, modes, RagSettings(preset="aided", **kw)).per_mode["token"]
 
     alone, shared, off = token_s(["token"]), token_s(["sequence", "token"]), token_s(["token"], token_drafts=False)
     assert alone > shared > off

@@ -9,13 +9,14 @@ from rag_demo.cli import build_parser, main, settings_from_args
 from rag_demo.config import KNOBS, PRESETS, RagSettings
 
 
-def _inside(spec):
-    """A value inside the knob's range that is not its aided default."""
+def _inside(spec, preset="paper"):
+    """A value inside the knob's range that is not its default in `preset`."""
+    default = spec.default(preset)
     if spec.kind == "bool":
-        return not spec.aided
+        return not default
     if spec.kind == "choice":
-        return next(c for c in spec.choices if c != spec.aided)
-    return spec.hi if spec.aided != spec.hi else spec.lo
+        return next(c for c in spec.choices if c != default)
+    return spec.hi if default != spec.hi else spec.lo
 
 
 @pytest.mark.parametrize("name", list(KNOBS))
@@ -59,7 +60,8 @@ def test_the_paper_preset_turns_every_aid_off_and_decodes_as_the_paper():
     assert (paper.decoding.num_beams, paper.decoding.sequence_decoding, paper.decoding.prior_temperature,
             paper.decoding.length_penalty) == (1, "thorough", 1.0, 0.0)
     assert paper.aids.worked_examples == 0 and paper.aids.question_weight == 0 and not paper.aids.token_drafts
-    aided = RagSettings()
+    assert RagSettings() == paper  # built with no arguments: the paper, the reference
+    aided = RagSettings(preset="aided")
     assert aided.preset == "aided" and set(aided.aids_on()) >= {"worked_examples", "question_weight", "extractive",
                                                                 "echo_retries", "token_drafts", "title_candidates"}
     # switching the preset resets every knob not given; a knob given is kept and reported as changed
@@ -80,10 +82,10 @@ def test_settings_say_what_ran_in_json():
 def test_every_knob_has_a_command_line_flag(command):
     parser = build_parser()
     none = parser.parse_args(command)
-    assert settings_from_args(none) == RagSettings()  # no flag: the offline stack's preset, aided
-    assert settings_from_args(parser.parse_args([*command, "--preset", "paper"])) == RagSettings(preset="paper")
+    assert settings_from_args(none) == RagSettings(preset="aided")  # no flag: the offline stack's preset
+    assert settings_from_args(parser.parse_args([*command, "--preset", "paper"])) == RagSettings()
     for name, spec in KNOBS.items():
-        v = _inside(spec)
+        v = _inside(spec, "aided")
         args = parser.parse_args([*command, spec.flag, str(v).lower() if spec.kind == "bool" else str(v)])
         assert settings_from_args(args).changed() == {name: v}, name
 
@@ -93,3 +95,15 @@ def test_a_bad_flag_value_exits_2_with_the_librarys_message(capsys):
     assert "answer_style='essay' is unknown" in capsys.readouterr().err
     assert main(["eval", "--qa", "assets/qa_dev.jsonl", "--beams", "2.5"]) == 2
     assert "num_beams=2.5 is not a whole number" in capsys.readouterr().err
+
+
+def test_the_core_built_with_no_arguments_is_the_paper():
+    """Defaults are the reference: `Decoding()` (what rag_token, rag_sequence and closed_book are
+    given), `ReaderAids()` and `RagSettings()` are the paper preset (greedy, thorough RAG-Sequence,
+    every aid off); the aided preset is only what is named so."""
+    from rag_demo.config import Decoding, ReaderAids
+
+    paper = RagSettings(preset="paper")
+    assert Decoding() == paper.decoding and ReaderAids() == paper.aids and RagSettings() == paper
+    assert (Decoding().num_beams, Decoding().sequence_decoding, Decoding().length_penalty) == (1, "thorough", 0.0)
+    assert RagSettings(preset="aided").aids_on() and RagSettings(preset="aided").decoding != Decoding()

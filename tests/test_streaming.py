@@ -143,7 +143,7 @@ def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pip
     the streamed answer's end, and the report prints a row per mode (not a timing test)."""
     from rag_demo.measure import bench
 
-    settings = RagSettings(k=3, max_new_tokens=8, num_beams=1)
+    settings = RagSettings(preset="aided", k=3, max_new_tokens=8, num_beams=1)
     lat = bench.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,
                         say=lambda msg: None)
     for mode, rec in lat.items():

@@ -45,7 +45,7 @@ DOCS = [
     ("Mars", "Mars is the fourth planet from the Sun.", None),
 ]
 SMALL = {"k": 2, "num_beams": 1, "max_new_tokens": 8, "sequence_decoding": "thorough"}
-DEFAULTS = RagSettings()  # the aided preset: the offline stack's
+DEFAULTS = RagSettings(preset="aided")  # the offline stack's preset, what the page starts with
 # every control as the page sends it: the preset switch, then each knob in its declaration order
 ALL = {**DEFAULTS.knobs(), "preset": DEFAULTS.preset}
 EDIT = {**dict(list(ALL.items())[:4]), "new_title": "Mars", **ALL}  # /edit_passage: the title after the first four
@@ -522,9 +522,9 @@ def test_questions_no_costlier_than_the_defaults_are_never_expensive():
             return Cost(8.0 * settings.decoding.k / 5 * settings.decoding.max_new_tokens / 32, 1, {})
 
     serving = admission.Serving(budget=Budget(heavy_seconds=6.0))
-    assert serving.check(Pipe(), "q", RagSettings()).heavy is False  # 8 s > 6 s, but it is the default
-    assert serving.check(Pipe(), "q", RagSettings(k=5, max_new_tokens=40)).heavy is False  # within 1.5x
-    assert serving.check(Pipe(), "q", RagSettings(k=20, max_new_tokens=128)).heavy is True
+    assert serving.check(Pipe(), "q", RagSettings(preset="aided")).heavy is False  # 8 s > 6 s, but it is the default
+    assert serving.check(Pipe(), "q", RagSettings(preset="aided", k=5, max_new_tokens=40)).heavy is False  # within 1.5x
+    assert serving.check(Pipe(), "q", RagSettings(preset="aided", k=20, max_new_tokens=128)).heavy is True
 
 
 def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budget():
@@ -536,14 +536,14 @@ def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budge
             raise ValueError("This request (K=...) would need about 57 s of generation (limit 45 s)")
 
         def estimate(self, q, modes, settings):  # priced by K alone here; the defaults' K prices 57 s
-            return Cost(57.0 * settings.decoding.k / RagSettings().decoding.k, 1, {})
+            return Cost(57.0 * settings.decoding.k / RagSettings(preset="aided").decoding.k, 1, {})
 
     serving = admission.Serving(budget=Budget())
-    cost = serving.check(SlowCpu(), "q", RagSettings())
+    cost = serving.check(SlowCpu(), "q", RagSettings(preset="aided"))
     assert cost.seconds == 57.0 and cost.heavy is False
-    assert serving.check(SlowCpu(), "q", RagSettings(k=2, max_new_tokens=8)).heavy is False
+    assert serving.check(SlowCpu(), "q", RagSettings(preset="aided", k=2, max_new_tokens=8)).heavy is False
     with pytest.raises(ValueError, match="would need about 57 s"):
-        serving.check(SlowCpu(), "q", RagSettings(k=6))
+        serving.check(SlowCpu(), "q", RagSettings(preset="aided", k=6))
 
 
 def test_client_gone_reads_the_queue_jobs_of_the_session():
@@ -811,7 +811,7 @@ def small_pipe():
 
     stack = load_stack(StackSpec())
     index = build_index(corpus_from_documents("Test corpus", DOCS), stack.ctx_encoder)
-    return RagPipeline(stack, index, RagSettings(**SMALL))
+    return RagPipeline(stack, index, RagSettings(preset="aided", **SMALL))
 
 
 def test_the_defaults_exemption_is_decided_by_cost_so_every_knob_counts(small_pipe):
