@@ -53,7 +53,7 @@ class PassagesOnly:
 def answer_label(on: bool):
     """While active (and `on`), the decoder-only generator's short-style user turns that hold a
     passage end with ANSWER_LABEL; the original `messages` is put back afterwards."""
-    from rag_demo.models.generators import DecoderOnlyGenerator as G
+    from rag_demo.models.decoder_only import DecoderOnlyGenerator as G
 
     if not on:
         yield

@@ -30,24 +30,24 @@ def smol_tiny(smollm_tokenizer_folder):
 
 
 def test_short_style_changes_the_prompt(smol_tiny):
-    from rag_demo.models import generators as G
+    from rag_demo.models import prompts as P
 
     short, sentence = smol_tiny.messages(Q, DOC, 192, "short"), smol_tiny.messages(Q, DOC, 192, "sentence")
-    assert short[0]["content"] == G.SHORT_SYSTEM_PROMPT and sentence[0]["content"] == G.SYSTEM_PROMPT
+    assert short[0]["content"] == P.SHORT_SYSTEM_PROMPT and sentence[0]["content"] == P.SYSTEM_PROMPT
     assert "shortest phrase" in short[0]["content"]
     assert "Port Amsel" in short[-1]["content"] and Q in short[-1]["content"]
     assert smol_tiny.prompt(Q, DOC, 192, "short") != smol_tiny.prompt(Q, DOC, 192, "sentence")
     # short opens the assistant turn with the cue; sentence leaves it to the model
-    cue = smol_tiny.tokenizer(G.SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
+    cue = smol_tiny.tokenizer(P.SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
     for doc in (DOC, None):
         ids = smol_tiny.prompt(Q, doc, 192, "short")
         assert ids[-len(cue):] == cue
-        assert smol_tiny.tokenizer.decode(ids).rstrip().endswith("assistant\n" + G.SHORT_ANSWER_CUE)
-        assert not smol_tiny.tokenizer.decode(smol_tiny.prompt(Q, doc, 192, "sentence")).rstrip().endswith(G.SHORT_ANSWER_CUE)
+        assert smol_tiny.tokenizer.decode(ids).rstrip().endswith("assistant\n" + P.SHORT_ANSWER_CUE)
+        assert not smol_tiny.tokenizer.decode(smol_tiny.prompt(Q, doc, 192, "sentence")).rstrip().endswith(P.SHORT_ANSWER_CUE)
     # closed-book asks for the same style, so the comparison with RAG stays fair
     cb_short, cb_sentence = smol_tiny.messages(Q, None, 192, "short"), smol_tiny.messages(Q, None, 192, "sentence")
-    assert cb_short[0]["content"] == G.SHORT_CLOSED_BOOK_SYSTEM_PROMPT
-    assert cb_sentence[0]["content"] == G.CLOSED_BOOK_SYSTEM_PROMPT
+    assert cb_short[0]["content"] == P.SHORT_CLOSED_BOOK_SYSTEM_PROMPT
+    assert cb_sentence[0]["content"] == P.CLOSED_BOOK_SYSTEM_PROMPT
     assert "Port Amsel" not in cb_short[-1]["content"]
 
 

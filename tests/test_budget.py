@@ -340,7 +340,7 @@ def test_kv_cache_grows_in_place_and_matches_concatenation(pipe):
     DynamicCache: identical next-token log-probs (same kernels on the same values: 1e-6)."""
     from transformers.cache_utils import DynamicCache
 
-    from rag_demo.models.generators import GrowingLayer
+    from rag_demo.models.kv_cache import GrowingLayer
 
     gen = pipe.stack.modes["token"].generator
     prompts = [gen.prompt("who painted it", p, 64) for p in pipe.index.corpus.passages[:2]]

@@ -86,7 +86,8 @@ from rag_demo.rag.decoding import Hyp, Rows, search
 from rag_demo.rag.hooks import PAPER
 from rag_demo.reader.drafts import rank_by_rag_token
 from rag_demo.reader.spans import SpanConstraint
-from rag_demo.models.generators import Generator, Span
+from rag_demo.models.generators import Generator
+from rag_demo.models.prompts import Span
 from rag_demo.rag.marginalize import doc_log_prior
 
 A, B, EOS, PAD = 0, 1, 2, 3

@@ -121,7 +121,7 @@ def test_reader_variants_answers_resumes_and_tabulates(exp, tmp_path, capsys):
     rv = exp("reader_variants")
     from rag_demo.config import RagSettings
     from rag_demo.knowledge.corpus import Passage
-    from rag_demo.models.generators import DecoderOnlyGenerator
+    from rag_demo.models.decoder_only import DecoderOnlyGenerator
     from rag_demo.reader.aided import prompt
 
     gen, s = exp("_shared").tiny_generator(), RagSettings(preset="paper")

@@ -335,7 +335,7 @@ def test_bench_times_each_generator_precision_in_one_run(three_passage_pipe, smo
     from copy import deepcopy
 
     from rag_demo.measure import bench
-    from rag_demo.models.generators import DecoderOnlyGenerator
+    from rag_demo.models.decoder_only import DecoderOnlyGenerator
     from rag_demo.models.random_models import tiny_smollm_generator
 
     gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1, seed=4)

@@ -14,7 +14,7 @@ from rag_demo.rag import engine
 from rag_demo.reader.examples import WORKED_EXAMPLES  # noqa: E402
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.knowledge.corpus import Passage  # noqa: E402
-from rag_demo.models.generators import shared_prefix  # noqa: E402
+from rag_demo.models.kv_cache import shared_prefix  # noqa: E402
 
 DOCS = [Passage(id="p1", title="Veltrania", text="Veltrania is an imaginary island. Its capital is Port Amsel."),
         Passage(id="p2", title="Orlan Vesk", text="Orlan Vesk was an invented painter, born in 1802 in Tarrow."),
@@ -104,7 +104,7 @@ def test_selected_rows_are_an_independent_copy_with_room_to_grow():
     """GrowingLayer.selected copies the chosen rows of its buffer once: the copy reads the same
     keys and values, grows without touching the source, and a layer transformers edited in place
     (no spare buffer) is still copied right."""
-    from rag_demo.models.generators import GrowingLayer
+    from rag_demo.models.kv_cache import GrowingLayer
 
     torch.manual_seed(0)
     src = GrowingLayer()
@@ -141,11 +141,11 @@ def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokeniz
     after single steps and along a teacher-forced run all equal the plain model's (transformers'
     SDPA, no cache) on each row's whole sequence, whichever of its two ways runs each call
     (EAGER_MAX_QUERIES); and selecting rows copies none of the prefix."""
-    from rag_demo.models import generators
-    from rag_demo.models.generators import SharedPrefixLayer
+    from rag_demo.models import kv_cache
+    from rag_demo.models.kv_cache import SharedPrefixLayer
     from rag_demo.models.random_models import tiny_smollm_generator
 
-    monkeypatch.setattr(generators, "EAGER_MAX_QUERIES", eager_max)
+    monkeypatch.setattr(kv_cache, "EAGER_MAX_QUERIES", eager_max)
 
     gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=kv_heads, seed=5)
     prompts = _prompts(gen, QUESTIONS[0])  # three lengths after the opening: rows are left-padded there

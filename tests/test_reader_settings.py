@@ -13,6 +13,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.models import generators as G  # noqa: E402
+from rag_demo.models import kv_cache as KV  # noqa: E402
+from rag_demo.models import prompts as P  # noqa: E402
 from rag_demo.config import KNOBS, RagSettings, StackSpec  # noqa: E402
 from rag_demo.knowledge.corpus import Passage, corpus_from_documents  # noqa: E402
 from rag_demo.knowledge.corpus import split_sentences  # noqa: E402
@@ -365,11 +367,11 @@ def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(ti
     gen = tiny_offline.stack.modes["token"].generator
     passages = [Passage(id=f"d#{i}", title=t, text=x) for i, (t, x) in enumerate(DOCS)]
     prompts = [gen.prompt(Q, p, 192, "short") for p in passages]
-    P = G.shared_prefix(prompts)
-    assert P >= G.MIN_SHARED_PREFIX and all(p[:P] == prompts[0][:P] for p in prompts)
+    P = KV.shared_prefix(prompts)
+    assert P >= KV.MIN_SHARED_PREFIX and all(p[:P] == prompts[0][:P] for p in prompts)
     assert prompts[0][P] != prompts[1][P] or prompts[0][P] != prompts[2][P]  # the longest shared prefix
-    assert G.shared_prefix(prompts[:1]) == 0 and G.shared_prefix([[1] * 40, [1] * 40], keep=1) == 39
-    assert G.shared_prefix([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # under MIN_SHARED_PREFIX: not worth a call
+    assert KV.shared_prefix(prompts[:1]) == 0 and KV.shared_prefix([[1] * 40, [1] * 40], keep=1) == 39
+    assert KV.shared_prefix([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # under MIN_SHARED_PREFIX: not worth a call
     calls = []
     real = gen.model.model.forward
     gen.model.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
@@ -396,7 +398,7 @@ def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
 
     assert KNOBS["worked_examples"].hi == len(WORKED_EXAMPLES)  # the knob reaches every example there is
     (t1, x1, q1, span1, sent1), (t2, _, q2, span2, _) = WORKED_EXAMPLES[:2]
-    for style, answer in (("short", f"{G.SHORT_ANSWER_CUE} {span1}."), ("sentence", sent1)):
+    for style, answer in (("short", f"{P.SHORT_ANSWER_CUE} {span1}."), ("sentence", sent1)):
         none, one, two = (gen.messages(Q, FLEMING, 192, style, examples=WORKED_EXAMPLES[:n]) for n in (0, 1, 2))
         assert len(none) == 2 and len(one) == 4 and len(two) == 6
         assert one[0] == none[0] and one[-1] == none[-1] and two[:3] == one[:3]  # examples go between
@@ -411,7 +413,7 @@ def test_worked_examples_open_every_prompt_in_the_answer_style(tiny_offline):
                for i, (t, x) in enumerate(DOCS)]
     opening = gen.tokenizer.apply_chat_template(gen.messages(Q, FLEMING, 192, "short", examples=WORKED_EXAMPLES[:2])[:5], tokenize=True)
     opening = opening["input_ids"] if hasattr(opening, "keys") else opening
-    assert G.shared_prefix(prompts) >= len(opening) - 1
+    assert KV.shared_prefix(prompts) >= len(opening) - 1
     a, b = tiny_offline.answer(Q, "token", worked_examples=0), tiny_offline.answer(Q, "token", worked_examples=2)
     assert a.sequence_logprob != b.sequence_logprob  # another model input
 

@@ -85,7 +85,7 @@ def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_ne
     from transformers import AutoTokenizer, DPRContextEncoder, RagSequenceForGeneration, RagTokenForGeneration, RagTokenizer
 
     from rag_demo.rag.engine import rag_sequence, rag_token
-    from rag_demo.models.generators import EncoderDecoderGenerator
+    from rag_demo.models.encoder_decoder import EncoderDecoderGenerator
 
     ctx = DPRContextEncoder.from_pretrained(str(paths["ctx_encoder"])).eval()
     ctx_tok = AutoTokenizer.from_pretrained(str(paths["ctx_encoder"]))

@@ -427,7 +427,7 @@ def tiny_smollm_generator(tokenizer_folder: Path, layers: int = 1, kv_heads: int
     Llama: prompts, stop tokens and spans are the real ones, decoding is cheap. For tests."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from rag_demo.models.generators import DecoderOnlyGenerator
+    from rag_demo.models.decoder_only import DecoderOnlyGenerator
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=layers,

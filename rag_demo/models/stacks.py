@@ -23,7 +23,9 @@ import torch
 
 from rag_demo.config import StackSpec
 from rag_demo.models.encoders import DPRPassageEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
-from rag_demo.models.generators import DecoderOnlyGenerator, EncoderDecoderGenerator, Generator
+from rag_demo.models.decoder_only import DecoderOnlyGenerator
+from rag_demo.models.encoder_decoder import EncoderDecoderGenerator
+from rag_demo.models.generators import Generator
 from rag_demo.models.kernels import onednn_linear
 from rag_demo.publish import publish_folder
 from rag_demo.models.hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
