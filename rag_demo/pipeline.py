@@ -7,8 +7,8 @@
     3 generate  RAG-Sequence | RAG-Token | closed-book (engine.py)
     4 attribute per-token posterior over the K passages (engine.py)
 
-Owns `Answer` (what the CLI prints and the UI renders; neither recomputes anything) and
-`RagPipeline` (a loaded stack + an index + default settings). Swapping the index is the
+Owns `RagPipeline` (a loaded stack + an index + default settings) and the answer flow; what an
+answer is lives in answer.py, what a request costs in pricing.py. Swapping the index is the
 paper's hot-swap: same models, different knowledge.
 """
 from __future__ import annotations
@@ -24,6 +24,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from rag_demo.answer import (
+    Answer, AnswerEvent, Listen, RetrievedDoc, cues, inspector_rows, kept_by, passage_drops, ranked_candidates, unread,
+)
 from rag_demo.confidence import judge, load_model
 from rag_demo.config import RagSettings, StackSpec, check_mode, check_question
 from rag_demo.knowledge.ann import expected_recall, settings_for
@@ -33,16 +36,15 @@ from rag_demo.knowledge.corpus import Corpus, Passage, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge
 from rag_demo.knowledge.index import IndexInfo, PassageIndex, load_cached_index, load_or_build_index
 from rag_demo.knowledge.retrievers import BM25WhileBuilding, DenseRetriever, choose
-from rag_demo.models.cost import Cost, CostFit, CostModel, Speed, Timed, model_dims
+from rag_demo.models.cost import Cost, CostFit, CostModel, Speed, Timed
 from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
+from rag_demo.pricing import Pricing
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from rag_demo.rag.hooks import PAPER
-from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob, token_posteriors
+from rag_demo.rag.marginalize import token_posteriors
 from rag_demo.reader.aided import AidedReader, prompt
 from rag_demo.reader.focus import focus_passages
-from rag_demo.reader.language import language_of
-from rag_demo.reader.text import occurs_in
 from rag_demo.reader.truecase import recase
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
@@ -83,99 +85,6 @@ class Run:
         return gen if self.share is None else self.share(gen)
 
 
-@dataclass(frozen=True)
-class AnswerEvent:
-    """One step of a question's answers: a mode's answer so far (`final` False: the dict of
-    RagPipeline.partial_answer, after a decoding step) or its finished `Answer`."""
-
-    mode: str
-    final: bool
-    answer: Any  # Answer when final, else a partial dict
-
-
-Listen = Callable[[dict], None]  # gets each partial answer dict
-
-
-@dataclass
-class RetrievedDoc:
-    rank: int  # 1-based
-    id: str
-    title: str
-    text: str
-    url: str | None
-    score: float  # retrieval inner product q(x)·d(z)
-    prior: float  # p(z|x) as every formula used it: the retriever's, with the generator's vote when that aid is on
-    retriever_prior: float  # the retriever's own p(z|x) = softmax_z(scale · q(x)·d(z) / T) over the K
-    # RagSettings.question_weight > 0 on a decoder-only generator: log p_G(question | passage),
-    # the generator's own log-likelihood of the question's tokens after this passage
-    question_logprob: float | None = None
-    # RagSettings.passage_sentences > 0: the indices of the sentences (corpus.split_sentences) the
-    # generator read; None: it read the whole passage
-    read_sentences: list[int] | None = None
-
-
-@dataclass
-class Answer:
-    question: str
-    mode: str
-    text: str
-    tokens: list[str]  # the text each displayed token adds (special tokens left out)
-    token_ids: list[int]
-    docs: list[RetrievedDoc]
-    token_doc_posteriors: list[list[float]]  # (T, K): row i is p(z | ...) for token i (docs/DESIGN.md §3.5)
-    top_docs: list[int]  # (T,) 0-based index into docs of the passage token i leans on most (row argmax)
-    doc_posterior: list[float] | None  # RAG-Sequence: p(z | x, y); RAG-Token: mean of the token rows shown
-    sequence_logprob: float  # log p(y|x) under the mode's model, every generated token counted
-    decoding: str
-    timings: dict[str, float]  # seconds: encode, retrieve, generate, attribute, total
-    stack: str
-    corpus: str
-    # RAG-Sequence, RAG-Token with token_drafts: [{"text", "logprob"}], "upper_bound": True where the number is one
-    candidates: list[dict] = field(default_factory=list)
-    stopped: str = "eos"  # why it ended: "eos", "max_new_tokens", "time_limit" (Budget), "cancelled"
-    # what a stop (time limit, cancel) made this mode run instead of what its settings name, "" when
-    # nothing: "fast_ranking" (thorough RAG-Sequence's rescoring skipped, the fast ranking stands),
-    # "no_drafts" (RAG-Token's passage drafts not weighed, the mixture's own answer stands)
-    fell_back: str = ""
-    # RAG modes, the token inspector: per shown token i, {"p_token": [p(y_i | x, z, y_<i) for
-    # each doc z], "top": per doc its top next tokens [[text, p], ...], "mix": RAG-Token's mixture's
-    # [[text, p], ...] or None}; recorded by the engine (engine.Inspection), nothing recomputed
-    inspector: list[dict] = field(default_factory=list)
-    # RAG modes: per retrieved passage z, how much log p(y|x) of this answer drops when z is taken
-    # away (p(z|x) renormalised over the rest; marginalize.logprob_without_each, no model pass);
-    # None where nothing would be left (K = 1). The faithfulness check of the attributions.
-    passage_drop: list[float | None] = field(default_factory=list)
-    # the question as the generator read it (RagSettings.recase_question); "" when as typed
-    read_question: str = ""
-    # what ran: the preset ("paper" or "aided", and its title), every knob, the aids that were on,
-    # the knobs changed from the preset (RagSettings.to_dict)
-    settings: dict = field(default_factory=dict)
-    # honest cues shown with the answer: [{"kind": "may_lack_answer" | "not_in_passages" | "not_english", "text"}]
-    cues: list = field(default_factory=list)
-    # which retriever chose the passages: "dense", or while the dense index is built in the
-    # background "bm25 (dense index building: 40%)"; "" when the caller gave them (answer_from) or
-    # none were read (closed-book)
-    retriever: str = ""
-    # the probability that this answer is right, from its own numbers (`signals`) and the model
-    # calibrated on questions nobody here wrote (rag_demo/confidence.py); None: no model for this
-    # stack, preset and mode
-    confidence: float | None = None
-    signals: dict = field(default_factory=dict)
-    # the seconds this mode was expected to take, priced before it ran from its own prompts and what
-    # the generator kept then (models.cost.CostModel.expected; timings["total"] is what it took)
-    expected_seconds: float | None = None
-    # the passages the retriever ranked just after the K read (K+1 ..): [{"rank", "id", "title",
-    # "text", "url", "score"}], what a larger K would have added; [] for closed-book and given passages
-    near_misses: list = field(default_factory=list)
-    # what the generator keeps for later questions, as this answer left it: {"passages": ...,
-    # "hidden_states": ...}, each {"bytes", "max_bytes", "hits", "misses"} (hits and misses since
-    # it loaded); {} for a generator that keeps nothing (BART)
-    kept: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 @dataclass
 class Retrieval:
     """Steps 1-2 for one question: the top K passages, best first."""
@@ -194,13 +103,7 @@ class Retrieval:
                 for i, (p, sc) in enumerate(zip(self.near, self.near_scores))]
 
 
-def kept_by(gen) -> dict:
-    """Answer.kept: the generator's caches for later questions (`Generator.kept_caches`), as they stand."""
-    return {name: {"bytes": st.bytes, "max_bytes": st.max_bytes, "hits": st.hits, "misses": st.misses}
-            for name, st in ((name, cache.stats()) for name, cache in gen.kept_caches().items())}
-
-
-class RagPipeline:
+class RagPipeline(Pricing):
     """A loaded stack, a retriever (its index), and default settings. Thread-compatible for reads."""
 
     def __init__(self, stack: LoadedStack, index: PassageIndex, settings: RagSettings | None = None,
@@ -535,43 +438,6 @@ class RagPipeline:
         answer.expected_seconds = expected
         return answer
 
-    def expect(self, question: str, modes: list[str], settings: RagSettings | None = None) -> dict[str, float]:
-        """Seconds each mode is expected to take for `question` as answers usually run (not the
-        worst case `estimate` prices for the budget): its passages retrieved (milliseconds) and its
-        prompts priced with what the generator keeps now, so a re-ask is priced as one."""
-        q = check_question(question)
-        s = settings or self.settings
-        out: dict[str, float] = {}
-        for group in self.modes_by_encoder(modes):
-            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
-            qg = recase(q, [(p.title, p.text) for p in r.passages]) if s.aids.recase_question else q
-            fed = r.passages
-            if s.aids.passage_sentences:  # priced over the sentences it will read (focus.py)
-                qv = self.stack.modes[group[0]].question_encoder.encode_questions([q])[0]  # (D,)
-                fed = focus_passages(qv, r.passages, self.stack.ctx_encoder, s.aids.passage_sentences)[0]
-            for m in group:
-                gen = self.stack.modes[m].generator
-                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
-        if "closed-book" in modes:
-            gen = self.stack.modes["closed-book"].generator
-            qg = recase(q) if s.aids.recase_question else q
-            out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
-        return {m: out[m] for m in modes if m in out}
-
-    def _expected(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
-        """The seconds `mode` is expected to take over these prompts (`CostModel.expected`), at the
-        speed the generator runs now, priced from what it keeps now."""
-        gen = self.stack.modes[mode].generator
-        drafts = "none"
-        if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
-            shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
-            drafts = "shared" if shared else "own"
-        d = s.decoding
-        return self.speed.factor * self.cost_model.expected(
-            model_dims(gen), mode, len(prompts), d.num_beams, d.max_new_tokens, max(len(p) for p in prompts),
-            self.cost_fit, s.preset, thorough=d.sequence_decoding == "thorough", drafts=drafts,
-            cached_tokens=gen.cached_tokens(prompts), prompts_kept=gen.prompts_kept(prompts))
-
     def _emitter(self, q: str, gen, listen: Listen | None,
                  docs_of: Callable[[Partial], list[RetrievedDoc]]) -> Callable[[Partial], None] | None:
         """The engine's streaming hook: each Partial made into `partial_answer`'s dict and handed
@@ -635,9 +501,9 @@ class RagPipeline:
             doc_posterior=doc_post,
             sequence_logprob=g.logprob, decoding=g.decoding, timings=timings,
             stack=self.stack.name, corpus=self.index.corpus.name,
-            candidates=_ranked_candidates(gen, g),
-            stopped=g.stopped, fell_back=g.fell_back, inspector=self._inspector(gen, g, shown),
-            passage_drop=self._drops(mode, g),
+            candidates=ranked_candidates(gen, g),
+            stopped=g.stopped, fell_back=g.fell_back, inspector=inspector_rows(gen, g, shown),
+            passage_drop=passage_drops(mode, g),
             read_question="" if read_q == q else read_q, settings=s.to_dict(),
             cues=(cues or []) + unread(text, docs, g.stopped), kept=kept_by(gen),
         )
@@ -656,114 +522,7 @@ class RagPipeline:
         if cue is not None:
             a.cues.insert(0, cue)
 
-    @staticmethod
-    def _drops(mode: str, g: Generation) -> list[float | None]:
-        """Answer.passage_drop: log p(y|x) over all K docs minus log p(y|x) without each doc."""
-        if g.doc_lp is None or g.prior is None or mode not in ("token", "sequence"):
-            return []
-        full = (rag_token_logprob if mode == "token" else rag_sequence_logprob)(g.doc_lp, g.prior)  # ()
-        without = logprob_without_each(g.doc_lp, g.prior, mode)  # (K,)
-        return [float(full - w) if torch.isfinite(w) else None for w in without]
-
-    @staticmethod
-    def _inspector(gen, g: Generation, shown: list[int]) -> list[dict]:
-        """Answer.inspector from the engine's Inspection and per-doc log-probs, shown tokens only."""
-        ins = g.inspection
-        if ins is None or g.doc_lp is None:
-            return []
-        pieces: dict[int, str] = {}
-
-        def named(ids: torch.Tensor, lps: torch.Tensor) -> list[list]:
-            return [[pieces.setdefault(i, gen.piece(i)), float(p)]
-                    for i, p in zip(ids.tolist(), lps.exp().tolist())]
-
-        out = []
-        for t in shown:
-            out.append({
-                "p_token": g.doc_lp[:, t].exp().tolist(),  # (K,)
-                "top": [named(ins.doc_top_ids[z, t], ins.doc_top_lp[z, t]) for z in range(ins.doc_top_ids.shape[0])],
-                "mix": named(ins.mix_top_ids[t], ins.mix_top_lp[t]) if ins.mix_top_ids is not None else None,
-            })
-        return out
-
-    # -- what a request costs -----------------------------------------------------
     WARM_UP_QUESTION = "What is the capital of France?"
-
-    def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None,
-                 passages: list[Passage] | None = None, **overrides) -> Cost:
-        """Time and peak extra memory of answering `question` in `modes`, before running it
-        (models.cost.CostModel; worst case: every answer runs to max_new_tokens, passages take their
-        whole max_doc_tokens, none is in the generator's passage cache). The modes run one after
-        another: seconds add, memory peaks once. Computed once per question, settings and cost
-        model: the server's checks before and after the queue ask for the same estimate.
-        `passages` (a question answered again on known passages, e.g. one taken away): priced as
-        their own prompts, without the passage tokens whose keys and values are kept now."""
-        q = check_question(question)
-        s = (settings or self.settings).merged(**overrides)
-        if passages is not None:  # what is kept changes from one request to the next: not memoised
-            return self._estimate(q, modes, s, passages)
-        key = (q, tuple(modes), s, id(self.cost_model), len(self.index), round(self.speed.factor, 1))
-        if key not in self._estimates:
-            if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
-                self._estimates.clear()
-            self._estimates[key] = self._estimate(q, modes, s)
-        return dataclasses.replace(self._estimates[key])  # a copy: callers mark it heavy
-
-    def _estimate(self, q: str, modes: list[str], s: RagSettings, passages: list[Passage] | None = None) -> Cost:
-        pairs = [(p.title, p.text) for p in passages or []]
-        q = recase(q, pairs) if s.aids.recase_question else q  # "?" added: what the generator reads
-        k = min(s.decoding.k, len(self.index)) if passages is None else len(passages)
-        seconds, peak, per_mode = 0.0, 0, {}
-        longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
-        lengths: dict[tuple[int, bool], tuple[int, int]] = {}  # (generator, with a passage) -> (prompt, kept) tokens
-        for mode in [check_mode(m) for m in modes]:
-            gen = self.stack.modes[mode].generator
-            key = (id(gen), mode != "closed-book")
-            if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
-                if key[1] and passages is not None:  # these passages' own prompts, less what is kept of them
-                    prompts = [prompt(gen, q, p, s.decoding, s.aids) for p in passages]
-                    lengths[key] = (max(len(p) for p in prompts), gen.cached_tokens(prompts))
-                else:  # the longest a passage can make it
-                    lengths[key] = (len(prompt(gen, q, longest if key[1] else None, s.decoding, s.aids)), 0)
-            prompt_tokens, cached = lengths[key]
-            drafts = "none"
-            if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
-                # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
-                shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
-                drafts = "shared" if shared else "own"
-            # the aids that run the model again: echo retries decode again, context contrast reads the
-            # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
-            contrast = (len(prompt(gen, q, None, s.decoding, s.aids)) if s.aids.context_contrast and key[1] else 0)
-            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
-                                               thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
-                                               cached_tokens=cached, retries=s.aids.echo_retries,
-                                               contrast_tokens=contrast)
-            sec *= self.speed.factor  # at the speed the generator runs now
-            per_mode[mode] = sec
-            seconds += sec
-            peak = max(peak, byt)
-        return Cost(seconds, peak, per_mode)
-
-    def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Any,
-                     **overrides) -> Cost:
-        """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
-        asked, what it would cost and what to change."""
-        s = (settings or self.settings).merged(**overrides)
-        cost = self.estimate(question, modes, s)
-        cost.heavy = cost.seconds > budget.heavy_seconds
-        over = []
-        if cost.seconds > budget.max_seconds:
-            over.append(f"{cost.seconds:.0f} s of generation (limit {budget.max_seconds:.0f} s)")
-        if cost.peak_bytes > budget.max_request_bytes:
-            over.append(f"{cost.peak_bytes / 2**30:.1f} GB of memory (limit {budget.max_request_bytes / 2**30:.1f} GB)")
-        if over:
-            asked = (f"K={s.decoding.k}, beams={s.decoding.num_beams}, max new tokens={s.decoding.max_new_tokens}, "
-                     f"RAG-Sequence {s.decoding.sequence_decoding}, modes {', '.join(modes)}")
-            raise ValueError(
-                f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
-                + lower_what(s, modes)
-            )
-        return cost
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> float:
         """Answer one question in every mode (first-call allocations, lazy inits) and calibrate the
@@ -786,48 +545,6 @@ class RagPipeline:
         self.answers(self.WARM_UP_QUESTION, ["token"], k=k)
         self.speed.settle()
         return time.perf_counter() - t0
-
-
-def lower_what(s: RagSettings, modes: list[str]) -> str:
-    """What to change to bring a request under the budget: the knobs that price it, those set."""
-    lower = ["K", "the beam size", "max new tokens"] + ([f"echo retries ({s.aids.echo_retries})"]
-                                                       if s.aids.echo_retries else [])
-    acts = ["lower " + ", ".join(lower[:-1]) + " or " + lower[-1]]
-    if s.aids.context_contrast:
-        acts.append("turn context-aware decoding off (0)")
-    if "sequence" in modes and s.decoding.sequence_decoding == "thorough":
-        acts.append("use fast RAG-Sequence decoding")
-    return (acts[0] if len(acts) == 1 else ", ".join(acts[:-1]) + ", or " + acts[-1]) + "."
-
-
-def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
-    """What a learner should be told beside an answer: that the question does not look English
-    (the models read English only), and, for a RAG answer, that its passages may not hold the
-    answer (the best retrieval score is below the retriever's calibrated `doubt_below`)."""
-    out = []
-    lang = language_of(question)
-    if lang != "English":
-        out.append({"kind": "not_english", "text": f"This question seems to be in {lang}: the models here read English only, "
-                    "so the answer is likely a guess. Ask in English."})
-    if mm is not None and mm.doubt_below is not None and len(scores):
-        best = float(max(scores))
-        if best < mm.doubt_below:
-            out.append({"kind": "may_lack_answer", "text": f"Retrieval cue: the passages may not hold the answer. "
-                        f"The best one matches the question at {best:.2f}, below {mm.doubt_below:.2f}, where the "
-                        "retrieved passages mostly lacked the answer. The generator answers anyway."})
-    return out
-
-
-def unread(text: str, docs: list, stopped: str = "eos") -> list[dict]:
-    """The cue of a RAG answer none of whose passages holds its words (as a run of tokens): the
-    generator wrote it from its weights, or rephrased; nothing for a cut or empty answer."""
-    answer = text.strip().rstrip(".")
-    if not docs or not answer or stopped in ("time_limit", "cancelled"):
-        return []
-    if any(occurs_in(answer, f"{d.title} {d.text}") for d in docs):
-        return []
-    return [{"kind": "not_in_passages", "text": "No passage contains these words: the generator wrote this answer "
-             "from its own weights (or rephrased a passage). Check it against the passages below."}]
 
 
 def _either(a: Callable[[], bool] | None, b: Callable[[], bool]) -> Callable[[], bool]:
@@ -867,15 +584,3 @@ def _threaded(events: Callable[[Listen, Callable[[], bool]], Iterator[AnswerEven
         worker.join()
 
 
-def _ranked_candidates(gen, g: Generation) -> list[dict]:
-    """Answer.candidates: the candidates the engine weighed, best score first, one a text (two
-    tokenizations of the same words, a passage's copy and its title, show once: the better); a
-    RAG-Token candidate left behind by the ranking's branch and bound carries its upper bound."""
-    rows = sorted(((gen.decode(t), lp, i in g.bounded) for i, (t, lp) in enumerate(g.candidates)),
-                  key=lambda r: -r[1])
-    out, seen = [], set()
-    for text, lp, bounded in rows:
-        if text.strip() not in seen:
-            seen.add(text.strip())
-            out.append({"text": text, "logprob": lp, **({"upper_bound": True} if bounded else {})})
-    return out

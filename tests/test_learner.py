@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from rag_demo.models.cost import CostModel, Speed, Timed
-from rag_demo.pipeline import cues, unread
+from rag_demo.answer import cues, unread
 from rag_demo.reader.language import language_of
 from rag_demo.serving.admission import time_shares
 from rag_demo.web.render import explain_modes, render_answer, render_passages, render_tokens

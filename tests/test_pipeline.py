@@ -63,12 +63,12 @@ def test_candidates_come_best_first_one_a_text(pipe):
     Generation.candidates keeps apart. The table below puts a worse duplicate and a better
     candidate out of order, as the engine may list them."""
     from rag_demo.rag.engine import Generation
-    from rag_demo.pipeline import _ranked_candidates
+    from rag_demo.answer import ranked_candidates
     gen = pipe.stack.modes["token"].generator
     a, b = gen.tokenizer.encode(" Paris", add_special_tokens=False), gen.tokenizer.encode(" Rome", add_special_tokens=False)
     g = Generation(b, -1.0, "test", None, None, candidates=[(a, -3.0), (b, -1.0), (a + [], -2.0), (b, -4.0)],
                    bounded={0})
-    out = _ranked_candidates(gen, g)
+    out = ranked_candidates(gen, g)
     assert [(c["text"].strip(), c["logprob"]) for c in out] == [("Rome", -1.0), ("Paris", -2.0)]
     assert "upper_bound" not in out[1]  # the kept Paris is the exact one, not the bounded -3.0
     for mode in ("sequence", "token"):  # on a real answer: best first, the answer's own text first

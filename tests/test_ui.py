@@ -404,7 +404,7 @@ class AnsweringPipe(FakePipe):
 
     def answer_modes(self, q, modes, settings, run=None, partials=False):
         """As RagPipeline.answer_modes: an event with each mode's final answer when it is done."""
-        from rag_demo.pipeline import AnswerEvent
+        from rag_demo.answer import AnswerEvent
 
         self.modes_calls.append(list(modes))
         for mode in modes:

@@ -1,0 +1,144 @@
+"""What a request costs, before it runs: the worst case the server's budget counts
+(`estimate`, `check_budget`) and what a card expects (`expect`), both from models/cost.py's
+CostModel at the speed the generator runs now. A part of `RagPipeline` (pipeline.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rag_demo.config import RagSettings, check_mode, check_question
+from rag_demo.knowledge.corpus import Passage
+from rag_demo.models.cost import Cost, model_dims
+from rag_demo.reader.aided import prompt
+from rag_demo.reader.focus import focus_passages
+from rag_demo.reader.truecase import recase
+
+
+class Pricing:
+    """RagPipeline's prices (its stack, index, cost model, speed, cost fit and estimate memo)."""
+
+    def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None,
+                 passages: list[Passage] | None = None, **overrides) -> Cost:
+        """Time and peak extra memory of answering `question` in `modes`, before running it
+        (models.cost.CostModel; worst case: every answer runs to max_new_tokens, passages take their
+        whole max_doc_tokens, none is in the generator's passage cache). The modes run one after
+        another: seconds add, memory peaks once. Computed once per question, settings and cost
+        model: the server's checks before and after the queue ask for the same estimate.
+        `passages` (a question answered again on known passages, e.g. one taken away): priced as
+        their own prompts, without the passage tokens whose keys and values are kept now."""
+        q = check_question(question)
+        s = (settings or self.settings).merged(**overrides)
+        if passages is not None:  # what is kept changes from one request to the next: not memoised
+            return self._estimate(q, modes, s, passages)
+        key = (q, tuple(modes), s, id(self.cost_model), len(self.index), round(self.speed.factor, 1))
+        if key not in self._estimates:
+            if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
+                self._estimates.clear()
+            self._estimates[key] = self._estimate(q, modes, s)
+        return dataclasses.replace(self._estimates[key])  # a copy: callers mark it heavy
+
+    def _estimate(self, q: str, modes: list[str], s: RagSettings, passages: list[Passage] | None = None) -> Cost:
+        pairs = [(p.title, p.text) for p in passages or []]
+        q = recase(q, pairs) if s.aids.recase_question else q  # "?" added: what the generator reads
+        k = min(s.decoding.k, len(self.index)) if passages is None else len(passages)
+        seconds, peak, per_mode = 0.0, 0, {}
+        longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
+        lengths: dict[tuple[int, bool], tuple[int, int]] = {}  # (generator, with a passage) -> (prompt, kept) tokens
+        for mode in [check_mode(m) for m in modes]:
+            gen = self.stack.modes[mode].generator
+            key = (id(gen), mode != "closed-book")
+            if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
+                if key[1] and passages is not None:  # these passages' own prompts, less what is kept of them
+                    prompts = [prompt(gen, q, p, s.decoding, s.aids) for p in passages]
+                    lengths[key] = (max(len(p) for p in prompts), gen.cached_tokens(prompts))
+                else:  # the longest a passage can make it
+                    lengths[key] = (len(prompt(gen, q, longest if key[1] else None, s.decoding, s.aids)), 0)
+            prompt_tokens, cached = lengths[key]
+            drafts = "none"
+            if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+                # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
+                shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+                drafts = "shared" if shared else "own"
+            # the aids that run the model again: echo retries decode again, context contrast reads the
+            # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
+            contrast = (len(prompt(gen, q, None, s.decoding, s.aids)) if s.aids.context_contrast and key[1] else 0)
+            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
+                                               thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
+                                               cached_tokens=cached, retries=s.aids.echo_retries,
+                                               contrast_tokens=contrast)
+            sec *= self.speed.factor  # at the speed the generator runs now
+            per_mode[mode] = sec
+            seconds += sec
+            peak = max(peak, byt)
+        return Cost(seconds, peak, per_mode)
+
+    def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Any,
+                     **overrides) -> Cost:
+        """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
+        asked, what it would cost and what to change."""
+        s = (settings or self.settings).merged(**overrides)
+        cost = self.estimate(question, modes, s)
+        cost.heavy = cost.seconds > budget.heavy_seconds
+        over = []
+        if cost.seconds > budget.max_seconds:
+            over.append(f"{cost.seconds:.0f} s of generation (limit {budget.max_seconds:.0f} s)")
+        if cost.peak_bytes > budget.max_request_bytes:
+            over.append(f"{cost.peak_bytes / 2**30:.1f} GB of memory (limit {budget.max_request_bytes / 2**30:.1f} GB)")
+        if over:
+            asked = (f"K={s.decoding.k}, beams={s.decoding.num_beams}, max new tokens={s.decoding.max_new_tokens}, "
+                     f"RAG-Sequence {s.decoding.sequence_decoding}, modes {', '.join(modes)}")
+            raise ValueError(
+                f"This request ({asked}) would need about {' and '.join(over)}, over this server's budget: "
+                + lower_what(s, modes)
+            )
+        return cost
+
+    def expect(self, question: str, modes: list[str], settings: RagSettings | None = None) -> dict[str, float]:
+        """Seconds each mode is expected to take for `question` as answers usually run (not the
+        worst case `estimate` prices for the budget): its passages retrieved (milliseconds) and its
+        prompts priced with what the generator keeps now, so a re-ask is priced as one."""
+        q = check_question(question)
+        s = settings or self.settings
+        out: dict[str, float] = {}
+        for group in self.modes_by_encoder(modes):
+            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
+            qg = recase(q, [(p.title, p.text) for p in r.passages]) if s.aids.recase_question else q
+            fed = r.passages
+            if s.aids.passage_sentences:  # priced over the sentences it will read (focus.py)
+                qv = self.stack.modes[group[0]].question_encoder.encode_questions([q])[0]  # (D,)
+                fed = focus_passages(qv, r.passages, self.stack.ctx_encoder, s.aids.passage_sentences)[0]
+            for m in group:
+                gen = self.stack.modes[m].generator
+                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
+        if "closed-book" in modes:
+            gen = self.stack.modes["closed-book"].generator
+            qg = recase(q) if s.aids.recase_question else q
+            out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
+        return {m: out[m] for m in modes if m in out}
+
+    def _expected(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
+        """The seconds `mode` is expected to take over these prompts (`CostModel.expected`), at the
+        speed the generator runs now, priced from what it keeps now."""
+        gen = self.stack.modes[mode].generator
+        drafts = "none"
+        if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+            shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+            drafts = "shared" if shared else "own"
+        d = s.decoding
+        return self.speed.factor * self.cost_model.expected(
+            model_dims(gen), mode, len(prompts), d.num_beams, d.max_new_tokens, max(len(p) for p in prompts),
+            self.cost_fit, s.preset, thorough=d.sequence_decoding == "thorough", drafts=drafts,
+            cached_tokens=gen.cached_tokens(prompts), prompts_kept=gen.prompts_kept(prompts))
+
+
+def lower_what(s: RagSettings, modes: list[str]) -> str:
+    """What to change to bring a request under the budget: the knobs that price it, those set."""
+    lower = ["K", "the beam size", "max new tokens"] + ([f"echo retries ({s.aids.echo_retries})"]
+                                                       if s.aids.echo_retries else [])
+    acts = ["lower " + ", ".join(lower[:-1]) + " or " + lower[-1]]
+    if s.aids.context_contrast:
+        acts.append("turn context-aware decoding off (0)")
+    if "sequence" in modes and s.decoding.sequence_decoding == "thorough":
+        acts.append("use fast RAG-Sequence decoding")
+    return (acts[0] if len(acts) == 1 else ", ".join(acts[:-1]) + ", or " + acts[-1]) + "."
