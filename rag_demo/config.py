@@ -4,7 +4,7 @@ Every per-question setting is one `knob(...)` line below: its type, range, defau
 preset's value: `Decoding()`, `ReaderAids()` and `RagSettings()` are the paper), the `aided`
 preset's value, a label, one sentence of help and one of why. The
 command line (`cli.add_settings`), the page's controls (`web/controls.py`), the API's parameters
-(`web/handlers.py`) and the validation (pydantic, here) are all generated from these lines, so a
+(`web/api.py`) and the validation (pydantic, here) are all generated from these lines, so a
 new knob is one line here plus its use.
 
 Two presets name what runs:

@@ -19,7 +19,8 @@ from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web import inputs
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
-from rag_demo.web.handlers import Handlers, describe_api
+from rag_demo.web.api import describe_api
+from rag_demo.web.handlers import Handlers
 from rag_demo.web.results import ResultsHandlers, results_tab
 from rag_demo.web.results import wire as wire_results
 from rag_demo.web.render import render_answer, render_passages, render_without

@@ -22,7 +22,8 @@ from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
 from rag_demo.measure.evaluate import read_qa, sample_items
 from rag_demo.serving.session import Session, session_pipeline
-from rag_demo.web.handlers import page_event
+from rag_demo.web.answering import TYPICAL_QUESTION
+from rag_demo.web.api import page_event
 from rag_demo.web.render import esc, fmt_seconds
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -34,7 +35,6 @@ SETS = {"qa_dev": "Dev set: 80 questions written for this demo (every one answer
 HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence model's held-out half (eval --fit-confidence)
 SWEEP_KS = (1, 2, 3, 5, 10, 20)
 SWEEP_MAX_QUESTIONS = 20
-TYPICAL_QUESTION = "Who painted The Starry Night?"
 LESSONS = {
     "accuracy_vs_k": "Figure 3 (left) of the paper: more passages help, then the gain flattens. Closed-book does "
                      "not read passages, so it is flat.",

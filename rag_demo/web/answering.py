@@ -1,0 +1,208 @@
+"""Answering for the page: a question's answers streamed as the pipeline decodes them (progress
+from what is done), a passage taken away, one mode answered again in full, and the outputs each
+of those fills on the page. Handlers (handlers.py) call these; they import no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gradio as gr
+
+from rag_demo.config import KNOBS, MODE_TITLES, MODES, RagSettings, check_question
+from rag_demo.serving import memory
+from rag_demo.serving.admission import Serving, throttled
+from rag_demo.serving.session import Session
+from rag_demo.web.render import (
+    json_safe,
+    anchors,
+    plural,
+    render_answer,
+    render_partial,
+    render_passages,
+)
+from rag_demo.web.session_view import passage_choices, render_lessons
+from rag_demo.web.validation import (
+    user_errors,
+)
+
+
+TYPICAL_QUESTION = "Who painted The Starry Night?"
+
+def fit_k(pipe: Any, index: Any, settings: RagSettings) -> tuple[RagSettings, int | None]:
+    """(settings with K at most the corpus size, the K asked for when it was reduced)."""
+    n = len(index)
+    return (settings.merged(k=n), settings.decoding.k) if settings.decoding.k > n else (settings, None)
+
+
+def answering(pipe: Any, question: str, settings: RagSettings, progress=None, *, s: Session | None = None,
+               serving: Serving | None = None, request: Any = None, partials: bool = True,
+               cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
+    """The three answers, from one `answer_modes` call: yields ("partial", {mode: its answer so far,
+    or its final Answer.to_dict() with "final": True}) at most ~10 times a second while they grow
+    (with `partials`; a card is final as soon as its mode is done), then ("done", (result, session)):
+    result the JSON-able {"question", "stack", "corpus", "settings", "answers": {mode: Answer.to_dict()}},
+    the visitor's state remembering the warnings it has seen.
+
+    Refused before anything runs when over the budget (the estimate is the one the validator
+    priced); otherwise each mode runs within its share of the time limit, at the priority its cost
+    gives it, its model steps through the shared gate. An expensive request is refused while
+    `serving.max_heavy` others run. Closing this iterator, or `cancelled()` turning True, stops the
+    decoding at its next step."""
+    with user_errors():
+        q = check_question(question)
+    settings, asked_k = fit_k(pipe, pipe.index, settings)
+    if asked_k is not None:
+        n, key = settings.decoding.k, f"k-reduced:{pipe.stack.name}:{pipe.index.corpus.name}:{settings.decoding.k}"
+        if s is None or key not in s.warned:
+            gr.Warning(f"This corpus has only {plural(n, 'passage')}: using K = {n} instead of {asked_k}.")
+            if s is not None:
+                s = dataclasses.replace(s, warned=s.warned | {key})
+    with user_errors():
+        cost = serving.check(pipe, q, settings) if serving else None
+    if serving:
+        run = serving.run(cost, request, cancelled)
+    else:
+        from rag_demo.pipeline import Run
+
+        run = Run(cancelled=cancelled)
+    answers: dict[str, dict] = {}
+
+    def step() -> None:  # what is done, not which mode runs next: the pipeline orders the modes
+        if progress and len(answers) < len(MODES):
+            done = "".join(f", {MODE_TITLES[m]} done" for m in MODES if m in answers)
+            progress(len(answers) / len(MODES), desc=f"Answering in {len(MODES)} modes{done}")
+
+    with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
+        try:
+            # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
+            # of the K prompts and each passage's drafts (docs/DESIGN.md §5)
+            step()
+            events = pipe.answer_modes(q, list(MODES), settings, run, partials=partials)
+            for latest in throttled(events):
+                for mode, a in latest.items():
+                    if not isinstance(a, dict) and mode not in answers:  # this mode's final Answer
+                        answers[mode] = json_safe(a.to_dict())
+                        step()
+                if partials:
+                    yield "partial", {m: {**answers[m], "final": True} if m in answers else a for m, a in latest.items()}
+        finally:
+            memory.trim()  # give the request's freed buffers back to the OS (rag_demo/serving/memory.py)
+    yield "done", ({"question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
+                    "settings": settings.to_dict(), "answers": {m: answers[m] for m in MODES if m in answers}}, s)
+
+
+def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, **kw) -> tuple[dict, Session | None]:
+    """`answering` without the partial answers: (result, session) once every answer is done."""
+    return next(v for kind, v in answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
+
+
+def answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None) -> dict:
+    """Answer the last question again in each RAG mode that read passage `pid`, without it, with
+    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
+    `render_without` shows. ValueError (shown on the page) when there is no answer to compare."""
+    if not raw or not raw.get("answers"):
+        raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
+    settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
+                           **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+    by_ids: dict[tuple[str, ...], list[str]] = {}
+    for m, a in raw["answers"].items():
+        if m != "closed-book" and any(d["id"] == pid for d in a["docs"]):
+            by_ids.setdefault(tuple(d["id"] for d in a["docs"]), []).append(m)
+    if not by_ids:
+        raise ValueError(f"passage {pid!r} is not among the last answer's passages: ask again, then choose one of them.")
+    corpus, out, dropped, k = pipe.index.corpus, {}, None, 0
+    for ids, modes in by_ids.items():
+        docs = raw["answers"][modes[0]]["docs"]
+        if len(docs) < 2:
+            raise ValueError("the last answer read only one passage: with it taken away nothing is left (raise K).")
+        keep = [d for d in docs if d["id"] != pid]
+        try:
+            passages = [corpus.passages[corpus.position(d["id"])] for d in keep]
+        except (KeyError, ValueError):
+            raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
+        new = pipe.answer_from_modes(raw["question"], modes, passages, [d["score"] for d in keep], settings,
+                                     run=run)
+        z = next(i for i, d in enumerate(docs) if d["id"] == pid)
+        dropped, k = docs[z], len(docs)
+        for m in modes:
+            a = raw["answers"][m]
+            drops = a.get("passage_drop") or [None] * len(docs)
+            post = a.get("doc_posterior") or [d["prior"] for d in docs]
+            top = max(range(len(docs)), key=post.__getitem__)
+            most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
+            out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
+                      "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
+                      "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
+                      "answer": new[m].to_dict()}
+    return {"question": raw["question"], "dropped": dropped, "k": k,
+            "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
+
+
+def stop_button(running: bool) -> Any:
+    """The Stop button: shown while this visitor's question runs."""
+    return gr.Button(visible=running)
+
+
+def answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any) -> Any:
+    """`mode`'s answer to the last question again: over the same passages and scores for a RAG
+    mode (the card's own), with no passage for closed-book."""
+    if mode == "closed-book":
+        return pipe.answer(raw["question"], mode, settings, run)
+    corpus, docs = pipe.index.corpus, raw["answers"][mode]["docs"]
+    try:
+        passages = [corpus.passages[corpus.position(d["id"])] for d in docs]
+    except (KeyError, ValueError):
+        raise ValueError("the corpus changed since this answer: ask again.") from None
+    return pipe.answer_from(raw["question"], mode, passages, [d["score"] for d in docs], settings, run=run)
+
+
+def ask_outputs(result: dict, s: Session) -> tuple:
+    """(3 answer cards, passages, raw JSON, edit-passage choices, edit text, edit title, the Stop
+    button hidden, session)."""
+    answers = result["answers"]
+    anc = anchors(answers)
+    docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
+    s = dataclasses.replace(s, last_docs=tuple((d["id"], d["title"], d["text"]) for d in docs))
+    choices = passage_choices(s)
+    return (
+        *(render_answer(answers[m], anc.get(m, "rag-p-all-")) for m in MODES),
+        render_passages(answers, s.edits),
+        result,
+        gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),
+        docs[0]["text"] if docs else "",
+        docs[0]["title"] if docs else "",
+        stop_button(False),
+        s,
+    )
+
+
+def partial_outputs(latest: dict[str, dict]) -> tuple:
+    """The ask outputs while answers grow: the three cards and the Stop button, the rest as it is."""
+    skip = gr.skip()
+    cards = (render_answer(a) if a and a.get("final") else render_partial(a, m) for m, a in
+             ((m, latest.get(m)) for m in MODES))
+    return (skip, *cards, skip, skip, skip, skip, skip, stop_button(True), skip)
+
+
+def empty_outputs(s: Session) -> tuple:
+    """The same outputs, cleared (after the corpus or the stack changed)."""
+    return (
+        *(render_answer(None, mode=m) for m in MODES),
+        render_passages({}),
+        None,
+        gr.Dropdown(choices=[], value=None),
+        "",
+        "",
+        stop_button(False),
+        dataclasses.replace(s, last_docs=()),
+    )
+
+
+def examples_html(index: Any) -> str:
+    """The Ask tab's lessons for the index's corpus."""
+    return render_lessons(index.corpus)
