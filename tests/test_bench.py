@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 import pytest  # noqa: E402
 
-from rag_demo.measure import bench  # noqa: E402
+from rag_demo.measure import bench_report, cold_start, latency  # noqa: E402
 from rag_demo.knowledge.corpus import Passage  # noqa: E402
 from rag_demo.models.random_models import fixture_passages  # noqa: E402
 from rag_demo.measure.reference import compare_with_transformers, paired_times  # noqa: E402
@@ -58,14 +58,14 @@ def test_paired_times_alternates_and_returns_medians():
 
 
 def test_percentile():
-    assert bench.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert bench.percentile([5.0], 95) == 5.0
-    assert bench.percentile([0.0, 10.0], 95) == 9.5
+    assert latency.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert latency.percentile([5.0], 95) == 5.0
+    assert latency.percentile([0.0, 10.0], 95) == 9.5
 
 
 def test_the_latency_table_names_the_beam_count_it_ran_with():
     def heading(beams):
-        return bench.latency_heading({"n": 2, "stack": "offline",
+        return bench_report.latency_heading({"n": 2, "stack": "offline",
                                       "settings": {"k": 5, "max_new_tokens": 32, "num_beams": beams}})
 
     assert "K=5, 2 beams, max 32 new tokens" in heading(2)
@@ -83,7 +83,7 @@ def test_targets_are_the_issues_bars_in_both_directions():
            "sequence": {"total": [2.6, 2.4, 2.4], "retrieve": [0.001] * 3}}
     r = {"latency": {"bfloat16": lat, "float32": f32}, "memory": {"rss_warm": 1.5e9},
          "throughput": {"passages_per_s": 149.0}, "cold": {"cold_uncached": {"seconds": 95.0}}}
-    t = bench._targets(r)
+    t = bench_report.targets(r)
     assert t["RAG-Token p50 (bfloat16 generator)"]["value"] == 1.4
     assert t["RAG-Token p50 (bfloat16 generator)"]["result"] == "PASS"
     assert t["RAG-Sequence p50 (bfloat16 generator)"]["result"] == "FAIL"  # 2.6 > 2.5
@@ -97,22 +97,22 @@ def test_targets_are_the_issues_bars_in_both_directions():
     assert t["cold start without a cache"]["result"] == "PASS"
     assert t["engine / transformers RAG (base)"]["measured"] == "not run"
     r["throughput"]["passages_per_s"] = 150.0
-    assert bench._targets(r)["index build throughput"]["result"] == "PASS"
+    assert bench_report.targets(r)["index build throughput"]["result"] == "PASS"
     del r["latency"]["bfloat16"]  # a CPU without native bfloat16: its bars say so
-    assert bench._targets(r)["RAG-Token p50 (bfloat16 generator)"]["measured"] == "not run"
+    assert bench_report.targets(r)["RAG-Token p50 (bfloat16 generator)"]["measured"] == "not run"
 
 
 def test_generator_dtypes_measured():
     """bench times float32 and, where the CPU has native bfloat16, bfloat16 too, the app's own first;
     --generator-dtype alone keeps meaning one precision."""
-    assert bench.generator_dtypes(None, None, "offline", native=True) == ["bfloat16", "float32"]
-    assert bench.generator_dtypes(None, None, "offline", native=False) == ["float32"]
-    assert bench.generator_dtypes(None, "float32", "offline", native=True) == ["float32"]
-    assert bench.generator_dtypes("float32,auto", None, "offline", native=True) == ["float32", "bfloat16"]
-    assert bench.generator_dtypes("bfloat16", None, "offline", native=False) == ["bfloat16"]
-    assert bench.generator_dtypes(None, None, "paper", native=True) == ["float32"]
+    assert latency.generator_dtypes(None, None, "offline", native=True) == ["bfloat16", "float32"]
+    assert latency.generator_dtypes(None, None, "offline", native=False) == ["float32"]
+    assert latency.generator_dtypes(None, "float32", "offline", native=True) == ["float32"]
+    assert latency.generator_dtypes("float32,auto", None, "offline", native=True) == ["float32", "bfloat16"]
+    assert latency.generator_dtypes("bfloat16", None, "offline", native=False) == ["bfloat16"]
+    assert latency.generator_dtypes(None, None, "paper", native=True) == ["float32"]
     with pytest.raises(ValueError, match="float16"):
-        bench.generator_dtypes("float32,float16", None, "offline", native=True)
+        latency.generator_dtypes("float32,float16", None, "offline", native=True)
 
 
 def test_the_apps_cold_start_is_reported_and_checked_against_its_bars():
@@ -124,13 +124,13 @@ def test_the_apps_cold_start_is_reported_and_checked_against_its_bars():
                             "dense_complete_s": 131.5, "second_retriever": "dense", "first_answer": "Seurat"}}
     r = {"cold": cold, "machine": {"processor": "x", "cpus": 2, "torch": "2", "threads": 2},
          "load_avg": {"start": [0.1], "end": [0.2]}}
-    t = bench._targets(r)
+    t = bench_report.targets(r)
     assert t["app cold start: first answer (float32 generator)"]["result"] == "PASS"  # 48.2 <= 60
     assert t["app cold start: dense index complete (float32 generator)"]["result"] == "FAIL"  # 131.5 > 120
     assert t["app cold start: dense index complete (bfloat16 generator)"]["measured"] == "not run"
     assert t["cold start without a cache"]["result"] == "FAIL" and "RAG-Token p50 (float32 generator)" in t  # not run, listed
     r["targets"] = t
-    text = bench.format_cold_only(r)
+    text = bench_report.format_cold_only(r)
     assert "| float32 | 41.0 s | 48.2 s | bm25 (dense index building: 31%) | 131.5 s | dense |" in text
     assert "RAG-Token p50" not in text  # only the cold starts' targets
-    assert bench.format_cold_starts({"cold_uncached": {"seconds": 1.0}}) == []
+    assert cold_start.format_cold_starts({"cold_uncached": {"seconds": 1.0}}) == []

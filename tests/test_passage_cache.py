@@ -301,14 +301,14 @@ def test_bench_reasks_count_the_cache(three_passage_pipe, smollm_tokenizer_folde
     """bench's re-ask measurement on a tiny pipeline: the cold ask runs every passage, a re-ask
     with another temperature or one passage fewer reads them all from the cache, the other preset
     (another prompt opening) runs them again; its summary rows and targets follow."""
-    from rag_demo.measure import bench
+    from rag_demo.measure import bench_report, reask
     from rag_demo.models.random_models import tiny_smollm_generator
 
     gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=2, kv_heads=1, seed=4)
     pipe = three_passage_pipe(gen, [d.text for d in DOCS[:3]], RagSettings(preset="aided", k=3, max_new_tokens=3,
                                                                           num_beams=1))
     gen.hidden_cache.resize(0)  # the passages alone (test_kept_states.py counts the hidden states)
-    r = bench.reasks(pipe, QUESTIONS[:1], ["sequence", "token", "closed-book"], pipe.settings, lambda msg: None)
+    r = reask.reasks(pipe, QUESTIONS[:1], ["sequence", "token", "closed-book"], pipe.settings, lambda msg: None)
     assert [x["misses"] for x in r["cold"]] == [3, 3, 3] and [x["hits"] for x in r["cold"]] == [0, 0, 0]
     assert r["temperature"][0]["hits"] == 3 and r["temperature"][0]["misses"] == 0
     assert r["without"][0]["hits"] == 2 and r["without"][0]["misses"] == 0
@@ -317,11 +317,11 @@ def test_bench_reasks_count_the_cache(three_passage_pipe, smollm_tokenizer_folde
     assert set(r["temperature"][0]["speedup"]) == {"sequence", "token", "closed-book"}
     assert all(all(x["same"].values()) for v in ("temperature", "without", "preset") for x in r[v])
     assert 0 < r["temperature"][0]["cache_bytes"] <= r["max_bytes"]
-    rows = bench._reask_rows(r)
+    rows = reask.reask_rows(r)
     assert set(rows) == {"cold", "temperature", "without", "preset"}
-    targets = bench._targets({"latency": {}, "memory": {"rss_warm": 1e9}, "reask": {"float32": r}})
+    targets = bench_report.targets({"latency": {}, "memory": {"rss_warm": 1e9}, "reask": {"float32": r}})
     assert targets["re-ask, one passage taken away: time to first token p50"]["value"] == rows["without"][0]
-    assert "re-ask" in bench.format_results({"n": 1, "stack": "x", "settings": {"k": 3, "max_new_tokens": 3},
+    assert "re-ask" in bench_report.format_results({"n": 1, "stack": "x", "settings": {"k": 3, "max_new_tokens": 3},
                                              "latency": {}, "reask": {"float32": r}, "targets": targets,
                                              "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
                                              "machine": {"processor": "p", "cpus": 2, "torch": "t", "threads": 2},
@@ -334,7 +334,7 @@ def test_bench_times_each_generator_precision_in_one_run(three_passage_pipe, smo
     numbers, side by side (not a timing test)."""
     from copy import deepcopy
 
-    from rag_demo.measure import bench
+    from rag_demo.measure import bench, bench_report, latency
     from rag_demo.models.decoder_only import DecoderOnlyGenerator
     from rag_demo.models.random_models import tiny_smollm_generator
 
@@ -350,7 +350,7 @@ def test_bench_times_each_generator_precision_in_one_run(three_passage_pipe, smo
     firsts = []
     last = bench.per_generator_dtype(pipe, ["float32", "bfloat16"], QUESTIONS[:1], ["token", "sequence"], settings, r,
                                      lambda msg: None, on_first=firsts.append,
-                                     load=lambda p, d: bench.with_generator_dtype(p, d, tiny_in))
+                                     load=lambda p, d: latency.with_generator_dtype(p, d, tiny_in))
     assert firsts == [pipe] and last.index is pipe.index and last.stack.modes["token"].generator is not gen
     assert last.stack.modes["token"].generator.model.dtype == torch.bfloat16
     for key in ("latency", "reask", "generators"):
@@ -363,10 +363,10 @@ def test_bench_times_each_generator_precision_in_one_run(three_passage_pipe, smo
     r.update(n=1, stack="x", settings={"k": 3, "max_new_tokens": 3},
              memory={"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
              machine={"processor": "p", "cpus": 2, "torch": "t", "threads": 2}, load_avg={"start": [], "end": []})
-    r["targets"] = targets = bench._targets(r)
+    r["targets"] = targets = bench_report.targets(r)
     for dtype in ("float32", "bfloat16"):
         for name in ("RAG-Token p50", "RAG-Sequence p50", "RAG-Token time to first token p50"):
             assert targets[f"{name} ({dtype} generator)"]["result"] in ("PASS", "FAIL"), (name, dtype)
-    text = bench.format_results(r)
+    text = bench_report.format_results(r)
     for dtype in ("float32", "bfloat16"):
         assert f"| RAG-Token | {dtype} | " in text and f"| first ask (cold) | {dtype} | " in text

@@ -141,18 +141,18 @@ def test_greedy_steps_hand_copies_and_the_row_log_probs_of_the_final_hypothesis(
 def test_bench_latency_records_time_to_first_token_and_the_streamed_generate(pipe):
     """bench.latency answers each question quietly and streamed: the first token comes before
     the streamed answer's end, and the report prints a row per mode (not a timing test)."""
-    from rag_demo.measure import bench
+    from rag_demo.measure import bench_report, latency
 
     settings = RagSettings(preset="aided", k=3, max_new_tokens=8, num_beams=1)
-    lat = bench.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,
+    lat = latency.latency(pipe, [QUESTION, "where is the eiffel tower"], ["token", "sequence", "closed-book"], settings,
                         say=lambda msg: None)
     for mode, rec in lat.items():
         assert len(rec["ttft"]) == len(rec["generate_streamed"]) == 2
         assert all(0 < t < g + rec["encode"][i] + rec["retrieve"][i] + 1.0 for i, (t, g) in
                    enumerate(zip(rec["ttft"], rec["generate_streamed"])))
-    ttft, a = bench.streamed(pipe, QUESTION, "token", settings)
+    ttft, a = latency.streamed(pipe, QUESTION, "token", settings)
     assert ttft is not None and ttft < a.timings["total"] + 0.05 and len(a.token_ids) == 8
-    text = bench.format_results({"n": 2, "stack": "tiny", "settings": {"k": 3, "max_new_tokens": 8},
+    text = bench_report.format_results({"n": 2, "stack": "tiny", "settings": {"k": 3, "max_new_tokens": 8},
                                  "latency": {"float32": lat},
                                  "memory": {"rss_loaded": 1, "rss_warm": 1, "peak_warm": 1, "peak_end": 1},
                                  "targets": {}, "machine": {"processor": "cpu", "cpus": 2, "torch": "x", "threads": 2},

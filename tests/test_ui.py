@@ -26,7 +26,8 @@ import pytest
 
 from rag_demo.serving import admission
 import gradio as gr
-from rag_demo.web import api, handlers
+from rag_demo.web import api as web_api
+from rag_demo.web import handlers
 from rag_demo.web import page
 from rag_demo.serving.pool import PipelinePool, default_unavailable
 from rag_demo.web import render
@@ -891,7 +892,7 @@ def test_named_endpoints_are_listed(app):
     # every /ask argument says what it is (its knob's help), and /ask returns a dict, as README says
     for name in ("/ask", "/ask_stream"):
         params = api[name]["parameters"]
-        assert [p["parameter_name"] for p in params] == ["question", *api.API_ARGUMENTS]
+        assert [p["parameter_name"] for p in params] == ["question", *web_api.API_ARGUMENTS]
         empty = [p["parameter_name"] for p in params if not p["python_type"]["description"]]
         assert empty == [], empty
         assert api[name]["returns"][0]["python_type"]["type"].startswith("dict")
