@@ -6,29 +6,29 @@ from __future__ import annotations
 import html
 import shlex
 
-from rag_demo.web import render, reproduce
+from rag_demo.web import passages_view, render, reproduce
 
 
 def test_answer_spans_find_the_copied_words_as_eval_compares_them():
     text = "The Phantom of the Opera, with music by Andrew Lloyd Webber and lyrics by Charles Hart."
-    spans = render.answer_spans(text, {"token": "Charles Hart.", "sequence": "Andrew Lloyd Webber"})
+    spans = passages_view.answer_spans(text, {"token": "Charles Hart.", "sequence": "Andrew Lloyd Webber"})
     assert [(text[a:b], modes) for a, b, modes in spans] == [("Andrew Lloyd Webber", ["sequence"]),
                                                               ("Charles Hart", ["token"])]
     # the same words in both answers: one place, both modes; articles and case do not matter
-    spans = render.answer_spans(text, {"token": "the phantom of opera", "sequence": "Phantom of the Opera"})
+    spans = passages_view.answer_spans(text, {"token": "the phantom of opera", "sequence": "Phantom of the Opera"})
     assert [(text[a:b], modes) for a, b, modes in spans] == [("Phantom of the Opera", ["token", "sequence"])]
-    assert render.answer_spans(text, {"token": "Charles Hartley"}) == []  # whole words only
-    assert render.answer_spans(text, {"token": ""}) == []
+    assert passages_view.answer_spans(text, {"token": "Charles Hartley"}) == []  # whole words only
+    assert passages_view.answer_spans(text, {"token": ""}) == []
 
 
 def test_the_span_is_marked_in_the_passage_and_dimmed_sentences_keep_it():
     d = {"text": "Lyrics by Charles Hart. Music by Andrew Lloyd Webber.", "read_sentences": None}
-    html = render.render_passage_text(d, {"token": "Charles Hart"})
+    html = passages_view.render_passage_text(d, {"token": "Charles Hart"})
     assert '<mark class="rag-span" data-modes="token"' in html and ">Charles Hart</mark>" in html
     assert "Lyrics by " in html and "Music by Andrew" in html  # the rest as it was
-    dimmed = render.render_passage_text({**d, "read_sentences": [1]}, {"sequence": "Charles Hart"})
+    dimmed = passages_view.render_passage_text({**d, "read_sentences": [1]}, {"sequence": "Charles Hart"})
     assert '<span class="rag-unread">Lyrics by <mark' in dimmed and ">Charles Hart</mark>." in dimmed
-    assert render.render_passage_text(d) == f'<div class="rag-ptext">{render.esc(d["text"])}</div>'
+    assert passages_view.render_passage_text(d) == f'<div class="rag-ptext">{render.esc(d["text"])}</div>'
 
 
 def _answers():
@@ -47,7 +47,7 @@ def _answers():
 
 
 def test_why_the_answers_differ_names_the_scores_the_cards_show():
-    why = render.explain_modes(_answers())
+    why = passages_view.explain_modes(_answers())
     said = html.unescape(why)
     assert "Why the two RAG answers differ" in said
     # RAG-Token's own number for each answer, RAG-Sequence's for its own, and that it never weighed the other
@@ -62,18 +62,18 @@ def test_why_the_answers_differ_names_the_scores_the_cards_show():
     # an upper bound is said to be one
     a = _answers()
     a["token"]["candidates"][1]["upper_bound"] = True
-    assert "against at most -1.521" in render.explain_modes(a)
+    assert "against at most -1.521" in passages_view.explain_modes(a)
 
 
 def test_just_missed_lists_the_passages_after_k_greyed():
     a = {**_answers()["token"], "near_misses": [
         {"rank": 3, "id": "c", "title": "São Paulo", "text": "São Paulo is the most populous city of Brazil.",
          "url": None, "score": 0.41}]}
-    html = render.render_near_misses(a)
+    html = passages_view.render_near_misses(a)
     assert 'data-near="1"' in html and "ranked 3 to 3, which K = 2 cut off" in html and "0.410" in html
     assert "K = 3" in html and "0.090 above the first one left out" in html
-    assert render.render_near_misses({**a, "near_misses": []}) == ""
-    assert 'class="rag-near"' in render.render_passages({"token": a})
+    assert passages_view.render_near_misses({**a, "near_misses": []}) == ""
+    assert 'class="rag-near"' in passages_view.render_passages({"token": a})
 
 
 def test_the_code_names_the_preset_and_every_changed_knob():

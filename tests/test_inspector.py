@@ -120,7 +120,7 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
 
     from rag_demo.serving.pool import PipelinePool
     from rag_demo.serving.session import Session
-    from rag_demo.web import handlers, render
+    from rag_demo.web import handlers, passages_view
 
     h = handlers.Handlers(PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=lambda s: None))
 
@@ -143,7 +143,7 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
         assert x["after"] == again.text and x["before"] == out[m].text
         assert x["drop"] == pytest.approx(out[m].passage_drop[z])
         assert [d["id"] for d in x["answer"]["docs"]] == [d["id"] for d in keep]
-    html = render.render_without(res)
+    html = passages_view.render_without(res)
     assert html.count("<tr data-mode=") == 2 and "How faithful" in html and "renormalised over the other 2" in html
     for bad, msg in ((None, "no answer yet"), ({**raw, "answers": {"closed-book": raw["answers"]["closed-book"]}},
                                                 "not among")):

@@ -14,7 +14,8 @@ from rag_demo.models.cost import CostModel, Speed, Timed
 from rag_demo.answer import cues, unread
 from rag_demo.reader.language import language_of
 from rag_demo.serving.admission import time_shares
-from rag_demo.web.render import explain_modes, render_answer, render_passages, render_tokens
+from rag_demo.web.passages_view import explain_modes, render_passages
+from rag_demo.web.render import render_answer, render_tokens
 
 
 @pytest.mark.parametrize("question, language", [

@@ -30,7 +30,7 @@ from rag_demo.web import api as web_api
 from rag_demo.web import handlers
 from rag_demo.web import page
 from rag_demo.serving.pool import PipelinePool, default_unavailable
-from rag_demo.web import render
+from rag_demo.web import passages_view, render
 from rag_demo.serving.session import Session
 from rag_demo.web import session_view
 from rag_demo.web import validation
@@ -254,22 +254,22 @@ def test_empty_answer_and_infinite_score_render():
 def test_passages_table_one_table_when_modes_share_docs():
     answers = {"sequence": answer_dict("sequence"), "token": answer_dict("token"),
                "closed-book": answer_dict("closed-book", docs=[], rows=[])}
-    html = render.render_passages(answers, edits=("b#0",))
+    html = passages_view.render_passages(answers, edits=("b#0",))
     assert html.count("<table") == 1
     assert html.count("<tr id=") == 2 and 'id="rag-p-all-1"' in html
     assert "RAG-Sequence<br>p(z|x,y)" in html and "RAG-Token<br>mean p(z|x,y_i)" in html
     assert 'href="https://en.wikipedia.org/wiki/The_Starry_Night"' in html  # linked title
     assert "0.800" in html and "0.700" in html  # retrieval score, prior
     assert html.count("edited by you") == 1
-    assert render.anchors(answers) == {"sequence": "rag-p-all-", "token": "rag-p-all-"}
+    assert passages_view.anchors(answers) == {"sequence": "rag-p-all-", "token": "rag-p-all-"}
 
 
 def test_passages_table_splits_when_modes_retrieved_differently():
     other = [dict(d, id=d["id"] + "x") for d in answer_dict()["docs"]]
     answers = {"sequence": answer_dict("sequence"), "token": answer_dict("token", docs=other)}
-    html = render.render_passages(answers)
+    html = passages_view.render_passages(answers)
     assert html.count("<table") == 2 and "for RAG-Sequence" in html and "for RAG-Token" in html
-    assert render.anchors(answers) == {"sequence": "rag-p-sequence-", "token": "rag-p-token-"}
+    assert passages_view.anchors(answers) == {"sequence": "rag-p-sequence-", "token": "rag-p-token-"}
 
 
 def test_heatmap_labels_make_whitespace_visible():
@@ -772,7 +772,7 @@ def test_passage_card_dims_the_sentences_the_generator_did_not_read():
     text = "Alexander Fleming was a <Scottish> physician. He discovered penicillin in 1928. He shared a Nobel Prize."
     docs = answer_dict()["docs"]
     focused = [{**docs[0], "text": text, "read_sentences": [1]}, {**docs[1], "read_sentences": [0]}]
-    html = render.render_passages({"token": answer_dict("token", docs=focused)})
+    html = passages_view.render_passages({"token": answer_dict("token", docs=focused)})
     first = html.split("<tr id=")[1]
     assert first.count('class="rag-unread"') == 2 and first.count('class="rag-read"') == 1
     assert first.split('class="rag-read">')[1].split("</span>")[0] == "He discovered penicillin in 1928."
@@ -784,7 +784,7 @@ def test_passage_card_dims_the_sentences_the_generator_did_not_read():
     assert ".rag-unread" in css and "opacity" in css.split(".rag-unread")[1].split("}")[0]
 
     for whole in ([{**focused[0], "read_sentences": None}], [{**docs[0], "text": text}]):
-        plain = render.render_passages({"token": answer_dict("token", docs=whole, rows=[[1.0]] * 3)})
+        plain = passages_view.render_passages({"token": answer_dict("token", docs=whole, rows=[[1.0]] * 3)})
         assert "rag-read" not in plain and "rag-unread" not in plain and "highlighted" not in plain
         assert '<div class="rag-ptext">Alexander Fleming was a &lt;Scottish&gt; physician. He discovered' in plain
 
@@ -793,8 +793,8 @@ def test_modes_that_read_different_sentences_get_their_own_passage_tables():
     docs = answer_dict()["docs"]
     seq = answer_dict("sequence", docs=[{**d, "read_sentences": [0]} for d in docs])
     tok = answer_dict("token", docs=[{**d, "read_sentences": []} for d in docs])
-    assert render.render_passages({"sequence": seq, "token": tok}).count("<table") == 2
-    assert render.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
+    assert passages_view.render_passages({"sequence": seq, "token": tok}).count("<table") == 2
+    assert passages_view.render_passages({"sequence": seq, "token": answer_dict("token", docs=seq["docs"])}).count("<table") == 1
 
 
 

@@ -17,19 +17,12 @@ from rag_demo.config import KNOBS, MODE_TITLES, MODES, RagSettings, check_questi
 from rag_demo.serving import memory
 from rag_demo.serving.admission import Serving, throttled
 from rag_demo.serving.session import Session
-from rag_demo.web.render import (
-    json_safe,
-    anchors,
-    plural,
-    render_answer,
-    render_partial,
-    render_passages,
-)
+from rag_demo.web.passages_view import anchors, render_passages
+from rag_demo.web.render import json_safe, plural, render_answer, render_partial
 from rag_demo.web.session_view import passage_choices, render_lessons
 from rag_demo.web.validation import (
     user_errors,
 )
-
 
 TYPICAL_QUESTION = "Who painted The Starry Night?"
 

@@ -15,10 +15,23 @@ from typing import Any
 
 import gradio as gr
 
-from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESET_OF_STACK, STACKS, RagSettings, check_question
+from rag_demo.config import (
+    KNOBS,
+    MODE_TITLES,
+    MODES,
+    PRESET_OF_STACK,
+    STACKS,
+    RagSettings,
+    check_question,
+)
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
-from rag_demo.serving.session import Session, embed_corpus, active_index, session_pipeline
+from rag_demo.serving.session import (
+    Session,
+    active_index,
+    embed_corpus,
+    session_pipeline,
+)
 from rag_demo.web.answering import (
     TYPICAL_QUESTION,
     answer_again,
@@ -34,21 +47,15 @@ from rag_demo.web.answering import (
 )
 from rag_demo.web.api import api_endpoint, api_signature, base_url, page_event
 from rag_demo.web.cost_view import render_cost
-from rag_demo.web.render import (
-    json_safe,
-    anchors,
-    esc,
-    plural,
-    render_answer,
-    render_passages,
-)
+from rag_demo.web.passages_view import anchors, render_passages
+from rag_demo.web.render import esc, json_safe, plural, render_answer
 from rag_demo.web.reproduce import caveat, cli_command, client_code
 from rag_demo.web.session_view import corpus_choices, render_status, stack_choices
 from rag_demo.web.validation import (
-    checked_settings,
     check_last_answers,
     check_passage_chosen,
     check_upload,
+    checked_settings,
     logs_refusals,
     refusal,
     settings_from_inputs,
@@ -57,6 +64,7 @@ from rag_demo.web.validation import (
     validate_edit,
     wrong,
 )
+
 
 @dataclasses.dataclass(frozen=True)
 class Turn:

@@ -18,12 +18,13 @@ from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web import inputs
-from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.api import describe_api
+from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.handlers import Handlers
+from rag_demo.web.passages_view import render_passages, render_without
+from rag_demo.web.render import render_answer
 from rag_demo.web.results import ResultsHandlers, results_tab
 from rag_demo.web.results import wire as wire_results
-from rag_demo.web.render import render_answer, render_passages, render_without
 from rag_demo.web.session_view import corpus_choices, render_status, stack_choices
 from rag_demo.web.validation import validate_upload
 
