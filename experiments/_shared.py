@@ -50,7 +50,7 @@ TINY_QA = (
 
 def tiny_items(n: int | None = None) -> list:
     """TINY_QA as rag_demo.measure.evaluate.QAItem (the first n)."""
-    from rag_demo.measure.evaluate import QAItem
+    from rag_demo.measure.qa_files import QAItem
 
     return [QAItem(q, list(a), {"source": "tiny"}) for q, a in TINY_QA[:n]]
 
@@ -58,7 +58,11 @@ def tiny_items(n: int | None = None) -> list:
 def smollm_tokenizer_folder() -> Path:
     """The converted SmolLM2 folder (its tokenizer and chat template), converted once if needed."""
     from rag_demo.config import StackSpec
-    from rag_demo.models.stacks import converted_smollm_dir, load_smollm, smollm_location
+    from rag_demo.models.stacks import (
+        converted_smollm_dir,
+        load_smollm,
+        smollm_location,
+    )
 
     where, gguf = smollm_location(StackSpec())
     if gguf is None:

@@ -26,7 +26,6 @@ from collections import defaultdict
 
 import _shared  # puts the repository root on sys.path
 
-
 # ---------------------------------------------------------------- the CPU's own rates
 
 
@@ -146,8 +145,7 @@ class Profile:
 
 def instrument(prof: Profile, gen) -> None:
     """Wrap the engine's and the reader's stages where they are looked up, and the generator's copies."""
-    from rag_demo.rag import decoding, engine
-    from rag_demo.rag import hooks
+    from rag_demo.rag import decoding, engine, hooks
     from rag_demo.reader import aided, drafts
 
     prof.patch(engine, "prefill", "prefill")
@@ -244,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rag_demo.measure.bench import load_avg
-    from rag_demo.measure.evaluate import load_qa, machine_info
+    from rag_demo.measure.evaluate import machine_info
+    from rag_demo.measure.qa_files import load_qa
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

@@ -65,7 +65,7 @@ def has_type(kind: str, text: str) -> bool:
 
 
 def score(pairs, choose) -> tuple[float, float, int]:
-    from rag_demo.measure.evaluate import contains_answer, exact_match
+    from rag_demo.measure.metrics import contains_answer, exact_match
 
     em = co = n = 0
     for q, a in pairs:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.runs and not args.tiny:
         ap.error("give at least one eval --out JSON file (or --tiny)")
-    from rag_demo.measure.evaluate import contains_answer
+    from rag_demo.measure.metrics import contains_answer
 
     if args.tiny:
         gen, corpus = tiny_generator(), tiny_corpus()

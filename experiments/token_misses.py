@@ -34,7 +34,7 @@ def run_settings(run: dict):
 def misses(pipe, run: dict, settings, limit: int | None = None) -> list[dict]:
     """One row per RAG-Token miss given retrieval that was ranked again (see the module's docstring)."""
     import rag_demo.reader.drafts as drafts
-    from rag_demo.measure.evaluate import has_answer
+    from rag_demo.measure.metrics import has_answer
     from rag_demo.rag.decoding import score_candidates
     from rag_demo.rag.marginalize import rag_token_logprob
 

@@ -325,8 +325,8 @@ def cmd_eval(args) -> int:
             for q, row, texts in diffs:
                 print(f"- {row}: {q!r}: " + " | ".join(repr(x) for x in texts))
         return 0
-    from rag_demo.measure.evaluate import (evaluate, format_report, keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items,
-                           save_report)
+    from rag_demo.measure.evaluate import evaluate, format_report, save_report
+    from rag_demo.measure.qa_files import keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items
     from rag_demo.pipeline import RagPipeline
 
     if args.limit is not None and args.sample is not None:
@@ -355,7 +355,7 @@ def cmd_eval(args) -> int:
 def _sweep_grid(args):
     """The grid of `eval --sweep`: --k as a list, --modes, --presets, --retrievers, --recall-retrievers,
     and any other knob flag applied on top of every preset."""
-    from rag_demo.measure.evaluate import parse_modes
+    from rag_demo.measure.qa_files import parse_modes
     from rag_demo.measure.sweep import Grid, parse_list
     from rag_demo.knowledge.retrievers import RETRIEVERS
 

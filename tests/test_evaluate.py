@@ -11,6 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 from rag_demo.measure import evaluate as ev  # noqa: E402
+from rag_demo.measure import metrics  # noqa: E402
+from rag_demo.measure import qa_files  # noqa: E402
 from rag_demo.knowledge.corpus import corpus_from_documents  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +28,8 @@ def test_docstring_examples_hold():
     """The worked examples in the metric docstrings are run, so they cannot drift."""
     import doctest
 
-    result = doctest.testmod(ev)
-    assert result.attempted >= 8 and result.failed == 0
+    results = [doctest.testmod(m) for m in (ev, metrics, qa_files)]
+    assert sum(r.attempted for r in results) >= 8 and sum(r.failed for r in results) == 0
 
 
 @pytest.mark.parametrize(
@@ -42,63 +44,63 @@ def test_docstring_examples_hold():
     ],
 )
 def test_normalize_answer(text, expected):
-    assert ev.normalize_answer(text) == expected
+    assert metrics.normalize_answer(text) == expected
 
 
 def test_exact_match_is_max_over_golds():
     """EM("Seurat", ["Georges Seurat", "Seurat"]) = max(0, 1) = 1; "Georges" matches neither."""
-    assert ev.exact_match("Seurat.", ["Georges Seurat", "Seurat"]) == 1.0
-    assert ev.exact_match("the Seurat", ["Georges Seurat"]) == 0.0
-    assert ev.exact_match("Georges", ["Georges Seurat", "Seurat"]) == 0.0
+    assert metrics.exact_match("Seurat.", ["Georges Seurat", "Seurat"]) == 1.0
+    assert metrics.exact_match("the Seurat", ["Georges Seurat"]) == 0.0
+    assert metrics.exact_match("Georges", ["Georges Seurat", "Seurat"]) == 0.0
 
 
 def test_f1_worked_examples():
     """pred "by Georges Seurat" vs gold "Georges Seurat": common 2, P = 2/3, R = 2/2,
     F1 = 2*(2/3)*1/(2/3+1) = 0.8. Against gold "Seurat": common 1, P = 1/3, R = 1, F1 = 0.5.
     Max over golds = 0.8."""
-    assert ev.f1_score("by Georges Seurat", ["Georges Seurat"]) == pytest.approx(0.8, rel=1e-9)
-    assert ev.f1_score("by Georges Seurat", ["Seurat"]) == pytest.approx(0.5, rel=1e-9)
-    assert ev.f1_score("by Georges Seurat", ["Seurat", "Georges Seurat"]) == pytest.approx(0.8, rel=1e-9)
+    assert metrics.f1_score("by Georges Seurat", ["Georges Seurat"]) == pytest.approx(0.8, rel=1e-9)
+    assert metrics.f1_score("by Georges Seurat", ["Seurat"]) == pytest.approx(0.5, rel=1e-9)
+    assert metrics.f1_score("by Georges Seurat", ["Seurat", "Georges Seurat"]) == pytest.approx(0.8, rel=1e-9)
 
 
 def test_f1_counts_repeated_tokens_once_per_match():
     """pred "paris paris" vs gold "paris": multiset overlap 1, P = 1/2, R = 1, F1 = 2/3."""
-    assert ev.f1_score("Paris Paris", ["Paris"]) == pytest.approx(2 / 3, rel=1e-9)
+    assert metrics.f1_score("Paris Paris", ["Paris"]) == pytest.approx(2 / 3, rel=1e-9)
 
 
 def test_f1_edge_cases():
-    assert ev.f1_score("", ["Paris"]) == 0.0
-    assert ev.f1_score("London", ["Paris"]) == 0.0
-    assert ev.f1_score("The Paris.", ["paris"]) == 1.0
+    assert metrics.f1_score("", ["Paris"]) == 0.0
+    assert metrics.f1_score("London", ["Paris"]) == 0.0
+    assert metrics.f1_score("The Paris.", ["paris"]) == 1.0
 
 
 # ---------------------------------------------------------------- has_answer, recall@k
 
 
 def test_has_answer_is_token_sequence_match():
-    assert ev.has_answer("Georges Seurat's most famous work", ["Seurat"])  # punctuation split off
-    assert ev.has_answer("built on 13 August 1961 by the GDR", ["13 August 1961"])
-    assert not ev.has_answer("19612 people", ["1961"])  # no partial-token match
-    assert not ev.has_answer("a party in Paris", ["art"])
-    assert not ev.has_answer("August 13, 1961", ["13 August 1961"])  # order matters
-    assert ev.has_answer("The speed is 299,792,458 m/s", ["299,792,458"])
+    assert metrics.has_answer("Georges Seurat's most famous work", ["Seurat"])  # punctuation split off
+    assert metrics.has_answer("built on 13 August 1961 by the GDR", ["13 August 1961"])
+    assert not metrics.has_answer("19612 people", ["1961"])  # no partial-token match
+    assert not metrics.has_answer("a party in Paris", ["art"])
+    assert not metrics.has_answer("August 13, 1961", ["13 August 1961"])  # order matters
+    assert metrics.has_answer("The speed is 299,792,458 m/s", ["299,792,458"])
 
 
 def test_recall_at_k_worked_example():
     """first hits at ranks [1, 3, None, 7]: recall@1 = 1/4, recall@5 = 2/4, recall@20 = 3/4."""
     ranks = [1, 3, None, 7]
-    assert ev.recall_at_k(ranks, 1) == 0.25
-    assert ev.recall_at_k(ranks, 5) == 0.5
-    assert ev.recall_at_k(ranks, 20) == 0.75
+    assert metrics.recall_at_k(ranks, 1) == 0.25
+    assert metrics.recall_at_k(ranks, 5) == 0.5
+    assert metrics.recall_at_k(ranks, 20) == 0.75
     with pytest.raises(ValueError, match="zero questions"):
-        ev.recall_at_k([], 5)
+        metrics.recall_at_k([], 5)
 
 
 def test_first_hit():
     texts = ["Paris is in France.", "The Nile is long.", "Paris again."]
-    assert ev.first_hit(texts, ["Nile"]) == 2
-    assert ev.first_hit(texts, ["paris"]) == 1
-    assert ev.first_hit(texts, ["Seine"]) is None
+    assert metrics.first_hit(texts, ["Nile"]) == 2
+    assert metrics.first_hit(texts, ["paris"]) == 1
+    assert metrics.first_hit(texts, ["Seine"]) is None
 
 
 # ---------------------------------------------------------------- QA files
@@ -112,10 +114,10 @@ def _write(tmp_path, lines: list[str]) -> Path:
 
 def test_load_qa_keeps_extra_fields_and_skips_blank_lines(tmp_path):
     p = _write(tmp_path, ['{"question": "Q1?", "answers": ["a1"], "type": "who"}', "", '{"question": "Q2?", "answers": ["x", "y"]}'])
-    items = ev.load_qa(p)
+    items = qa_files.load_qa(p)
     assert [i.question for i in items] == ["Q1?", "Q2?"]
     assert items[0].type == "who" and items[1].answers == ["x", "y"]
-    assert len(ev.load_qa(p, limit=1)) == 1
+    assert len(qa_files.load_qa(p, limit=1)) == 1
 
 
 @pytest.mark.parametrize(
@@ -132,7 +134,7 @@ def test_load_qa_keeps_extra_fields_and_skips_blank_lines(tmp_path):
 def test_load_qa_errors_name_the_line_and_the_fix(tmp_path, line, message):
     p = _write(tmp_path, ['{"question": "ok?", "answers": ["ok"]}', line])
     with pytest.raises(ValueError, match=message):
-        ev.load_qa(p)
+        qa_files.load_qa(p)
 
 
 def test_answers_empty_after_normalisation_are_dropped_and_their_rows_skipped(tmp_path):
@@ -140,42 +142,42 @@ def test_answers_empty_after_normalisation_are_dropped_and_their_rows_skipped(tm
     dropped with a note naming the line; a row left with no answer is skipped and counted."""
     p = _write(tmp_path, ['{"question": "Q1?", "answers": ["*", "Paris"]}', '{"question": "Q2?", "answers": ["the", "*"]}',
                           '{"question": "Q3?", "answers": ["Rome"]}'])
-    qa = ev.read_qa(p)
+    qa = qa_files.read_qa(p)
     assert [i.question for i in qa.items] == ["Q1?", "Q3?"] and qa.items[0].answers == ["Paris"]
     assert len(qa.skipped) == 1 and qa.skipped[0].startswith("qa.jsonl line 2:")
     assert len(qa.dropped) == 3 and qa.dropped[0].startswith("qa.jsonl line 1: answer '*'")
-    assert [i.question for i in ev.load_qa(p)] == ["Q1?", "Q3?"]
+    assert [i.question for i in qa_files.load_qa(p)] == ["Q1?", "Q3?"]
     only_empty = _write(tmp_path, ['{"question": "Q?", "answers": ["*"]}'])
     with pytest.raises(ValueError, match="no usable questions"):
-        ev.read_qa(only_empty)
+        qa_files.read_qa(only_empty)
 
 
 def test_load_qa_missing_file(tmp_path):
     with pytest.raises(ValueError, match="not found: pass --qa"):
-        ev.load_qa(tmp_path / "nope.jsonl")
+        qa_files.load_qa(tmp_path / "nope.jsonl")
 
 
 def test_parse_modes_and_retrievers():
-    assert ev.parse_modes("closed-book, token") == ["closed-book", "token"]
-    assert ev.parse_modes("all") == ["sequence", "token", "closed-book"]
+    assert qa_files.parse_modes("closed-book, token") == ["closed-book", "token"]
+    assert qa_files.parse_modes("all") == ["sequence", "token", "closed-book"]
     with pytest.raises(ValueError, match="unknown mode.*'tokens'.*closed-book"):
-        ev.parse_modes("tokens")
+        qa_files.parse_modes("tokens")
     with pytest.raises(ValueError, match="unknown retriever"):
-        ev.parse_retrievers("dense,tfidf")
+        qa_files.parse_retrievers("dense,tfidf")
 
 
 def test_dev_set_is_well_formed_and_answerable_from_the_corpus():
     """assets/qa_dev.jsonl: >= 60 varied questions; each has an answer stated in its source article's summary."""
     from rag_demo.knowledge.corpus import vital_articles_path
 
-    items = ev.load_qa(ROOT / "assets" / "qa_dev.jsonl")
+    items = qa_files.load_qa(ROOT / "assets" / "qa_dev.jsonl")
     assert len(items) >= 60
     assert {"who", "when", "where", "what"} <= {i.type for i in items}
     assert len({i.meta["topic"] for i in items}) >= 5
     assert len({i.question for i in items}) == len(items)
     articles = json.loads(vital_articles_path().read_text(encoding="utf-8"))
     for i in items:
-        assert ev.has_answer(articles[i.meta["source"]]["extract"], i.answers), i.question
+        assert metrics.has_answer(articles[i.meta["source"]]["extract"], i.answers), i.question
 
 
 # ---------------------------------------------------------------- retrievers on a 3-passage corpus
@@ -186,9 +188,9 @@ DOCS = [
     ("Apollo 11", "Apollo 11 was the spaceflight that first landed humans on the Moon, on July 20, 1969.", None),
 ]
 QUESTIONS = [
-    ev.QAItem("Who painted The Starry Night?", ["Vincent van Gogh", "van Gogh"], {"type": "who"}),
-    ev.QAItem("Which river flows through Paris?", ["Seine"], {"type": "what"}),
-    ev.QAItem("When did Apollo 11 land on the Moon?", ["July 20, 1969", "1969"], {"type": "when"}),
+    qa_files.QAItem("Who painted The Starry Night?", ["Vincent van Gogh", "van Gogh"], {"type": "who"}),
+    qa_files.QAItem("Which river flows through Paris?", ["Seine"], {"type": "what"}),
+    qa_files.QAItem("When did Apollo 11 land on the Moon?", ["July 20, 1969", "1969"], {"type": "when"}),
 ]
 
 
@@ -202,11 +204,11 @@ def test_bm25_recall_at_k_on_three_passages():
     scores, passages = bm25.search([q.question for q in QUESTIONS], 3)
     assert scores.shape == (3, 3)
     assert [row[0].title for row in passages] == ["The Starry Night", "Paris", "Apollo 11"]
-    ranks = [ev.first_hit([ev.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
+    ranks = [metrics.first_hit([metrics.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
     assert ranks == [1, 1, 1]
-    assert ev.recall_at_k(ranks, 1) == 1.0
+    assert metrics.recall_at_k(ranks, 1) == 1.0
     _, none = bm25.search(["Who wrote Hamlet?"], 3)
-    assert ev.first_hit([ev.passage_text(p) for p in none[0]], ["Shakespeare"]) is None
+    assert metrics.first_hit([metrics.passage_text(p) for p in none[0]], ["Shakespeare"]) is None
     with pytest.raises(ValueError, match="k=4 is out of range"):
         bm25.search(["x"], 4)
 
@@ -237,10 +239,10 @@ def test_dense_recall_at_k_on_three_passages(tiny_pipe):
     encoder ranks first; at k = 1 it is the fraction whose own passage came first."""
     qv = tiny_pipe.stack.modes["token"].question_encoder.encode_questions([q.question for q in QUESTIONS])
     _, passages = tiny_pipe.index.search(qv, 3)
-    ranks = [ev.first_hit([ev.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
+    ranks = [metrics.first_hit([metrics.passage_text(p) for p in row], q.answers) for row, q in zip(passages, QUESTIONS)]
     assert all(r is not None for r in ranks)
-    assert ev.recall_at_k(ranks, 3) == 1.0
-    assert ev.recall_at_k(ranks, 1) == sum(row[0].title == d[0] for row, d in zip(passages, DOCS)) / 3
+    assert metrics.recall_at_k(ranks, 3) == 1.0
+    assert metrics.recall_at_k(ranks, 1) == sum(row[0].title == d[0] for row, d in zip(passages, DOCS)) / 3
 
 
 def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
@@ -297,8 +299,8 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
     passages' ids, titles, priors and posteriors; the report breaks results down by source."""
     from rag_demo.config import RagSettings
 
-    qs = [ev.QAItem(q.question, q.answers, {**q.meta, "source": "A"}) for q in QUESTIONS[:2]]
-    qs.append(ev.QAItem("Who wrote Hamlet?", ["Shakespeare"], {"type": "who", "source": "B"}))
+    qs = [qa_files.QAItem(q.question, q.answers, {**q.meta, "source": "A"}) for q in QUESTIONS[:2]]
+    qs.append(qa_files.QAItem("Who wrote Hamlet?", ["Shakespeare"], {"type": "who", "source": "B"}))
     report = ev.evaluate(tiny_pipe, qs, ["closed-book", "sequence", "token"], RagSettings(preset="aided", k=1, max_new_tokens=3),
                          ["dense", "bm25"], progress=False)
     by_row = {(g["mode"], g["retriever"].split(" ")[0]): g for g in report["generation"]}
@@ -316,7 +318,7 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
                 assert row["docs"] == [] and row["hit"] == (rec["retrieval"]["dense"]["first_hit"] == 1)
                 continue
             doc = tiny_pipe.index.corpus.passages[tiny_pipe.index.corpus.position(row["docs"][0]["id"])]
-            assert row["hit"] == ev.has_answer(ev.passage_text(doc), item.answers)
+            assert row["hit"] == metrics.has_answer(metrics.passage_text(doc), item.answers)
             assert row["docs"][0]["title"] == doc.title and row["docs"][0]["prior"] == pytest.approx(1.0)
             assert row["docs"][0]["posterior"] in (None, pytest.approx(1.0))  # None: no shown token
     text = ev.format_report(report)
@@ -325,29 +327,29 @@ def test_evaluate_reports_reader_accuracy_given_retrieval_and_by_source(tiny_pip
 
 
 def test_sample_items_is_deterministic_and_validated():
-    items = [ev.QAItem(f"q{i}?", ["a"]) for i in range(50)]
-    a, b = ev.sample_items(items, 10, seed=3), ev.sample_items(items, 10, seed=3)
+    items = [qa_files.QAItem(f"q{i}?", ["a"]) for i in range(50)]
+    a, b = qa_files.sample_items(items, 10, seed=3), qa_files.sample_items(items, 10, seed=3)
     assert [x.question for x in a] == [x.question for x in b]  # same seed, same questions
-    assert [x.question for x in a] != [x.question for x in ev.sample_items(items, 10, seed=4)]
+    assert [x.question for x in a] != [x.question for x in qa_files.sample_items(items, 10, seed=4)]
     assert [x.question for x in a] != [x.question for x in items[:10]]  # not the first N
     idx = [items.index(x) for x in a]
     assert idx == sorted(idx)  # file order kept
     with pytest.raises(ValueError, match="sample=51 is out of range: choose 1 to 50"):
-        ev.sample_items(items, 51)
+        qa_files.sample_items(items, 51)
 
 
 def test_keep_answerable_keeps_labelled_rows_and_names_bad_files(tmp_path):
-    items = [ev.QAItem(f"q{i}?", ["a"], {"id": f"x{i}"}) for i in range(4)]
+    items = [qa_files.QAItem(f"q{i}?", ["a"], {"id": f"x{i}"}) for i in range(4)]
     labels = _write(tmp_path, ['{"id": "x1", "answerable": true}', '{"id": "x2", "answerable": false}',
                                '{"id": "x3", "answerable": true}', ""])
-    assert [it.question for it in ev.keep_answerable(items, labels)] == ["q1?", "q3?"]  # file order, trues only
+    assert [it.question for it in qa_files.keep_answerable(items, labels)] == ["q1?", "q3?"]  # file order, trues only
     for lines, msg in ((['{"id": "x1"}'], "line 1"), (['{"id": "x1", "answerable": "yes"}'], "true or false"),
                        (['{"id": "other", "answerable": true}'], "belong to another file"),
                        (['{"id": "x1", "answerable": false}'], "labels no question")):
         with pytest.raises(ValueError, match=msg):
-            ev.keep_answerable(items, _write(tmp_path, lines))
+            qa_files.keep_answerable(items, _write(tmp_path, lines))
     with pytest.raises(ValueError, match="not found"):
-        ev.keep_answerable(items, tmp_path / "missing.jsonl")
+        qa_files.keep_answerable(items, tmp_path / "missing.jsonl")
 
 
 def test_the_external_files_labels_hold_ids_only_and_match_it():
@@ -363,7 +365,7 @@ def test_the_external_files_labels_hold_ids_only_and_match_it():
     if external.is_file():  # outside the repo: checked where it exists
         ids = [json.loads(line)["id"] for line in external.read_text().splitlines() if line.strip()]
         assert ids == [r["id"] for r in rows]
-        assert len(ev.keep_answerable(ev.load_qa(external), ROOT / "assets" / "qa_train_vital_labels.jsonl")) == \
+        assert len(qa_files.keep_answerable(qa_files.load_qa(external), ROOT / "assets" / "qa_train_vital_labels.jsonl")) == \
             sum(r["answerable"] for r in rows)
 
 

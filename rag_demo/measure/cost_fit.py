@@ -24,7 +24,8 @@ from typing import Callable
 
 from rag_demo.config import MODES, RagSettings
 from rag_demo.measure.calibration import held_out
-from rag_demo.measure.evaluate import machine_info, read_qa
+from rag_demo.measure.evaluate import machine_info
+from rag_demo.measure.qa_files import read_qa
 
 
 def typical_tokens(run: str | Path, k: int = 5) -> dict[str, float]:

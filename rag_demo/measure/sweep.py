@@ -38,8 +38,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from rag_demo.config import KNOBS, MODES, PRESETS, RagSettings
 from rag_demo.knowledge.retrievers import RETRIEVERS
-from rag_demo.measure.evaluate import (QAItem, contains_answer, exact_match, f1_score, first_hit, machine_info,
-                                       passage_text)
+from rag_demo.measure.qa_files import QAItem
+from rag_demo.measure.evaluate import machine_info
+from rag_demo.measure.metrics import contains_answer, exact_match, f1_score, first_hit, passage_text
 
 DEFAULT_KS = (1, 2, 3, 5, 10, 20)
 FIELDS = ("qa", "question_id", "mode", "preset", "retriever", "k", "em", "f1", "contains", "gold_in_top_k",

@@ -20,7 +20,7 @@ import pandas as pd
 
 from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
-from rag_demo.measure.evaluate import read_qa, sample_items
+from rag_demo.measure.qa_files import read_qa, sample_items
 from rag_demo.serving.session import Session, session_pipeline
 from rag_demo.web.answering import TYPICAL_QUESTION
 from rag_demo.web.api import page_event
@@ -105,7 +105,9 @@ class ResultsHandlers:
 
     def plan(self, pipe: Any, n: Any, ks: Any, modes: Any, preset: Any, retriever: Any) -> tuple[Any, list, float]:
         """(the grid, its questions, its estimated seconds), or a ValueError saying what to change."""
-        from rag_demo.measure.sweep import Grid  # the sweep reads indexes: torch, loaded once the models are
+        from rag_demo.measure.sweep import (
+            Grid,  # the sweep reads indexes: torch, loaded once the models are
+        )
 
         try:
             n = int(n)

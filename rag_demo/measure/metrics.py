@@ -1,0 +1,86 @@
+"""The answer and retrieval metrics eval scores: exact match and F1 after SQuAD's normalisation,
+"contains" (a gold answer inside the prediction), whether a passage holds an answer, recall@K.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from rag_demo.reader.text import normalize_answer, occurs_in
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- metrics
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    """EM = max over gold answers g of [normalize(prediction) == normalize(g)], 1.0 or 0.0.
+
+    >>> exact_match("The Seurat.", ["Georges Seurat", "Seurat"])
+    1.0
+    """
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)  # both empty: 1, one empty: 0 (SQuAD v2 rule)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, golds: list[str]) -> float:
+    """F1 = max over gold answers g of 2PR/(P+R), where, on normalised whitespace tokens,
+    common = |multiset(pred) ∩ multiset(g)|, P = common/|pred|, R = common/|g|.
+
+    >>> round(f1_score("by Georges Seurat", ["Georges Seurat"]), 4)  # P=2/3, R=1
+    0.8
+    """
+    p = normalize_answer(prediction).split()
+    return max(token_f1(p, normalize_answer(g).split()) for g in golds)
+
+
+def has_answer(text: str, golds: list[str]) -> bool:
+    """True when some gold answer's tokens occur as a contiguous token sequence in `text`
+    (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
+    "19612", nor "art" in "party".
+
+    >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
+    (True, False)
+    """
+    return any(occurs_in(g, text) for g in golds)
+
+
+def contains_answer(prediction: str, golds: list[str]) -> float:
+    """A lenient accuracy for chatty generators: 1.0 if has_answer(prediction, golds), else 0.0.
+
+    >>> contains_answer("It was painted by Georges Seurat.", ["Seurat"])
+    1.0
+    """
+    return float(has_answer(prediction, golds))
+
+
+def first_hit(passage_texts: list[str], golds: list[str]) -> int | None:
+    """1-based rank of the first passage that has an answer, or None."""
+    return next((r for r, t in enumerate(passage_texts, 1) if has_answer(t, golds)), None)
+
+
+def recall_at_k(hit_ranks: list[int | None], k: int) -> float:
+    """recall@k = (1/N) * #{questions whose first answer-bearing passage has rank <= k}.
+
+    hit_ranks: per question, `first_hit` over its ranked passages (None = no hit).
+    >>> recall_at_k([1, 3, None, 7], 5)  # 2 of 4 questions have a hit in their top 5
+    0.5
+    """
+    if not hit_ranks:
+        raise ValueError("recall@k of zero questions is undefined: evaluate at least one question.")
+    return sum(r is not None and r <= k for r in hit_ranks) / len(hit_ranks)
+
+
+def passage_text(p) -> str:
+    """What has_answer searches: the title and the text, as the generator sees them."""
+    return f"{p.title}. {p.text}"
