@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     corpus_fn = None
     if args.corpus_file:
-        from rag_demo.knowledge.corpus import load_documents
+        from rag_demo.knowledge.uploads import load_documents
 
         files = list(args.corpus_file)
         corpus_fn = lambda: load_documents(files, name="Demo documents")  # noqa: E731

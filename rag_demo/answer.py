@@ -43,7 +43,7 @@ class RetrievedDoc:
     # RagSettings.question_weight > 0 on a decoder-only generator: log p_G(question | passage),
     # the generator's own log-likelihood of the question's tokens after this passage
     question_logprob: float | None = None
-    # RagSettings.passage_sentences > 0: the indices of the sentences (corpus.split_sentences) the
+    # RagSettings.passage_sentences > 0: the indices of the sentences (chunking.split_sentences) the
     # generator read; None: it read the whole passage
     read_sentences: list[int] | None = None
 

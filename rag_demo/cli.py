@@ -50,7 +50,7 @@ def _corpus(args):
     if getattr(args, "corpus_file", None):
         if name != "vital":
             raise ValueError(f"--corpus {name} and --corpus-file both choose the corpus: pass one of them.")
-        from rag_demo.knowledge.corpus import load_documents
+        from rag_demo.knowledge.uploads import load_documents
 
         return load_documents(args.corpus_file)
     if name == "factbook":

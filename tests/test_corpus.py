@@ -7,17 +7,15 @@ from pathlib import Path
 import pytest
 
 from rag_demo.knowledge.corpus import (
-    MAX_UPLOAD_BYTES,
     VITAL_ARTICLES_NAME,
     Corpus,
     Passage,
     corpus_from_documents,
-    load_documents,
     load_vital_articles,
     split_passages,
-    supported_extensions,
     vital_articles_path,
 )
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, load_documents, supported_extensions
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GRANDE_JATTE = "A Sunday Afternoon on the Island of La Grande Jatte"

@@ -17,7 +17,7 @@ from rag_demo.models import kv_cache as KV  # noqa: E402
 from rag_demo.models import prompts as P  # noqa: E402
 from rag_demo.config import KNOBS, RagSettings, StackSpec  # noqa: E402
 from rag_demo.knowledge.corpus import Passage, corpus_from_documents  # noqa: E402
-from rag_demo.knowledge.corpus import split_sentences  # noqa: E402
+from rag_demo.knowledge.chunking import split_sentences  # noqa: E402
 from rag_demo.reader.focus import closest_sentences, focus_passages  # noqa: E402
 from rag_demo.rag.hooks import PAPER  # noqa: E402
 from rag_demo.reader.aided import prompt  # noqa: E402

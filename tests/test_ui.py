@@ -35,7 +35,8 @@ from rag_demo.serving.session import Session
 from rag_demo.web import session_view
 from rag_demo.web import validation
 from rag_demo.config import KNOBS, MODES, RagSettings
-from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, VITAL_ARTICLES_NAME, Corpus, Passage
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES
+from rag_demo.knowledge.corpus import VITAL_ARTICLES_NAME, Corpus, Passage
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [

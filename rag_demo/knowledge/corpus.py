@@ -13,16 +13,12 @@ the fix. The CIA World Factbook corpus is built from these pieces in factbook.py
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import hashlib
 import importlib.util
-import io
 import json
 import logging
-import math
 import operator
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,11 +27,11 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import quote
 
+from rag_demo.knowledge.chunking import normalise, pack, sentence_words
+
 log = logging.getLogger(__name__)
 
 VITAL_ARTICLES_NAME = "Wikipedia Vital Articles (en)"
-MAX_UPLOAD_BYTES = 5 * 1024 * 1024  # 5 MB of text is ~800k words, ~8k passages: minutes to embed on 2 cores
-TEXT_FIELDS = ("text", "content", "body", "passage", "extract")  # accepted names of the text column / field
 
 Document = tuple[str, str, str | None]  # (title, text, url)
 
@@ -172,7 +168,7 @@ class Corpus:
         passage encoder embeds and what the generator reads, so an edit may change it too."""
         i = self.position(passage_id)
         text = check_passage_text(passage_id, new_text)
-        title = _normalise(new_title) if isinstance(new_title, str) else ""
+        title = normalise(new_title) if isinstance(new_title, str) else ""
         passages = list(self.passages)
         passages[i] = dataclasses.replace(passages[i], text=text, title=title or passages[i].title)
         return Corpus(self.name, passages)
@@ -182,64 +178,10 @@ def check_passage_text(passage_id: str, new_text: object) -> str:
     """An edited passage's text, whitespace-normalised, or a ValueError naming the problem and the fix."""
     if not isinstance(new_text, str):
         raise ValueError(f"the new text for passage {passage_id!r} must be text, got {type(new_text).__name__}.")
-    text = _normalise(new_text)
+    text = normalise(new_text)
     if not text:
         raise ValueError(f"the new text for passage {passage_id!r} is empty: type some text for the passage.")
     return text
-
-
-# ---------------------------------------------------------------- splitting
-
-_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "mt.", "jr.", "sr.", "vs.", "no.", "e.g.", "i.e.", "c.", "ca."}
-_SENTENCE_END = re.compile(r"[.!?][\"')\]’”]*$")
-_SENTENCE_START = re.compile(r"^[\"'(\[‘“]?[A-Z0-9]")
-
-
-def _normalise(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _ends_sentence(word: str, next_word: str) -> bool:
-    if not _SENTENCE_END.search(word) or not _SENTENCE_START.match(next_word):
-        return False
-    initial = len(word) == 2 and word[0].isupper()  # "Arthur C. Clarke"
-    return not initial and word.lower() not in _ABBREVIATIONS
-
-
-def split_sentences(text: str) -> list[str]:
-    """The sentences of `text` (white space normalised), by the same rule that cuts passages:
-    a word ending in . ! or ? followed by a capitalised word, not an initial or abbreviation."""
-    return [" ".join(s) for s in _sentences(text.split(), max_words=len(text) + 1)]
-
-
-def _sentences(words: list[str], max_words: int) -> list[list[str]]:
-    """Word lists of sentences; a sentence over max_words is cut into near-equal pieces."""
-    sentences, start = [], 0
-    for i in range(len(words)):
-        if i == len(words) - 1 or _ends_sentence(words[i], words[i + 1]):
-            sentences.append(words[start : i + 1])
-            start = i + 1
-    pieces = []
-    for s in sentences:
-        n = math.ceil(len(s) / max_words)
-        bounds = [round(j * len(s) / n) for j in range(n + 1)]
-        pieces += [s[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    return pieces
-
-
-def _pack(sentences: list[list[str]], words: int) -> list[list[str]]:
-    """Greedy packing into chunks of <= words words; a chunk under the minimum takes the next sentence anyway."""
-    min_words = max(1, words * 3 // 10)
-    chunks: list[list[str]] = []
-    for s in sentences:
-        if chunks and (len(chunks[-1]) + len(s) <= words or len(chunks[-1]) < min_words):
-            chunks[-1] = chunks[-1] + s
-        else:
-            chunks.append(list(s))
-    if len(chunks) > 1 and len(chunks[-1]) < min_words:  # no tiny trailing chunk
-        tail = chunks.pop()
-        chunks[-1] += tail
-    return chunks
 
 
 def split_passages(
@@ -253,10 +195,10 @@ def split_passages(
     """
     if words < 1:
         raise ValueError(f"words={words!r} is out of range: use a passage length of at least 1 word (DPR uses 100).")
-    title = _normalise(title)
+    title = normalise(title)
     if not title:
         raise ValueError(f"a document has an empty title (text starts {text[:40]!r}): give every document a title.")
-    chunks = _pack(_sentences(text.split(), words), words)
+    chunks = pack(sentence_words(text.split(), words), words)
     prefix = title if doc_id is None else doc_id
     return [Passage(f"{prefix}#{i}", title, " ".join(c), url) for i, c in enumerate(chunks)]
 
@@ -266,9 +208,9 @@ def corpus_from_documents(name: str, docs: Iterable[Document], *, words: int = 1
     passages: list[Passage] = []
     doc_ids: set[str] = set()
     for title, text, url in docs:
-        doc_id, n = _normalise(title), 2
+        doc_id, n = normalise(title), 2
         while doc_id in doc_ids:
-            doc_id, n = f"{_normalise(title)} ({n})", n + 1
+            doc_id, n = f"{normalise(title)} ({n})", n + 1
         doc_ids.add(doc_id)
         passages += split_passages(title, text, words=words, url=url, doc_id=doc_id)
     if not passages:
@@ -322,9 +264,11 @@ _PASSAGES_DIR = "passages"  # the save_to_disk folder inside a cached corpus
 
 
 def _corpus_key(name: str, source: str) -> str:
-    """sha256 of the corpus's name, its source's fingerprint and this module's code (the splitting
-    rules live here: a change to them must not serve passages split the old way)[:16]."""
-    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    """sha256 of the corpus's name, its source's fingerprint and the code that splits it (this module
+    and chunking.py: a change to the splitting rules must not serve passages split the old way)[:16]."""
+    from rag_demo.knowledge import chunking
+
+    code = hashlib.sha256(Path(__file__).read_bytes() + Path(chunking.__file__).read_bytes()).hexdigest()
     return hashlib.sha256(f"{CORPUS_FORMAT}|{name}|{source}|{code}".encode()).hexdigest()[:16]
 
 
@@ -399,169 +343,3 @@ def cached_corpus(name: str, source: str, build: Callable[[], Corpus], cache_dir
         return corpus
 
 
-# ---------------------------------------------------------------- uploaded files
-
-_BOMS = (  # UTF-32 first: its little-endian BOM starts with UTF-16's
-    (codecs.BOM_UTF32_LE, "utf-32"),
-    (codecs.BOM_UTF32_BE, "utf-32"),
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16"),
-    (codecs.BOM_UTF16_BE, "utf-16"),
-)
-_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
-_MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
-
-
-def supported_extensions() -> tuple[str, ...]:
-    """The upload formats this install reads (.pdf only when pypdf is installed)."""
-    pdf = (".pdf",) if importlib.util.find_spec("pypdf") else ()
-    return (".txt", ".md", ".csv", ".jsonl") + pdf
-
-
-def _size(n: int) -> str:
-    return f"{n / 1024 / 1024:.1f} MB" if n >= 1024 * 1024 else f"{n} bytes"
-
-
-def _read_bytes(path: Path, max_bytes: int) -> bytes:
-    if not path.is_file():
-        raise ValueError(f"{path.name}: no such file at {path}: check the path.")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise ValueError(
-            f"{path.name} is {_size(size)}, over the upload limit of {_size(max_bytes)}: "
-            "split it into smaller files or trim it."
-        )
-    if size == 0:
-        raise ValueError(f"{path.name} is empty (0 bytes): upload a file with text in it.")
-    return path.read_bytes()
-
-
-def _binary_error(name: str) -> ValueError:
-    return ValueError(
-        f"{name} looks binary or is in an unknown text encoding: upload a plain text file (UTF-8 preferred), "
-        f"one of {', '.join(supported_extensions())}."
-    )
-
-
-def _decode(name: str, data: bytes) -> str:
-    """utf-8 / utf-8-sig / UTF-16 and UTF-32 with a BOM, else cp1252; NUL bytes or control noise are binary."""
-    encodings = [enc for bom, enc in _BOMS if data.startswith(bom)][:1]
-    if not encodings:
-        if b"\x00" in data:
-            raise _binary_error(name)
-        encodings = ["utf-8", "cp1252"]
-    for enc in encodings:
-        try:
-            text = data.decode(enc)
-        except UnicodeDecodeError:
-            continue
-        if len(_CONTROL.findall(text)) > len(text) // 100:
-            break
-        return text
-    raise _binary_error(name)
-
-
-def _markdown(stem: str, text: str) -> list[Document]:
-    heading = _MD_HEADING.search(text)
-    if heading is None:
-        return [(stem, text, None)]
-    body = text[: heading.start()] + text[heading.end() :]
-    return [(heading.group(1), _MD_HEADING.sub(r"\1", body), None)]
-
-
-def _find_field(names: Iterable[str], wanted: Iterable[str]) -> str | None:
-    """The first of `wanted` among `names`, matched case-insensitively."""
-    by_lower = {str(n).strip().lower(): n for n in names}
-    return next((by_lower[w] for w in wanted if w in by_lower), None)
-
-
-def _optional(record: dict, name: str) -> str:
-    """The stripped value of the optional field `name` (any case), or ""."""
-    key = _find_field(record, [name])
-    return "" if key is None or record[key] is None else str(record[key]).strip()
-
-
-def _csv(name: str, stem: str, text: str) -> list[Document]:
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise ValueError(
-            f"{name} is not a readable CSV ({e}): save it as comma-separated values with a header row."
-        ) from e
-    text_col = _find_field(df.columns, TEXT_FIELDS)
-    if text_col is None:
-        raise ValueError(
-            f"{name} has no text column: found columns {list(map(str, df.columns))}; "
-            f"name the column holding the passages one of {', '.join(TEXT_FIELDS)} "
-            "(title and url columns are optional)."
-        )
-    rows = df.to_dict("records")
-    return [
-        (_optional(r, "title") or f"{stem} row {i}", r[text_col], _optional(r, "url") or None)
-        for i, r in enumerate(rows, 1)
-    ]
-
-
-def _jsonl(name: str, stem: str, text: str) -> list[Document]:
-    docs = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name} line {n} is not valid JSON ({e.msg}): write one JSON object per line.") from e
-        key = _find_field(obj, TEXT_FIELDS) if isinstance(obj, dict) else None
-        if key is None or not isinstance(obj[key], str):
-            raise ValueError(
-                f"{name} line {n} has no text field: give each line an object with a string field named "
-                f"one of {', '.join(TEXT_FIELDS)} (title and url are optional)."
-            )
-        docs.append((_optional(obj, "title") or f"{stem} line {n}", obj[key], _optional(obj, "url") or None))
-    return docs
-
-
-def _pdf(name: str, stem: str, data: bytes) -> list[Document]:
-    import pypdf
-
-    try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ValueError(f"{name} is password protected: upload an unprotected copy.")
-        text = "\n".join(page.extract_text() or "" for page in reader.pages)
-    except pypdf.errors.PyPdfError as e:
-        raise ValueError(f"{name} is not a readable PDF ({e}): re-export it as PDF or upload its text as .txt.") from e
-    return [(stem, text, None)]
-
-
-def _read_documents(path: Path, max_bytes: int) -> list[Document]:
-    ext = path.suffix.lower()
-    if ext not in supported_extensions():
-        raise ValueError(
-            f"{path.name} has an unsupported type {ext or '(none)'}: upload one of {', '.join(supported_extensions())}."
-        )
-    data = _read_bytes(path, max_bytes)
-    if ext == ".pdf":
-        docs = _pdf(path.name, path.stem, data)
-    elif ext == ".csv":
-        docs = _csv(path.name, path.stem, _decode(path.name, data))
-    elif ext == ".jsonl":
-        docs = _jsonl(path.name, path.stem, _decode(path.name, data))
-    elif ext == ".md":
-        docs = _markdown(path.stem, _decode(path.name, data))
-    else:
-        docs = [(path.stem, _decode(path.name, data), None)]
-    if not any(t.strip() for _, t, _ in docs):
-        raise ValueError(f"{path.name} has no text: upload a file with text in it (a scanned PDF needs OCR first).")
-    return docs
-
-
-def load_documents(paths: list[str | Path], name: str = "Your documents", max_bytes: int = MAX_UPLOAD_BYTES) -> Corpus:
-    """A corpus from uploaded files: .txt/.pdf (one document, titled by the file name), .md (titled by
-    its first heading), .csv (one document per row) and .jsonl (one per line)."""
-    if not paths:
-        raise ValueError(f"no files given: upload at least one of {', '.join(supported_extensions())}.")
-    docs = [d for p in paths for d in _read_documents(Path(p), max_bytes)]
-    return corpus_from_documents(name, docs)

@@ -7,7 +7,7 @@ product are kept in passage order. This is step 2b of the pipeline, between retr
 generate. Retrieval scores, p(z|x) and the passages the UI shows are unchanged; only the text in
 the generator's prompt is shorter (fewer distracting sentences for a small reader, and a shorter
 prefill). A passage with n sentences or fewer is fed whole. Sentences are split by the rule
-that cuts documents into passages (corpus.split_sentences).
+that cuts documents into passages (chunking.split_sentences).
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import dataclasses
 
 import numpy as np
 
-from rag_demo.knowledge.corpus import Passage, split_sentences
+from rag_demo.knowledge.corpus import Passage
+
+from rag_demo.knowledge.chunking import split_sentences
 from rag_demo.models.encoders import Encoder
 
 def closest_sentences(

@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from rag_demo.config import MAX_QUESTION_CHARS, MODES, RagSettings
-from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, supported_extensions
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from rag_demo.config import MODE_TITLES
-from rag_demo.knowledge.corpus import split_sentences
+from rag_demo.knowledge.chunking import split_sentences
 from rag_demo.web.render import (
     POSTERIOR_HEADS,
     badge,
@@ -93,7 +93,7 @@ def render_passage_text(d: dict, answers: dict[str, str] | None = None) -> str:
     """A retrieved passage's text, the words each RAG answer copied from it marked (`answers`:
     mode -> answer text), so a copy from the wrong part of the right passage shows. When the
     generator read only some of its sentences (RagSettings.passage_sentences > 0:
-    d["read_sentences"], indices into corpus.split_sentences of the text), the sentences it read
+    d["read_sentences"], indices into chunking.split_sentences of the text), the sentences it read
     are shown as they are and the others dimmed, with a note saying how many it read; None (it
     read the whole passage): the text as it is."""
     read = _read(d)

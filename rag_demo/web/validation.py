@@ -9,7 +9,7 @@ argument of the wrong type: its name, what it got, what to send), and how a requ
 `user_errors` turns the library's ValueErrors into `refusal`s, gr.Errors gradio prints no
 traceback of, and `logs_refusals` logs each as one line naming its endpoint. The checks of
 questions, settings and documents are the library's (config.check_question, RagSettings,
-corpus.check_passage_text, corpus.load_documents); this module only routes their messages.
+corpus.check_passage_text, uploads.load_documents); this module only routes their messages.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 import gradio as gr
 
 from rag_demo.config import RagSettings, check_question
-from rag_demo.knowledge.corpus import MAX_UPLOAD_BYTES, check_passage_text, load_documents, supported_extensions
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, load_documents, supported_extensions
+from rag_demo.knowledge.corpus import check_passage_text
 from rag_demo.serving.session import Session
 from rag_demo.web.inputs import NotFiles
 
