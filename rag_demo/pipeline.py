@@ -41,11 +41,8 @@ from rag_demo.models.generators import SharedPrefill
 from rag_demo.models.stacks import LoadedStack, load_stack
 from rag_demo.pricing import Pricing
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
-from rag_demo.rag.hooks import PAPER
 from rag_demo.rag.marginalize import token_posteriors
-from rag_demo.reader.aided import AidedReader, prompt
-from rag_demo.reader.focus import focus_passages
-from rag_demo.reader.truecase import recase
+from rag_demo.reader.reading import passages_read, prompt, question_read, reader_for
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 # A corpus this small embeds in seconds: load() builds its index before answering, as it always did
@@ -368,20 +365,18 @@ class RagPipeline(Pricing):
                        ) -> Iterator[AnswerEvent]:
         """Steps 2b-4 of the RAG modes over these passages, each mode's Answer as an event."""
         shared: dict[int, SharedPrefill] = {}
-        fed_for: dict[int, tuple[list[Passage], list[list[int]], float]] = {}  # question encoder -> step 2b
+        fed_for: dict[int, tuple[list[Passage], list[list[int]] | None, float]] = {}  # question encoder -> step 2b
         pairs = [(p.title, p.text) for p in passages]
-        # step 2b: the question as the generator reads it, cased as the passages write its words (truecase.py)
-        qg = recase(q, pairs) if s.aids.recase_question else q
+        # step 2b: the question and the passages as the generator reads them (reader/reading.py)
+        qg = question_read(s.aids, q, passages)
         for mode in modes:
-            # step 2b: the part of each passage the generator reads (focus.py; all of it by default)
             mm = self.stack.modes[mode]
             key = id(mm.question_encoder)
             if key not in fed_for:
                 t0 = time.perf_counter()
-                fed, kept = passages, [[] for _ in passages]
-                if s.aids.passage_sentences:
-                    qv = mm.question_encoder.encode_questions([q])[0]  # (D,)
-                    fed, kept = focus_passages(qv, passages, self.stack.ctx_encoder, s.aids.passage_sentences)
+                encoder = mm.question_encoder
+                fed, kept = passages_read(s.aids, lambda: encoder.encode_questions([q])[0], passages,  # (D,)
+                                          self.stack.ctx_encoder)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
         # each mode priced before any runs, over the prompts it will read, from what the generators keep now
         expected = {m: self._expected(m, modes, [prompt(self.stack.modes[m].generator, qg, p, s.decoding, s.aids)
@@ -398,7 +393,7 @@ class RagPipeline(Pricing):
             logits = torch.as_tensor(scores, dtype=torch.float32) * mm.score_scale  # (K,)
             prompts = [prompt(gen, qg, p, s.decoding, s.aids) for p in fed]
             engine = rag_token if mode == "token" else rag_sequence
-            reader = AidedReader(s.aids, s.decoding, gen, qg, fed, prompts, pairs) if s.aids_on() else PAPER
+            reader = reader_for(s.aids, s.decoding, gen, qg, fed, prompts, pairs)
 
             retriever = torch.softmax(logits / s.decoding.prior_temperature, 0)  # (K,) the retriever's own p(z|x)
 
@@ -407,7 +402,7 @@ class RagPipeline(Pricing):
                 return [
                     RetrievedDoc(i + 1, p.id, p.title, p.text, p.url, float(scores[i]), float(prior[i]),
                                  float(retriever[i]),
-                                 read_sentences=kept[i] if s.aids.passage_sentences else None,
+                                 read_sentences=None if kept is None else kept[i],
                                  question_logprob=None if question_lp is None else float(question_lp[i]))
                     for i, p in enumerate(passages)
                 ]
@@ -418,7 +413,7 @@ class RagPipeline(Pricing):
             g = engine(run.gated(gen), prompts, logits, s.decoding, reader, run.stop_for(mode), emit)  # steps 3 and 4
             docs = docs_of(g.prior, g.question_lp)
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
-            if s.aids.passage_sentences:
+            if kept is not None:  # sentences were chosen: the time it took
                 t["focus"] = focus_s
             answer = self._answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores))
             answer.retriever, answer.expected_seconds = retrieved_by, expected[mode]
@@ -429,10 +424,10 @@ class RagPipeline(Pricing):
         emit = self._emitter(q, gen, listen, lambda part: [])
         if listen is not None:
             listen(self.reading(q, "closed-book", 0))
-        qg = recase(q) if s.aids.recase_question else q  # no passages: only the first letter and "?"
+        qg = question_read(s.aids, q)  # no passages: only the first letter and "?"
         cb = prompt(gen, qg, None, s.decoding, s.aids)
         expected = self._expected("closed-book", ["closed-book"], [cb], s)
-        reader = AidedReader(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True) if s.aids_on() else PAPER
+        reader = reader_for(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True)
         g = closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
         answer = self._answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
         answer.expected_seconds = expected

@@ -10,9 +10,7 @@ from typing import Any
 from rag_demo.config import RagSettings, check_mode, check_question
 from rag_demo.knowledge.corpus import Passage
 from rag_demo.models.cost import Cost, model_dims
-from rag_demo.reader.aided import prompt
-from rag_demo.reader.focus import focus_passages
-from rag_demo.reader.truecase import recase
+from rag_demo.reader.reading import drafts_of, passages_read, prompt, question_read
 
 
 class Pricing:
@@ -39,8 +37,7 @@ class Pricing:
         return dataclasses.replace(self._estimates[key])  # a copy: callers mark it heavy
 
     def _estimate(self, q: str, modes: list[str], s: RagSettings, passages: list[Passage] | None = None) -> Cost:
-        pairs = [(p.title, p.text) for p in passages or []]
-        q = recase(q, pairs) if s.aids.recase_question else q  # "?" added: what the generator reads
+        q = question_read(s.aids, q, passages or [])  # "?" added: what the generator reads
         k = min(s.decoding.k, len(self.index)) if passages is None else len(passages)
         seconds, peak, per_mode = 0.0, 0, {}
         longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
@@ -56,7 +53,7 @@ class Pricing:
                     lengths[key] = (len(prompt(gen, q, longest if key[1] else None, s.decoding, s.aids)), 0)
             prompt_tokens, cached = lengths[key]
             drafts = "none"
-            if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+            if mode == "token" and drafts_of(s.aids):
                 # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
                 shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
                 drafts = "shared" if shared else "own"
@@ -103,17 +100,15 @@ class Pricing:
         out: dict[str, float] = {}
         for group in self.modes_by_encoder(modes):
             r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
-            qg = recase(q, [(p.title, p.text) for p in r.passages]) if s.aids.recase_question else q
-            fed = r.passages
-            if s.aids.passage_sentences:  # priced over the sentences it will read (focus.py)
-                qv = self.stack.modes[group[0]].question_encoder.encode_questions([q])[0]  # (D,)
-                fed = focus_passages(qv, r.passages, self.stack.ctx_encoder, s.aids.passage_sentences)[0]
+            qg = question_read(s.aids, q, r.passages)
+            encoder = self.stack.modes[group[0]].question_encoder  # priced over what it will read
+            fed = passages_read(s.aids, lambda: encoder.encode_questions([q])[0], r.passages, self.stack.ctx_encoder)[0]
             for m in group:
                 gen = self.stack.modes[m].generator
                 out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
         if "closed-book" in modes:
             gen = self.stack.modes["closed-book"].generator
-            qg = recase(q) if s.aids.recase_question else q
+            qg = question_read(s.aids, q)
             out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
         return {m: out[m] for m in modes if m in out}
 
@@ -122,7 +117,7 @@ class Pricing:
         speed the generator runs now, priced from what it keeps now."""
         gen = self.stack.modes[mode].generator
         drafts = "none"
-        if mode == "token" and s.aids.token_drafts and not s.aids.context_contrast:
+        if mode == "token" and drafts_of(s.aids):
             shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
             drafts = "shared" if shared else "own"
         d = s.decoding

@@ -26,3 +26,10 @@ def test_every_package_path_the_code_names_exists():
             if not (PACKAGE.parent / named).is_file():
                 stale.append(f"{path.relative_to(PACKAGE.parent)} names {named}")
     assert not stale, stale
+
+
+def test_the_pipeline_branches_on_no_reader_aid():
+    """Which aids are on is the reader's business (reader/reading.py, reader/aided.py): the answer
+    flow asks it what the generator reads and which hooks run, and names no aid itself."""
+    text = (PACKAGE / "pipeline.py").read_text(encoding="utf-8")
+    assert re.findall(r"\baids\.\w+", text) == []

@@ -43,6 +43,12 @@ def prompt(gen: Generator, question: str, doc: Doc | None, d: Decoding, aids: Re
     return gen.prompt(question, doc, d.max_doc_tokens, d.answer_style, aids.question_position, examples)
 
 
+def drafts_of(aids: ReaderAids) -> bool:
+    """Whether RAG-Token weighs each passage's drafts (token_drafts): contrast decoding has its own
+    rule for choosing tokens, so the drafts stay out of it."""
+    return aids.token_drafts and not aids.context_contrast
+
+
 def rejects_for(gen: Generator, question: str, aids: ReaderAids, subjects: Sequence[tuple[str, str]] = (),
                 read: Sequence[str] = ()) -> Rejects:
     """The test of an answer (token ids) no question can want: it only repeats words of the
@@ -82,8 +88,7 @@ class AidedReader(Reader):
                                               [f"{p.title} {p.text}" for p in fed])
         self.contrast_prompt = prompt(gen, question, None, d, aids) if aids.context_contrast and not closed_book else None
         self._contrast = None  # the closed-book row's prefill, made when a search first needs it
-        # contrast decoding has its own rule for choosing tokens: the drafts stay out of it
-        self.drafts = aids.token_drafts and not aids.context_contrast and not closed_book
+        self.drafts = drafts_of(aids) and not closed_book
         self.decodes_again = aids.echo_retries > 0 or self.drafts
         self.key = ("aided", tuple(aids.model_dump().items()), _ids(self.spans), _ids(self.titles))
 
