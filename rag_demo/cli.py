@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--fit-from", default="assets/results/qa_dev.jsonl", help="--fit-cost: the sweep run whose "
                     "answer lengths are the typical ones (default: the shipped dev run)")
     be.add_argument("--cost-out", default="assets/cost_fit.json", help="--fit-cost: where to write the fit")
+    be.add_argument("--fit-rows-out", default=None, help="--fit-cost: also write every answer measured (id, preset, "
+                    "mode, seconds, text) as JSON Lines here")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")
     be.add_argument("--scale-n", type=int, default=1_000_000, help="vectors for --scale (default 1,000,000)")
@@ -400,7 +402,8 @@ def cmd_bench(args) -> int:
         command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] \
             else "python -m rag_demo bench --fit-cost"
         pipe = RagPipeline.load(_spec(args), progress=_load_progress)
-        about = fit_cost(pipe, args.qa, args.fit_from, ("paper", "aided"), args.cost_out, command, args.n, _progress)
+        about = fit_cost(pipe, args.qa, args.fit_from, ("paper", "aided"), args.cost_out, command, args.n, _progress,
+                         rows_out=args.fit_rows_out)
         print(format_report(about))
         _progress(f"Saved {args.cost_out}")
         return 0

@@ -52,7 +52,7 @@ def measure(pipe, questions: list, presets: tuple[str, ...], say: Callable[[str]
                 for m, a in answers.items():
                     out.append({"question_id": qid, "preset": preset, "mode": m, "reask": again,
                                 "seconds": a.timings["total"], "worst": worst[m], "expected": a.expected_seconds,
-                                "n_tokens": len(a.token_ids)})
+                                "n_tokens": len(a.token_ids), "answer": a.text})
         say(f"{i}/{len(questions)} questions measured")
     return out
 
@@ -66,8 +66,9 @@ def _errors(rows: list[dict], key: str) -> dict[str, float]:
 
 
 def fit_cost(pipe, qa: str, run: str, presets: tuple[str, ...], out: str, command: str, limit: int | None = None,
-             say: Callable[[str], None] = print) -> dict:
-    """Measure, fit on one half, report on the other, save (see the module docstring)."""
+             say: Callable[[str], None] = print, rows_out: str | None = None) -> dict:
+    """Measure, fit on one half, report on the other, save (see the module docstring); `rows_out`:
+    every answer measured (question id, preset, mode, seconds, its text) as JSON Lines too."""
     from rag_demo.models.cost import CostFit
 
     items = read_qa(qa, limit).items
@@ -76,6 +77,9 @@ def fit_cost(pipe, qa: str, run: str, presets: tuple[str, ...], out: str, comman
     say("Warming up and calibrating the cost model, as the app does ...")
     pipe.warm_up()
     rows = measure(pipe, questions, presets, say)
+    if rows_out:
+        Path(rows_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(rows_out).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     fit_rows = [r for r in rows if not held_out(r["question_id"])]
     test_rows = [r for r in rows if held_out(r["question_id"])]
 
