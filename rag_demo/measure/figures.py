@@ -499,7 +499,8 @@ def plain_vs_aided(df: pd.DataFrame, k: int = 5, retriever: str = "dense", metri
             if (table["timing"] == KEPT).any() else "")
     return _finish(_layered(link, points, mine), f"Plain RAG against reader aids, K={k}",
                    "Up is more right answers, right is slower: each line joins a mode's plain and aided "
-                   "runs, so its slope is accuracy bought per second." + note)
+                   "runs, so its slope is accuracy bought per second. A question's modes are answered in "
+                   "one call, as on the page: the second RAG mode reads the prefill the first one made." + note)
 
 
 # ---------------------------------------------------------------- is the confidence honest?
