@@ -247,6 +247,9 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     answers = {m: card_checks(page, m, k=2) for m in ("sequence", "token")}
     closed = page.locator("#rag-answer-closed-book .rag-answer").inner_text().strip()
     assert closed and page.locator("#rag-answer-closed-book a.rag-tok").count() == 0
+    for mode in ("sequence", "token", "closed-book"):  # every card says how likely it is right
+        said = page.locator(f"#rag-answer-{mode} .rag-confidence")
+        assert said.count() == 1 and ("%" in said.inner_text() or "not calibrated" in said.inner_text()), mode
     rows = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) tbody tr")
     assert rows.count() == 2
     assert rows.first.locator(".rag-ptitle").inner_text().strip() == "seurat"

@@ -89,3 +89,4 @@ def test_the_code_names_the_preset_and_every_changed_knob():
     compile(code, "show_the_code", "exec")  # valid Python as printed
     assert reproduce.caveat("upload", False).startswith("Your uploaded documents")
     assert reproduce.caveat("builtin", True).startswith("Your edited passage") and reproduce.caveat("builtin", False) == ""
+

@@ -1493,3 +1493,17 @@ def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, pres
     assert run.returncode == 0, run.stderr[-2000:]
     said = [t.strip() for t in re.findall(r"^Answer: (.*)$", run.stdout, re.M)]
     assert said == [shown["sequence"], shown["token"], shown["closed-book"]], (said, shown)
+
+
+def test_every_card_shows_its_confidence_or_why_it_has_none():
+    """A card in every mode says how likely its answer is right (its own number, rounded), marked
+    low when the probably-wrong cue fired; without a fitted model it says so rather than hide it."""
+    cue = {"kind": "probably_wrong", "text": "Probably wrong: ..."}
+    for mode in MODES:
+        a = answer_dict(mode) if mode != "closed-book" else answer_dict(mode, docs=[], rows=[])
+        sure = render.render_answer({**a, "confidence": 0.912, "cues": []})
+        assert 'data-confidence="0.912"' in sure and "<b>91%</b>" in sure and "rag-conf-high" in sure
+        low = render.render_answer({**a, "confidence": 0.08, "cues": [cue]})
+        assert "rag-conf-low" in low and "<b>8%</b>" in low and 'data-cue="probably_wrong"' in low
+        none = render.render_answer({**a, "confidence": None, "cues": []})
+        assert 'data-confidence=""' in none and "not calibrated" in none

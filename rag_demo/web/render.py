@@ -280,7 +280,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         f'title="{esc(decoding_tip(a["decoding"]))}">{esc(a["decoding"])}</span>{k}{stop}</div>'
     )
     cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
-    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, cues, meta,
+    parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, render_confidence(a), cues, meta,
              render_timings(a["timings"], a.get("expected_seconds"))]
     if can_continue(a):  # cut, or finished another way: it can be answered in full
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
@@ -314,6 +314,22 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f'<ol class="rag-note">{cands}</ol></details>'
             )
     return f'<div class="rag-card rag-card-{mode}" data-mode="{mode}">{"".join(parts)}</div>'
+
+
+def render_confidence(a: dict) -> str:
+    """The probability that this answer is right (Answer.confidence, rag_demo/confidence.py), or
+    why there is none: a number only where a model was fitted for this stack, preset and mode."""
+    p = a.get("confidence")
+    why = ("the probability that this answer is right, from its own numbers (its score per token and in "
+           "all, the margin to the next candidate, the best p(z|x), whether its words occur in a passage), "
+           "by a logistic regression fitted on questions nobody here wrote (README: Results)")
+    if p is None:
+        return ('<div class="rag-confidence" data-confidence="" title="no confidence model was fitted for this '
+                'stack, preset and mode">Confidence: not calibrated for these settings</div>')
+    level = "low" if any(c.get("kind") == "probably_wrong" for c in a.get("cues") or []) else (
+        "high" if p >= 0.7 else "mid")
+    return (f'<div class="rag-confidence rag-conf-{level}" data-confidence="{p:.3f}" title="{esc(why)}">'
+            f'Confidence it is right: <b>{100 * p:.0f}%</b></div>')
 
 
 def render_retriever(a: dict) -> str:
