@@ -99,3 +99,42 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
     assert token["text"].strip()
     if token["stopped"] != "time_limit":  # a whole answer (a busy CPU may cut it)
         assert "Gogh" in token["text"] or "Gogh" in ok["answers"]["sequence"]["text"]
+
+
+def test_the_penicillin_lesson_flags_its_wrong_answers_and_marks_the_words_copied(served):
+    """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app:
+    both RAG cards copy the wrong name from the Fleming passage, as the lesson says, and each says
+    it is probably wrong (the confidence fitted on questions nobody here wrote, assets/
+    confidence.json); the copied words are highlighted in the passage they came from."""
+    from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM_ARGS, SHOTS, _require_browser
+
+    _require_browser()
+    url = served[0]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(url)
+            page.wait_for_selector(".rag-status[data-stack='offline']", timeout=240_000)
+            page.locator(".rag-lesson-q", has_text="Who discovered penicillin?").first.click()
+            page.wait_for_function(  # every card final (its timings shown) and the passages table drawn
+                """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
+                    && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)
+                    && document.querySelector('#rag-passages table.rag-ptable')""",
+                arg="Who discovered penicillin?", timeout=180_000, polling=200)
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "penicillin-lesson.png"), full_page=True)
+            for mode in ("sequence", "token"):
+                card = page.locator(f"#rag-answer-{mode}")
+                text = card.locator(".rag-answer").inner_text()
+                assert "Fleming" not in text, f"{mode} answered {text!r}: the lesson's failure no longer happens"
+                assert card.locator('[data-cue="probably_wrong"]').count() == 1, f"{mode}: {text!r} is not flagged"
+                assert float(card.locator(".rag-confidence").get_attribute("data-confidence")) < 0.5
+            marks = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) mark.rag-span")
+            copied = [marks.nth(i).inner_text() for i in range(marks.count())]
+            answer = page.locator("#rag-answer-token .rag-answer").inner_text().strip().rstrip(".")
+            assert any(m.strip() in answer or answer in m for m in copied), (copied, answer)
+        finally:
+            browser.close()
