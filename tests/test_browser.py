@@ -79,12 +79,12 @@ def _serve(port: int, env: dict, log_name: str, stop):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, free_port, stop_process):
-    """`python app.py` on the 3-file fixture corpus, on a free port, with a fresh index cache; yields its URL."""
+def server(free_port, stop_process):
+    """`python app.py` on the 3-file fixture corpus, on a free port, with the user's cache (the
+    converted model and the Factbook's index are built once for every app the tests start);
+    yields its URL. The tests that need an app of another configuration start their own."""
     _require_browser()
-    tmp = tmp_path_factory.mktemp("app")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "RAG_DEMO_CACHE": str(tmp / "cache")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     with _serve(free_port(), env, "browser_app.log", stop_process) as url:
         yield url
 
@@ -787,27 +787,18 @@ def test_a_card_a_stop_made_rank_the_fast_way_says_so_in_its_head_and_closed_boo
 FACTBOOK_BUILD_TIMEOUT_MS = 1_500_000
 
 
-@pytest.fixture(scope="module")
-def factbook_page(browser, free_port, stop_process):
-    """A page of its own app (the fixture corpus built in, the user's index cache), in the
-    module's browser (a second sync_playwright inside the first one's loop is refused)."""
-    with _own_app_page(browser, free_port(), stop_process, "factbook") as page_and_url:
-        yield page_and_url
-
-
 def choose_corpus(pg, label: str) -> None:
     pg.locator("#rag-corpus input").click()
     pg.get_by_role("option", name=label, exact=True).click()
 
 
-def test_switch_to_the_factbook_and_answer_from_it_then_back(factbook_page):
+def test_switch_to_the_factbook_and_answer_from_it_then_back(page, server):
     """The corpus dropdown's second built-in corpus. Choosing the CIA World Factbook builds
     (or loads) its index; the answer and the passages shown then come from the Factbook (titled
     "<country>: <section>", linked to the CIA's page); choosing the first corpus goes back."""
     from playwright.sync_api import expect
 
-    page, url = factbook_page
-    wait_ready(page, url)
+    wait_ready(page, server)  # the shared app: the corpus is this browser session's choice alone
     small_settings(page, k=2, max_new=12)
     choose_corpus(page, "CIA World Factbook (built in)")
     page.wait_for_selector(".rag-status[data-corpus='CIA World Factbook']", timeout=FACTBOOK_BUILD_TIMEOUT_MS)
