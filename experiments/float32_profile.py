@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rag_demo.measure.bench import load_avg
+    from rag_demo.measure.latency import load_avg
     from rag_demo.measure.evaluate import machine_info
     from rag_demo.measure.qa_files import load_qa
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(prof: Profile, pipe, gen, modes, questions, gflops: float, gbps: float) -> int:
     """Each mode's answers timed stage by stage and bounded (main's measurement)."""
-    from rag_demo.measure.bench import forget_passages, load_avg
+    from rag_demo.measure.latency import forget_passages, load_avg
 
     dims = model_dims(gen)
     n = max(1, len(questions) - 1)
