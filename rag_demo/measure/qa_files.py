@@ -10,8 +10,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rag_demo.config import MODES
-from rag_demo.knowledge.retrievers import RETRIEVERS
+from rag_demo.config import KNOBS, MODES
 from rag_demo.reader.text import normalize_answer
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,7 @@ def parse_modes(text: str) -> list[str]:
 
 def parse_retrievers(text: str) -> list[str]:
     names = [r.strip() for r in text.split(",") if r.strip()]
-    unknown = [r for r in names if r not in RETRIEVERS]
+    unknown = [r for r in names if r not in KNOBS["retriever"].choices]
     if unknown or not names:
-        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of {', '.join(RETRIEVERS)}.")
+        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of {', '.join(KNOBS['retriever'].choices)}.")
     return list(dict.fromkeys(names))
