@@ -153,7 +153,7 @@ class TableGenerator(Generator):
         assert abs(sum(p) - 1) < 1e-12, (doc, prefix)  # a table row is a distribution (exact decimals)
         return torch.tensor(p, dtype=torch.float64).log().float()  # (V,)
 
-    def prefill(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> tuple[torch.Tensor, TableState]:
+    def prefill(self, prompts: Sequence[Sequence[int]], keep_prompt_logprobs: int = 0) -> tuple[torch.Tensor, TableState]:
         """One row per prompt; a prompt is [doc] -> first-step log-probs (R, V) and the state."""
         docs = [p[0] for p in prompts]
         return torch.stack([self._lp(d, ()) for d in docs]), TableState(docs, [()] * len(docs))

@@ -90,9 +90,9 @@ def test_the_model_catches_up_with_the_tokens_it_skipped(smollm_tokenizer_folder
     feed = [torch.tensor([[11]] * len(prompts)), torch.tensor([[12]] * len(prompts)),
             torch.tensor([[13], [14], [15], [16]]), torch.tensor([[17]] * len(prompts))]
 
-    def walk(gen, score_last: int, steps: int) -> list[torch.Tensor]:
-        lp, state = gen.prefill(prompts, score_last=score_last)  # (K, V)
-        out = [lp] + ([state.prompt_lp] if score_last else [])
+    def walk(gen, keep_prompt_logprobs: int, steps: int) -> list[torch.Tensor]:
+        lp, state = gen.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)  # (K, V)
+        out = [lp] + ([state.prompt_lp] if keep_prompt_logprobs else [])
         for t in feed[:steps]:
             out.append(gen.advance(state, t)[:, -1])  # (K, V)
         return out

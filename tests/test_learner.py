@@ -147,7 +147,7 @@ def test_the_estimate_follows_the_speed_measured_since_warm_up():
 
 def test_timed_calls_feed_the_speed():
     class Slow:
-        def prefill(self, prompts, score_last=0):
+        def prefill(self, prompts, keep_prompt_logprobs=0):
             time.sleep(0.02)
             return "lp", "state"
 

@@ -111,8 +111,8 @@ def test_same_answers_and_scores_with_the_cache_on_and_off(smollm_tokenizer_fold
     assert off.passage_cache.stats().entries == 0
 
 
-@pytest.mark.parametrize("score_last", [0, 5])
-def test_prefill_is_the_plain_models_on_each_whole_prompt(smollm_tokenizer_folder, score_last):
+@pytest.mark.parametrize("keep_prompt_logprobs", [0, 5])
+def test_prefill_is_the_plain_models_on_each_whole_prompt(smollm_tokenizer_folder, keep_prompt_logprobs):
     """Against the model itself (no cache, no shared opening): each row's next-token log-probs
     and its question tokens' log-probs after a first prefill and after a cached one, and a
     decoding step after each."""
@@ -125,14 +125,14 @@ def test_prefill_is_the_plain_models_on_each_whole_prompt(smollm_tokenizer_folde
             return torch.log_softmax(gen.model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
 
     for _ in range(2):  # passages run and kept, then read from the cache
-        lp, state = gen.prefill(prompts, score_last=score_last)  # (K, V)
+        lp, state = gen.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)  # (K, V)
         step = gen.advance(state, torch.tensor([[11]] * len(prompts)))[:, -1]  # (K, V)
         for r, p in enumerate(prompts):
             whole = plain(list(p) + [11])  # (len+1, V)
             _close(lp[r: r + 1], whole[-2:-1], ATOL[torch.float32])
             _close(step[r: r + 1], whole[-1:], ATOL[torch.float32])
-            if score_last:
-                want = whole[-score_last - 2: -2].gather(1, torch.tensor(p[-score_last:]).unsqueeze(1)).squeeze(1)
+            if keep_prompt_logprobs:
+                want = whole[-keep_prompt_logprobs - 2: -2].gather(1, torch.tensor(p[-keep_prompt_logprobs:]).unsqueeze(1)).squeeze(1)
                 _close(state.prompt_lp[r], want, ATOL[torch.float32])
     assert gen.passage_cache.stats().hits == len(prompts)
 

@@ -52,11 +52,11 @@ def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_token
     for i, q in enumerate(QUESTIONS):
         prompts = _prompts(keep, q)
         before = keep.prefix_tokens_run
-        for score_last in (0, 3):
-            a_lp, a = keep.prefill(prompts, score_last=score_last)  # (K, V)
-            b_lp, b = fresh.prefill(prompts, score_last=score_last)
+        for keep_prompt_logprobs in (0, 3):
+            a_lp, a = keep.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)  # (K, V)
+            b_lp, b = fresh.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)
             _same(a_lp, b_lp)
-            if score_last:
+            if keep_prompt_logprobs:
                 _same(a.prompt_lp, b.prompt_lp)
         ran, P = keep.prefix_tokens_run - before, shared_prefix(prompts, keep=4)
         assert P > 150  # system prompt + 2 worked examples + this question's passage header

@@ -126,7 +126,7 @@ def test_prior_temperature_tempers_the_readers_vote_too():
         torch.testing.assert_close(voted_prior(scores, question_lp, 0.5, t), want, atol=1e-6, rtol=0)
 
     class Stub:  # the prefill alone
-        def prefill(self, prompts, score_last=0):
+        def prefill(self, prompts, keep_prompt_logprobs=0):
             return torch.zeros(3, 5), SimpleNamespace(prompt_lp=None)  # (K, V), state
 
         def stop_token_ids(self, style):
@@ -302,7 +302,7 @@ def test_prefill_scores_the_prompt_tail_as_a_plain_forward_pass(tiny_offline):
     passages = [Passage(id=f"d#{i}", title=t, text=x) for i, (t, x) in enumerate(DOCS)]
     prompts = [gen.prompt(Q, p, 192, "short") for p in passages]  # different lengths: left padding
     n_q, n_after = gen.question_tail(prompts[0], Q)
-    first_lp, state = gen.prefill(prompts, score_last=n_q + n_after)
+    first_lp, state = gen.prefill(prompts, keep_prompt_logprobs=n_q + n_after)
     plain_first, plain_state = gen.prefill(prompts)
     assert plain_state.prompt_lp is None and state.prompt_lp.shape == (3, n_q + n_after)
     # float32, same weights, padded batch vs one unpadded row: measured differences ~1e-6; 1e-4 margin
@@ -310,14 +310,14 @@ def test_prefill_scores_the_prompt_tail_as_a_plain_forward_pass(tiny_offline):
     for i, one in enumerate(prompts):
         want = _question_logprob(gen, one, Q)
         assert float(state.prompt_lp[i, :n_q].sum()) == pytest.approx(want, abs=1e-3)
-    with pytest.raises(ValueError, match="score_last=999 is out of range"):
-        gen.prefill(prompts, score_last=999)
+    with pytest.raises(ValueError, match="keep_prompt_logprobs=999 is out of range"):
+        gen.prefill(prompts, keep_prompt_logprobs=999)
     shared = G.SharedPrefill(gen)
-    _, a = shared.prefill(prompts, score_last=n_q + n_after)
-    _, b = shared.prefill(prompts, score_last=n_q + n_after)
+    _, a = shared.prefill(prompts, keep_prompt_logprobs=n_q + n_after)
+    _, b = shared.prefill(prompts, keep_prompt_logprobs=n_q + n_after)
     assert shared.prefills == 1 and torch.equal(a.prompt_lp, state.prompt_lp) and a.prompt_lp is not b.prompt_lp
     shared.prefill(prompts[:1])  # another prompt set between the two modes (context contrast's)
-    _, c = shared.prefill(prompts, score_last=n_q + n_after)
+    _, c = shared.prefill(prompts, keep_prompt_logprobs=n_q + n_after)
     assert shared.prefills == 2 and torch.equal(c.prompt_lp, state.prompt_lp)  # the K prompts were kept
 
 
@@ -356,8 +356,8 @@ def test_encoder_decoder_generators_do_not_predict_their_input(tiny_ckpts):
     _, gen = load_rag_checkpoint(str(tiny_ckpts["rag_token"]), "token")
     prompt = gen.prompt(Q, FLEMING, 64)
     assert gen.question_tail(prompt, Q) is None
-    with pytest.raises(ValueError, match="score_last=3: an encoder-decoder generator reads its input"):
-        gen.prefill([prompt], score_last=3)
+    with pytest.raises(ValueError, match="keep_prompt_logprobs=3: an encoder-decoder generator reads its input"):
+        gen.prefill([prompt], keep_prompt_logprobs=3)
 
 
 def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(tiny_offline):

@@ -259,12 +259,12 @@ class Timed:
         """Positions the generator has run so far (None: it does not count them; it keeps nothing)."""
         return getattr(self._gen, "positions_run", None)
 
-    def prefill(self, prompts, score_last: int = 0):
+    def prefill(self, prompts, keep_prompt_logprobs: int = 0):
         # kept passages are not run: priced as run, a re-ask would look like a faster machine
         cached = getattr(self._gen, "cached_tokens", None)
-        kept = cached(prompts, score_last) if cached is not None else 0
+        kept = cached(prompts, keep_prompt_logprobs) if cached is not None else 0
         before, t0 = self._ran(), time.perf_counter()
-        out = self._gen.prefill(prompts, score_last=score_last)
+        out = self._gen.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)
         if before is None or self._ran() != before:  # read from kept hidden states: nothing ran to time
             tokens = len(prompts) * max(len(p) for p in prompts) - kept
             self._speed.observe(tokens * self._model.prefill_s_per_token, time.perf_counter() - t0)

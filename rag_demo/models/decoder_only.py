@@ -218,29 +218,29 @@ class DecoderOnlyGenerator(Generator):
         return cache
 
     @torch.inference_mode()
-    def prefill(self, prompts, score_last: int = 0):
+    def prefill(self, prompts, keep_prompt_logprobs: int = 0):
         """`_prefill` of the prompts, or, when the last hidden states of every prompt (and of the
-        n = score_last prefixes before it) are kept in `hidden_cache`, no model call at all: the
+        n = keep_prompt_logprobs prefixes before it) are kept in `hidden_cache`, no model call at all: the
         log-probs come from the kept states and the state is lazy (`GenState.lazy`): the prompts'
         prefill runs, once for every copy of the state, when a later step reads something not kept
         (`_hidden`), and the tokens fed meanwhile run after it. Every hidden state computed is kept."""
-        if not 0 <= score_last < min(len(p) for p in prompts):
-            raise ValueError(f"score_last={score_last!r} is out of range: use 0 to one less than the shortest prompt.")
+        if not 0 <= keep_prompt_logprobs < min(len(p) for p in prompts):
+            raise ValueError(f"keep_prompt_logprobs={keep_prompt_logprobs!r} is out of range: use 0 to one less than the shortest prompt.")
         if not self.hidden_cache.max_bytes:
-            hidden, state = self._prefill(prompts, score_last)  # (R, n+1, H)
-            return self._first_step(self._logits(hidden), last_tokens(prompts, score_last), score_last, state)
+            hidden, state = self._prefill(prompts, keep_prompt_logprobs)  # (R, n+1, H)
+            return self._first_step(self._logits(hidden), last_tokens(prompts, keep_prompt_logprobs), keep_prompt_logprobs, state)
         R = len(prompts)
-        digs = [[digest(p[: len(p) - j]) for j in range(score_last, -1, -1)] for p in prompts]  # (R, n+1)
+        digs = [[digest(p[: len(p) - j]) for j in range(keep_prompt_logprobs, -1, -1)] for p in prompts]  # (R, n+1)
         kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, n+1) of (H,) or None
         if all(h is not None for row in kept for h in row):
             hidden = torch.stack([torch.stack(row) for row in kept])  # (R, n+1, H)
             state = GenState(cache=None, mask=torch.ones((R, 0), dtype=torch.long),
                              lazy=(LazyPrefill(prompts), list(range(R))))
         else:
-            hidden, state = self._prefill(prompts, score_last)  # (R, n+1, H)
+            hidden, state = self._prefill(prompts, keep_prompt_logprobs)  # (R, n+1, H)
             self._keep(digs, kept, hidden)
         state.digests, state.pending = [row[-1] for row in digs], torch.zeros((R, 0), dtype=torch.long)  # pending (R, 0)
-        return self._first_step(self._logits(hidden), last_tokens(prompts, score_last), score_last, state)
+        return self._first_step(self._logits(hidden), last_tokens(prompts, keep_prompt_logprobs), keep_prompt_logprobs, state)
 
     def _keep(self, digs: list[list[bytes]], kept: list[list], hidden: torch.Tensor) -> None:
         """Keep hidden[r, j] (R, L, H) under digs[r][j] where kept[r][j] says it was not kept."""
@@ -249,22 +249,22 @@ class DecoderOnlyGenerator(Generator):
                 if kept[r][j] is None:
                     self.hidden_cache.put(d, hidden[r, j])
 
-    def _prefill(self, prompts, score_last: int = 0, hidden: bool = True) -> tuple[torch.Tensor | None, GenState]:
+    def _prefill(self, prompts, keep_prompt_logprobs: int = 0, hidden: bool = True) -> tuple[torch.Tensor | None, GenState]:
         """The K doc prompts share their opening (system prompt, chat header, worked examples):
         it runs once, as one row, its KV cache is held once for every row (SharedPrefixLayer), and
         only the rest of each prompt runs per row, left-padded after it (the padding is masked out
         and skipped by the position ids, so every row reads exactly its prompt). The opening's own
         KV comes from `_prefix_kv`, which reuses what earlier questions share; each passage's from
         `passage_cache` where an earlier question computed it (`_prefill_passages`).
-        -> the hidden states of each row's last score_last + 1 prompt positions (R, n+1, H) and the state;
+        -> the hidden states of each row's last keep_prompt_logprobs + 1 prompt positions (R, n+1, H) and the state;
         hidden=False: only the state is wanted (None may come instead of the states, when every row's
         keys and values are kept and nothing had to run)."""
-        split = self._passage_split(prompts, score_last)
+        split = self._passage_split(prompts, keep_prompt_logprobs)
         if split is not None:
-            return self._prefill_passages(prompts, score_last, *split, hidden=hidden)
-        P = shared_prefix(prompts, keep=score_last + 1)
+            return self._prefill_passages(prompts, keep_prompt_logprobs, *split, hidden=hidden)
+        P = shared_prefix(prompts, keep=keep_prompt_logprobs + 1)
         if len(prompts) == 1 and self.KEPT_PREFIXES:  # one row (closed-book): its opening can be kept too
-            P = max(0, len(prompts[0]) - score_last - 1)
+            P = max(0, len(prompts[0]) - keep_prompt_logprobs - 1)
             P = P if P >= MIN_SHARED_PREFIX else 0
         cache, head = GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:
@@ -280,7 +280,7 @@ class DecoderOnlyGenerator(Generator):
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=P + tail_mask.sum(-1))
         # only the states needed: the last position's, and before it the n positions that predict
         # the last n prompt tokens (left padding: every row's tail is aligned)
-        return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
+        return out.last_hidden_state[:, -(keep_prompt_logprobs + 1):], state  # (R, n+1, H)
 
     def _opening_cache(self, opening: tuple[int, ...]) -> "GrowingCache":
         """An empty R-row cache over `opening`'s KV, held once for all rows (SharedPrefixLayer:
@@ -289,18 +289,18 @@ class DecoderOnlyGenerator(Generator):
         return GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])
 
     @staticmethod
-    def _first_step(logits: torch.Tensor, ids: torch.Tensor, score_last: int, state: GenState):
+    def _first_step(logits: torch.Tensor, ids: torch.Tensor, keep_prompt_logprobs: int, state: GenState):
         """-> the next-token log-probs (R, V) from the prefill's logits (R, n+1, V), and the state,
         with the log-probs of the last n prompt tokens (ids (R, n)) when asked for."""
-        if score_last:
+        if keep_prompt_logprobs:
             lp = log_softmax_f32(logits[:, :-1])  # (R, n, V): position j predicts token j+1
-            state.prompt_lp = lp.gather(2, ids[:, -score_last:].unsqueeze(-1)).squeeze(-1)  # (R, n)
+            state.prompt_lp = lp.gather(2, ids[:, -keep_prompt_logprobs:].unsqueeze(-1)).squeeze(-1)  # (R, n)
         return log_softmax_f32(logits[:, -1]), state  # (R, V)
 
-    def _passage_split(self, prompts, score_last: int) -> tuple[int, list[int]] | None:
+    def _passage_split(self, prompts, keep_prompt_logprobs: int) -> tuple[int, list[int]] | None:
         """(s, ends): where each prompt's passage lies, cut as [opening: ..s][passage: s..end][rest]
         with the opening the same tokens in every prompt and the rest holding at least the last
-        score_last + 1 tokens (the positions whose logits the prefill keeps); None when the prompts
+        keep_prompt_logprobs + 1 tokens (the positions whose logits the prefill keeps); None when the prompts
         cannot be split so (no `Prompt.passage`, an opening too short to keep) or no cache is kept."""
         if not self.passage_cache.max_bytes or not all(getattr(p, "passage", None) for p in prompts):
             return None
@@ -308,7 +308,7 @@ class DecoderOnlyGenerator(Generator):
         first = prompts[0]
         s = next((i for i in range(s) if any(p[i] != first[i] for p in prompts[1:])), s)  # shared by every prompt
         ends = [p.passage[1] for p in prompts]
-        if s < MIN_SHARED_PREFIX or any(e <= s or len(p) - e <= score_last for p, e in zip(prompts, ends)):
+        if s < MIN_SHARED_PREFIX or any(e <= s or len(p) - e <= keep_prompt_logprobs for p, e in zip(prompts, ends)):
             return None
         return s, ends
 
@@ -321,8 +321,8 @@ class DecoderOnlyGenerator(Generator):
     def prompts_kept(self, prompts) -> bool:
         return bool(self.hidden_cache.max_bytes) and all(digest(p) in self.hidden_cache for p in prompts)
 
-    def cached_tokens(self, prompts, score_last: int = 0) -> int:
-        split = self._passage_split(prompts, score_last)
+    def cached_tokens(self, prompts, keep_prompt_logprobs: int = 0) -> int:
+        split = self._passage_split(prompts, keep_prompt_logprobs)
         if split is None:
             return 0
         s, ends = split
@@ -330,7 +330,7 @@ class DecoderOnlyGenerator(Generator):
         return sum(e - s for k, e in zip(keys, ends) if k in self.passage_cache)
 
     @torch.inference_mode()
-    def _prefill_passages(self, prompts, score_last: int, s: int, ends: list[int], hidden: bool = True):
+    def _prefill_passages(self, prompts, keep_prompt_logprobs: int, s: int, ends: list[int], hidden: bool = True):
         """`prefill` of prompts cut as [opening][passage][rest] (`_passage_split`). Each row's own
         positions are [padding][its passage][padding][its rest]: the passages end aligned, the
         rests end aligned (the rests are the question's part, the same tokens in every row unless
@@ -387,7 +387,7 @@ class DecoderOnlyGenerator(Generator):
                 self.passage_cache.put(keys[r], stacked_layers(own))
             keep_rests(layers)
             state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
-            return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
+            return out.last_hidden_state[:, -(keep_prompt_logprobs + 1):], state  # (R, n+1, H)
         if missing:  # some kept: the others' passages run on their own, as rows of their own width
             rows = torch.tensor(missing)  # (M,) the rows whose passages run
             Wm = int(lens[rows].max())
@@ -431,7 +431,7 @@ class DecoderOnlyGenerator(Generator):
         self.positions_run += int(rest_mask.sum())
         keep_rests(out.past_key_values.layers)
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
-        return out.last_hidden_state[:, -(score_last + 1):], state  # (R, n+1, H)
+        return out.last_hidden_state[:, -(keep_prompt_logprobs + 1):], state  # (R, n+1, H)
 
     @torch.inference_mode()
     def _hidden(self, state, tokens):

@@ -49,11 +49,11 @@ class EncoderDecoderGenerator(Generator):
         return tok(text)["input_ids"]
 
     @torch.inference_mode()
-    def prefill(self, prompts, score_last: int = 0):
-        if score_last:
+    def prefill(self, prompts, keep_prompt_logprobs: int = 0):
+        if keep_prompt_logprobs:
             raise ValueError(
-                f"score_last={score_last!r}: an encoder-decoder generator reads its input, it does not predict it; "
-                "use score_last=0 (question_tail is None for this generator)."
+                f"keep_prompt_logprobs={keep_prompt_logprobs!r}: an encoder-decoder generator reads its input, it does not predict it; "
+                "use keep_prompt_logprobs=0 (question_tail is None for this generator)."
             )
         ids, mask = pad_rows(prompts, self.pad_token_id)  # (R, S) right-padded
         return self.prefill_ids(ids, mask)

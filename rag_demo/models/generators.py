@@ -44,7 +44,7 @@ class GenState:
     next_pos: torch.Tensor | None = None  # (R,) dec-only: position id of the next token
     # enc-dec: the cross-attention mask, built from `mask` once per state (None: no padding)
     cross_mask: torch.Tensor | None = None  # (R, 1, 1, S)
-    # dec-only prefill(score_last=n): log p(prompt token | the prompt before it) of each row's
+    # dec-only prefill(keep_prompt_logprobs=n): log p(prompt token | the prompt before it) of each row's
     # last n prompt tokens (R, n), read from the prefill's own logits (the question's likelihood
     # under each passage, RagSettings.question_weight); None when not asked for
     prompt_lp: torch.Tensor | None = None
@@ -119,13 +119,13 @@ class Generator:
         token is a generated token: it is kept in the answer's ids and scored like any other."""
         return self.eos_token_ids
 
-    def prefill(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> tuple[torch.Tensor, GenState]:
-        """Run R prompts; -> next-token log-probs (R, V) and the state after them. score_last=n
+    def prefill(self, prompts: Sequence[Sequence[int]], keep_prompt_logprobs: int = 0) -> tuple[torch.Tensor, GenState]:
+        """Run R prompts; -> next-token log-probs (R, V) and the state after them. keep_prompt_logprobs=n
         (decoder-only) also keeps, in state.prompt_lp (R, n), the log-prob of each row's last n
         prompt tokens given the tokens before them, from the same forward pass."""
         raise NotImplementedError
 
-    def cached_tokens(self, prompts: Sequence[Sequence[int]], score_last: int = 0) -> int:
+    def cached_tokens(self, prompts: Sequence[Sequence[int]], keep_prompt_logprobs: int = 0) -> int:
         """How many of the prompts' tokens a prefill would not run because their keys and values
         are kept from earlier questions (passages: DecoderOnlyGenerator.passage_cache); 0 here."""
         return 0
@@ -274,10 +274,10 @@ class SharedPrefill:
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
-    def prefill(self, prompts, score_last: int = 0):
-        key = (score_last, tuple(tuple(p) for p in prompts))
+    def prefill(self, prompts, keep_prompt_logprobs: int = 0):
+        key = (keep_prompt_logprobs, tuple(tuple(p) for p in prompts))
         if key not in self._outs:
-            self._outs[key] = self._gen.prefill(prompts, score_last=score_last)
+            self._outs[key] = self._gen.prefill(prompts, keep_prompt_logprobs=keep_prompt_logprobs)
             self.prefills += 1
         first_lp, state = self._outs[key]  # (R, V), R rows
         copy = self._gen.select(state, torch.arange(state.rows))

@@ -155,10 +155,10 @@ def prefill(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, 
     log p(z|x) = log_softmax_z(doc_scores_z / T): doc_scores = scale · q(x)·d(z), the retriever's
     logits; T = d.prior_temperature. The reader's `prior` hook may add its own evidence read
     from the same prefill (the paper's prior is the retriever's alone)."""
-    first_lp, state = gen.prefill(prompts, score_last=reader.score_last)  # (K, V)
+    first_lp, state = gen.prefill(prompts, keep_prompt_logprobs=reader.keep_prompt_logprobs)  # (K, V)
     logits = torch.as_tensor(doc_scores, dtype=torch.float32)  # (K,)
     # the doc log-prior enters here, once, for every formula below
-    prompt_lp = state.prompt_lp if reader.score_last else None  # (K, n) the prompt tokens the hook asked for
+    prompt_lp = state.prompt_lp if reader.keep_prompt_logprobs else None  # (K, n) the prompt tokens the hook asked for
     prior, question_lp = reader.prior(logits, prompt_lp, d.prior_temperature)  # (K,)
     return Prefilled(gen, prompts, first_lp, state, prior, gen.stop_token_ids(d.answer_style), d, stop, reader,
                      question_lp)

@@ -80,7 +80,7 @@ class Reader:
 
     key: tuple = ()
     # prompt tokens, counted from the end, whose log-probs `prior` reads from the prefill (0: none)
-    score_last: int = 0
+    keep_prompt_logprobs: int = 0
     # whether a hook decodes again from the prefill state (then the first search runs on a copy)
     decodes_again: bool = False
 

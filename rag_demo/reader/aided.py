@@ -83,7 +83,7 @@ class AidedReader(Reader):
                        if aids.title_candidates and d.answer_style == "short" and decoder_only else None)
         # where the question sits in the prompts, for the generator's vote on p(z|x)
         self.tail = gen.common_question_tail(prompts, question) if aids.question_weight and not closed_book else None
-        self.score_last = sum(self.tail) if self.tail else 0
+        self.keep_prompt_logprobs = sum(self.tail) if self.tail else 0
         self.rejects = rejects or rejects_for(gen, question, aids, passages if aids.echo_subjects else (),
                                               [f"{p.title} {p.text}" for p in fed])
         self.contrast_prompt = prompt(gen, question, None, d, aids) if aids.context_contrast and not closed_book else None

@@ -105,8 +105,8 @@ class _Gated:
         with self._gate.step(self._priority):
             return fn(*args, **kwargs)
 
-    def prefill(self, prompts, score_last: int = 0):
-        return self._call(self._gen.prefill, prompts, score_last=score_last)
+    def prefill(self, prompts, keep_prompt_logprobs: int = 0):
+        return self._call(self._gen.prefill, prompts, keep_prompt_logprobs=keep_prompt_logprobs)
 
     def advance(self, state, tokens):
         return self._call(self._gen.advance, state, tokens)
