@@ -17,11 +17,11 @@ import math
 import pytest
 import torch
 
+from rag_demo.measure.reference import rag_sequence_logprob_hf  # the reference's convention (parity only)
 from rag_demo.rag.marginalize import (
     doc_log_prior,
     logprob_without_each,
     rag_sequence_logprob,
-    rag_sequence_logprob_hf,
     rag_token_logprob,
     rag_token_next,
     sequence_posteriors,

@@ -21,7 +21,7 @@ from rag_demo.knowledge.index import build_index
 from rag_demo.rag.marginalize import doc_log_prior, rag_sequence_logprob
 from rag_demo.models.generators import pad_rows
 from rag_demo.models.random_models import fixture_passages
-from rag_demo.measure.reference import reference_generate, reference_tokens
+from rag_demo.measure.reference import REFERENCE_SCORING, reference_generate, reference_tokens, rag_sequence_logprob_hf
 from rag_demo.models.stacks import load_rag_checkpoint
 
 K = 3
@@ -185,7 +185,6 @@ def test_rag_sequence_scores_match_reference_get_nll(tiny_ckpts, index, question
     first_lp, state = gen.prefill(prompts)
     lp, m = score_candidates(gen, state, first_lp, cands, gen.pad_token_id)  # (K, C, T)
     prior = doc_log_prior(scores[0])
-    from rag_demo.rag.marginalize import rag_sequence_logprob_hf
 
     lp_c = lp.permute(1, 0, 2)  # (C, K, T)
     hf_style = rag_sequence_logprob_hf(lp_c, prior.expand(C, -1), m, first_is_bos=True)
@@ -207,7 +206,7 @@ def test_rag_sequence_thorough_matches_reference_generate(tiny_ckpts, index, que
     ref, qenc, gen = _load(tiny_ckpts, "sequence", eos_bias)
     prompts, ids, mask, scores = _inputs(qenc, gen, index, question)
     s = paper(k=K, num_beams=beams, max_new_tokens=10, sequence_decoding="thorough", length_penalty=length_penalty)
-    ours = engine.rag_sequence(gen, prompts, scores[0], s, PAPER, hf_compat_score=True)  # ranked by the reference's score
+    ours = engine.rag_sequence(gen, prompts, scores[0], s, REFERENCE_SCORING)  # ranked by the reference's score
     assert ours.tokens == _want(ref, gen, ids, mask, scores, beams, 10, length_penalty)
     assert max(ours.candidates, key=lambda c: c[1])[0] == ours.tokens  # the answer is the best-scored candidate
 

@@ -16,6 +16,44 @@ import torch
 
 from rag_demo.config import RagSettings
 from rag_demo.models.generators import pad_rows
+from rag_demo.rag.hooks import Reader
+
+
+def rag_sequence_logprob_hf(
+    lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor, first_is_bos: bool
+) -> torch.Tensor:
+    """The reference's RAG-Sequence score (transformers `RagSequenceForGeneration.get_nll` with
+    `exclude_bos_score=True`), reproduced for parity tests only.
+
+    It adds the prior to the *second* token's log-prob, and if every candidate starts with
+    BOS it drops the first token's score. So a one-token answer, or one whose second position
+    is padding, silently loses its prior (huggingface/transformers#9312). Ours
+    (`rag_sequence_logprob`) always adds it once.
+
+    lp (..., K, T), prior (..., K), mask (..., T), first_is_bos: as the reference's
+    `target[:, 0].eq(bos).all()` over all candidates -> (...).
+    """
+    lp = lp.clone()
+    if lp.shape[-1] > 1:
+        lp[..., 1] = lp[..., 1] + prior  # (..., K)  prior at the second token
+    lp = torch.where(mask.unsqueeze(-2).bool(), lp, 0.0)  # (..., K, T)  masked after adding: a pad there loses the prior
+    if first_is_bos:
+        lp = lp[..., 1:]  # (..., K, T-1)
+    return torch.logsumexp(lp.sum(-1), dim=-1)  # (...)
+
+
+class ReferenceScoring(Reader):
+    """The paper's reader, except that thorough RAG-Sequence ranks its candidates by the
+    reference's score (`rag_sequence_logprob_hf`): what the parity checks compare against
+    transformers' generate, which ranks that way."""
+
+    def sequence_scores(self, lp, prior, mask, gen, candidates):
+        bos = getattr(gen.tokenizer, "bos_token_id", None)
+        first_is_bos = bos is not None and all(c and c[0] == bos for c in candidates)
+        return rag_sequence_logprob_hf(lp, prior.expand(lp.shape[0], -1), mask, first_is_bos)  # (C,)
+
+
+REFERENCE_SCORING = ReferenceScoring()
 
 
 def reference_generate(model, ids: torch.Tensor, mask: torch.Tensor, doc_scores: torch.Tensor,
@@ -103,7 +141,7 @@ def compare_with_transformers(paths: dict, cases: list[tuple[str, list]], max_ne
         s = RagSettings(preset="paper", k=n_docs, num_beams=1, max_new_tokens=max_new_tokens,
                         sequence_decoding="thorough", length_penalty=1.0).decoding
         # RAG-Sequence candidates are ranked with the reference's score convention
-        run = rag_token if mode == "token" else (lambda g, p, d, st: rag_sequence(g, p, d, st, hf_compat_score=True))
+        run = rag_token if mode == "token" else (lambda g, p, d, st: rag_sequence(g, p, d, st, REFERENCE_SCORING))
         rows = []
         for i, (q, passages) in enumerate(cases):
             if len(passages) != n_docs:

@@ -30,7 +30,6 @@ from rag_demo.rag.decoding import Hyp, Rows, Step, score_candidates, search
 from rag_demo.rag.hooks import PAPER, Prefilled, Reader, Search, Stop
 from rag_demo.rag.marginalize import (
     rag_sequence_logprob,
-    rag_sequence_logprob_hf,
     rag_token_logprob,
     sequence_posteriors,
     token_posteriors,
@@ -235,8 +234,8 @@ def doc_searches(q: Prefilled, on_step=None) -> tuple[list[list[Hyp]], str | Non
 
 
 def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, d: Decoding,
-                 reader: Reader = PAPER, stop: Stop | None = None, on_partial: OnPartial | None = None,
-                 hf_compat_score: bool = False) -> Generation:
+                 reader: Reader = PAPER, stop: Stop | None = None, on_partial: OnPartial | None = None
+                 ) -> Generation:
     """RAG-Sequence: p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i).
 
     Candidates come from a search under each passage (`doc_searches`). "thorough": every
@@ -245,10 +244,9 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     then scored under all passages once, for its log p(y|x) (the candidates list keeps the fast
     scores that ranked them) and the attribution.
 
-    hf_compat_score: rank thorough candidates with transformers' RAG-Sequence score instead of
-    ours (BOS excluded, prior added at the second token; huggingface/transformers#9312). Only
-    the parity checks against the reference turn it on. Other arguments as in `rag_token`; the
-    Partial holds the K drafts, one per passage."""
+    Thorough candidates are ranked by `reader.sequence_scores` (the paper's marginal; the parity
+    checks give a reader with transformers' convention, measure/reference.py). Other arguments as
+    in `rag_token`; the Partial holds the K drafts, one per passage."""
     t0 = time.perf_counter()
     q = prefill(gen, prompts, doc_scores, d, reader, stop)
     K = len(prompts)
@@ -265,7 +263,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
         if stop is not None and (reason := stop()):  # rescoring cut short: its numbers are incomplete
             stopped, lp = reason, None
     if lp is not None:  # thorough: every candidate under every passage
-        scores = _sequence_scores(lp, q.prior, mask, gen, cands, hf_compat_score)  # (C,)
+        scores = reader.sequence_scores(lp.permute(1, 0, 2), q.prior, mask, gen, [h.tokens for h in cands])  # (C,)
         win = int(torch.argmax(scores))
         t1 = time.perf_counter()
         doc_lp = lp[:, win, : len(cands[win].tokens)]  # (K, T)
@@ -347,16 +345,6 @@ def dedupe(hyps: list[Hyp]) -> list[Hyp]:
     for h in hyps:
         seen.setdefault(tuple(h.tokens), h)
     return list(seen.values())
-
-
-def _sequence_scores(lp, prior, mask, gen: Generator, cands: list[Hyp], hf_compat: bool) -> torch.Tensor:
-    """log p(y|x) for each candidate (C,), ours or (hf_compat) the reference's convention."""
-    lp_c = lp.permute(1, 0, 2)  # (C, K, T)
-    if not hf_compat:
-        return rag_sequence_logprob(lp_c, prior.expand(len(cands), -1), mask)  # (C,)  the prior once per answer
-    bos = getattr(gen.tokenizer, "bos_token_id", None)
-    first_is_bos = bos is not None and all(h.tokens and h.tokens[0] == bos for h in cands)
-    return rag_sequence_logprob_hf(lp_c, prior.expand(len(cands), -1), mask, first_is_bos)  # (C,)
 
 
 def _fast_scores(hyps: list[list[Hyp]], cands: list[Hyp], prior: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from rag_demo.config import Decoding
 from rag_demo.models.generators import Generator, GenState
 from rag_demo.rag.decoding import Hyp, LogitsProcessor, OnStep, Rows, search
-from rag_demo.rag.marginalize import doc_log_prior
+from rag_demo.rag.marginalize import doc_log_prior, rag_sequence_logprob
 
 Stop = Callable[[], "str | None"]  # why decoding must stop now ("time_limit", "cancelled"), or None
 
@@ -89,6 +89,13 @@ class Reader:
         """log p(z|x) (K,) from the retriever's logits (K,) = scale · q(x)·d(z): the doc log-prior
         log_softmax_z(logits / T); and the generator's log p(x|z) (K,) when a hook used it."""
         return doc_log_prior(logits / temperature), None  # (K,)
+
+    def sequence_scores(self, lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor, gen: Generator,
+                        candidates: list[list[int]]) -> torch.Tensor:
+        """Thorough RAG-Sequence's score of each candidate, log p(y|x) = log Σ_z p(z|x) Π_i
+        p(y_i|x,z,y_<i): lp (C, K, T) teacher-forced log-probs, prior (K,) log p(z|x), mask (C, T)
+        -> (C,). The prior enters once per candidate, before the sum over z."""
+        return rag_sequence_logprob(lp, prior.expand(lp.shape[0], -1), mask)  # (C,)
 
     def processors(self, q: Prefilled, kind: str, groups: list[int]) -> list[LogitsProcessor]:
         """The processors of one search over `groups` (kind "mixture": RAG-Token's one group;

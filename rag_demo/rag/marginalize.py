@@ -59,29 +59,6 @@ def rag_sequence_logprob(lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tens
     return torch.logsumexp(prior + per_doc, dim=-1)  # (...)  prior once per sequence
 
 
-def rag_sequence_logprob_hf(
-    lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor, first_is_bos: bool
-) -> torch.Tensor:
-    """The reference's RAG-Sequence score (transformers `RagSequenceForGeneration.get_nll` with
-    `exclude_bos_score=True`), reproduced for parity tests only.
-
-    It adds the prior to the *second* token's log-prob, and if every candidate starts with
-    BOS it drops the first token's score. So a one-token answer, or one whose second position
-    is padding, silently loses its prior (huggingface/transformers#9312). Ours
-    (`rag_sequence_logprob`) always adds it once.
-
-    lp (..., K, T), prior (..., K), mask (..., T), first_is_bos: as the reference's
-    `target[:, 0].eq(bos).all()` over all candidates -> (...).
-    """
-    lp = lp.clone()
-    if lp.shape[-1] > 1:
-        lp[..., 1] = lp[..., 1] + prior  # (..., K)  prior at the second token
-    lp = torch.where(mask.unsqueeze(-2).bool(), lp, 0.0)  # (..., K, T)  masked after adding: a pad there loses the prior
-    if first_is_bos:
-        lp = lp[..., 1:]  # (..., K, T-1)
-    return torch.logsumexp(lp.sum(-1), dim=-1)  # (...)
-
-
 def token_posteriors(lp: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
     """RAG-Token attribution (paper Fig. 2): p(z | x, y_i, y_<i) ∝ p(z|x) p(y_i | x, z, y_<i).
 
