@@ -268,6 +268,14 @@ def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
         assert [d["id"] for d in rec["answers_by_row"]["token|bm25"]["docs"]] == rec["retrieval"]["bm25"]["top"]
     text = ev.format_report(report)
     assert "| RAG-Token | BM25" in text and "recall@20" in text
+    assert all("confidence" in g for g in report["generation"])  # scored for every mode, the cue with it
+    for g in report["generation"]:  # a fitted model's confidences: the cue's precision and recall, the bins
+        g["confidence"] = ev.confidence_quality([{"contains": 0, "confidence": 0.1, "cues": ["probably_wrong"]},
+                                                 {"contains": 1, "confidence": 0.9, "cues": []}])
+    text = ev.format_report(report)
+    assert "probably wrong" in text and "| Closed-book" in text.split("probably wrong")[1]
+    row = next(line for line in text.split("probably wrong")[1].splitlines() if line.startswith("| RAG-Token | BM25"))
+    assert row.endswith("| 2 | 1 | 1 | 100.0 | 100.0 | 1: 10.0 / 0.0 | - | - | - | 1: 90.0 / 100.0 |"), row
     saved = ev.save_report(report, tmp_path / "r.json")
     assert json.loads(saved.read_text())["n_questions"] == 2
 
