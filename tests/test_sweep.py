@@ -121,6 +121,15 @@ def test_a_killed_sweep_resumes_without_recomputing_a_finished_row(pipe, tmp_pat
     keys = [sw.row_key(r) for r in rows]
     assert len(keys) == len(set(keys)) == len(list(sw.sweep(pipe, ITEMS, grid))) and written == len(rows) - before
     assert out.read_text(encoding="utf-8").endswith("\n")
+    # written compactly: a retrieval row leaves out what it has not (preset, answer, ...), and the
+    # reader gives every column back, empty where the row had nothing
+    new = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()[len(first):]]
+    retrieval = next(r for r in new if r["mode"] == "retrieval")
+    assert "preset" not in retrieval and "answer" not in retrieval and None not in retrieval.values()
+    from rag_demo.measure.figures import load_rows
+
+    table = load_rows(out)
+    assert len(table) == len(rows) and table.loc[table["mode"] == "retrieval", "preset"].isna().all()
     meta = json.loads(sw.meta_path_of(out).read_text(encoding="utf-8"))
     assert meta["command"].startswith("python -m rag_demo eval --sweep") and meta["grid"]["ks"] == [2, 1]
     assert meta["cpu"] and meta["date"] and len(meta["runs"]) == 1

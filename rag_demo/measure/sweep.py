@@ -106,7 +106,13 @@ class Grid:
 
 
 def row_key(row: dict) -> Key:
-    return (row["question_id"], row["mode"], row["preset"], row["retriever"], row["k"])
+    return (row["question_id"], row["mode"], row.get("preset"), row.get("retriever"), row.get("k"))
+
+
+def compact(row: dict) -> dict:
+    """A row as it is written: fields with nothing in them (null, an empty list) left out, which
+    the readers fill back in (figures.tidy): a retrieval row is a third of its full size."""
+    return {k: v for k, v in row.items() if v is not None and v != []}
 
 
 def question_id(item: QAItem) -> str:
@@ -294,7 +300,7 @@ def run_to_file(pipe: Any, items: list[QAItem], grid: Grid, out: str | Path, qa_
     written = 0
     with out.open("a", encoding="utf-8") as f:
         for row in sweep(pipe, items, grid, done, Path(qa_path).stem, on_answer=bar.update):
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(json.dumps(compact(row), ensure_ascii=False, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
             written += 1
