@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rag_demo.confidence import FEATURES, ConfidenceModel, Logistic
-from rag_demo.measure.figures import load_rows
+from rag_demo.measure.figures import load_meta, load_rows
 
 PRECISION = 0.85  # the cue's target precision on the fitted answers (0.8 is the bar it must clear held out)
 C = 1.0  # inverse L2 strength: the features are standardised, a handful of them on hundreds of answers
@@ -155,8 +155,10 @@ def _write_heldout(test: pd.DataFrame, model: ConfidenceModel, stack: str, path:
             row["cues"] = ["probably_wrong"] if row["confidence"] < m.threshold else []
             f.write(json.dumps(row) + "\n")
     thresholds = {k: m.threshold for k, m in model.models.items()}
+    # the answers' own CPU: the sweeps that made them (the fit itself runs no model)
+    cpus = list(dict.fromkeys(c for run in about["runs"] if (c := load_meta(run).get("cpu"))))
     meta = {"command": about["command"], "date": about["date"], "qa": ", ".join(about["runs"]),
-            "questions": int(test["question_id"].nunique()), "cpu": None,
+            "questions": int(test["question_id"].nunique()), "cpu": "; ".join(cpus) or None,
             "note": "held-out half of the external questions (never fitted on)",
             "threshold": float(np.median(list(thresholds.values()))), "thresholds": thresholds}
     path.with_name(path.stem + ".meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
