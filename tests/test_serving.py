@@ -101,11 +101,13 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
         assert "Gogh" in token["text"] or "Gogh" in ok["answers"]["sequence"]["text"]
 
 
-def test_the_penicillin_lesson_flags_its_wrong_answers_and_marks_the_words_copied(served):
+def test_the_penicillin_lesson_shows_a_confident_wrong_copy_and_marks_the_words_copied(served):
     """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app:
-    both RAG cards copy the wrong name from the Fleming passage, as the lesson says, and each says
-    it is probably wrong (the confidence fitted on questions nobody here wrote, assets/
-    confidence.json); the copied words are highlighted in the passage they came from."""
+    both RAG cards copy the wrong name from the Fleming passage, as the lesson says, and the copied
+    words are highlighted in that passage. Each card shows its confidence, and here it is high on
+    the wrong answers, as the lesson tells the learner: the fitted confidence (assets/
+    confidence.json) reads a confident copy from a passage with p(z|x) near 1 as right, so this
+    failure is one the "probably wrong" cue misses (docs/results.md §8)."""
     from playwright.sync_api import sync_playwright
     from test_browser import CHROMIUM_ARGS, SHOTS, _require_browser
 
@@ -118,7 +120,9 @@ def test_the_penicillin_lesson_flags_its_wrong_answers_and_marks_the_words_copie
         try:
             page.goto(url)
             page.wait_for_selector(".rag-status[data-stack='offline']", timeout=240_000)
-            page.locator(".rag-lesson-q", has_text="Who discovered penicillin?").first.click()
+            lesson = page.locator(".rag-lesson", has_text="The right passage, a wrong answer")
+            assert "what it cannot see" in lesson.inner_text()  # the lesson says what the confidence misses
+            lesson.locator(".rag-lesson-q", has_text="Who discovered penicillin?").click()
             page.wait_for_function(  # every card final (its timings shown) and the passages table drawn
                 """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
                     && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)
@@ -130,8 +134,9 @@ def test_the_penicillin_lesson_flags_its_wrong_answers_and_marks_the_words_copie
                 card = page.locator(f"#rag-answer-{mode}")
                 text = card.locator(".rag-answer").inner_text()
                 assert "Fleming" not in text, f"{mode} answered {text!r}: the lesson's failure no longer happens"
-                assert card.locator('[data-cue="probably_wrong"]').count() == 1, f"{mode}: {text!r} is not flagged"
-                assert float(card.locator(".rag-confidence").get_attribute("data-confidence")) < 0.5
+                shown = card.locator(".rag-confidence").get_attribute("data-confidence")
+                assert shown and float(shown) > 0.5, (mode, shown)  # confidently wrong, as the lesson says
+                assert card.locator('[data-cue="probably_wrong"]').count() == 0
             marks = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) mark.rag-span")
             copied = [marks.nth(i).inner_text() for i in range(marks.count())]
             answer = page.locator("#rag-answer-token .rag-answer").inner_text().strip().rstrip(".")
