@@ -394,6 +394,9 @@ PERSISTENT_MOUNT = Path("/data")
 # corpus builds slowly enough for a test (a browser's) to ask a question while it runs
 # (serving/pool.stack_factory reads it; docs/DESIGN.md §6b). Unset in real use.
 TEST_EMBED_DELAY_ENV = "RAG_DEMO_TEST_EMBED_DELAY"
+# Tests only: a file path; the app's background index build, its passages embedded, waits until
+# that file exists before it completes, so a test decides when the dense index takes over.
+TEST_EMBED_GATE_ENV = "RAG_DEMO_TEST_EMBED_GATE"
 
 
 def default_cache_dir() -> Path:

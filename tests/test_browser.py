@@ -824,21 +824,21 @@ def test_switch_to_the_factbook_and_answer_from_it_then_back(page, server):
     assert page.locator("#rag-passages .rag-ptitle").first.inner_text().strip() == "Mars"
 
 
-# The fixture corpus's 7 passages are embedded in one batch, then the build waits this long per
-# passage (RAG_DEMO_TEST_EMBED_DELAY, tests only): its dense index completes ~140 s after the app
-# began loading, leaving a question asked right after "Live" time to be answered from BM25.
-SLOW_BUILD_S_PER_PASSAGE = 20
-DENSE_TIMEOUT_MS = 400_000
+# The fixture corpus's 7 passages are embedded in one batch, then the build waits for this file
+# (RAG_DEMO_TEST_EMBED_GATE, tests only) before the dense index takes over: the test lets it go
+# once it has seen a question answered from BM25, so the order is the test's, not a race.
+DENSE_TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
 def slow_build_page(browser, free_port, stop_process, tmp_path_factory):
-    """A page of its own app with an empty index cache whose dense index builds slowly, in the
-    module's browser."""
-    with _own_app_page(browser, free_port(), stop_process, "slow-build",
-                       RAG_DEMO_CACHE=str(tmp_path_factory.mktemp("slow_build") / "cache"),
-                       RAG_DEMO_TEST_EMBED_DELAY=str(SLOW_BUILD_S_PER_PASSAGE)) as page_and_url:
-        yield page_and_url
+    """(page, URL, gate) of an app of its own with an empty index cache whose dense index is held
+    until the test creates `gate`, in the module's browser."""
+    tmp = tmp_path_factory.mktemp("slow_build")
+    gate = tmp / "let-the-build-finish"
+    with _own_app_page(browser, free_port(), stop_process, "slow-build", RAG_DEMO_CACHE=str(tmp / "cache"),
+                       RAG_DEMO_TEST_EMBED_GATE=str(gate)) as (page, url):
+        yield page, url, gate
 
 
 def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answers(slow_build_page):
@@ -846,7 +846,7 @@ def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answer
     and each RAG card says plainly that BM25 chose its passages and why; the status line shows the
     build's progress; once the build completes the same question is answered from the dense index
     (no note), without a restart."""
-    page, url = slow_build_page
+    page, url, gate = slow_build_page
     wait_ready(page, url)
     status = page.locator(".rag-status")
     assert status.get_attribute("data-retriever") == "bm25", status.inner_text()
@@ -860,6 +860,7 @@ def test_a_question_during_the_index_build_says_bm25_then_the_dense_index_answer
     assert page.locator("#rag-answer-closed-book .rag-retriever").count() == 0  # it reads no passage
     assert page.locator(".rag-status").get_attribute("data-retriever") == "bm25"  # it was still building
     shot(page, "06-answered-during-the-build")
+    gate.touch()  # the build may finish now
     page.wait_for_selector(".rag-status[data-retriever='dense']", state="attached", timeout=DENSE_TIMEOUT_MS)
     assert "being built" not in page.locator(".rag-status").inner_text()
     timed_ask(page, "Who devised pointillism?")
