@@ -27,12 +27,12 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from rag_demo.config import MODE_COLOURS, MODE_TITLES, MODES
+from rag_demo.config import KNOBS, MODE_COLOURS, MODE_TITLES, MODES
 
 ROW_MODES = (*MODES, "retrieval")  # "retrieval": a retrieval-only row, no answer
 RAG_MODES = tuple(m for m in MODES if m != "closed-book")
 METRICS = {"em": "exact match", "f1": "token F1", "contains": "gold answer contained"}
-RETRIEVERS = ("dense", "bm25", "hybrid")
+RETRIEVERS = KNOBS["retriever"].choices  # the retriever knob's values, declared once (config.Decoding)
 RETRIEVER_TITLES = {"dense": "dense", "bm25": "BM25", "hybrid": "hybrid"}
 # Dark2's remaining hues: apart from the modes' green, purple and grey, and readable on white.
 RETRIEVER_COLOURS = {"dense": "#d95f02", "bm25": "#a6761d", "hybrid": "#e7298a"}
