@@ -181,3 +181,24 @@ def _cut_at_stop(gen, prompts, scores, prior, s, monkeypatch):
         float(rag_sequence_logprob(seq.doc_lp.unsqueeze(0), prior.unsqueeze(0), torch.ones(1, seq.doc_lp.shape[1]))), abs=1e-5)
     cb = engine.closed_book(gen, gen.prompt(Q, None, 64), s)
     assert stop not in cb.tokens[:-1]
+
+
+def test_the_stop_rule_and_the_chunker_read_one_abbreviation_list(smol_tiny):
+    """models/abbreviations.py is the one list: a title's period ends neither a short answer nor a
+    sentence ("Dr."), "Jr." may end an answer but splits no sentence, and "Gen." (a title the
+    Vital Articles index was cut without) ends no answer but still splits a sentence."""
+    from rag_demo.knowledge.chunking import split_sentences
+    from rag_demo.models.abbreviations import ABBREVIATIONS
+
+    tok, rule = smol_tiny.tokenizer, smol_tiny.stop_token_ids("short")
+
+    def ends_early(text):  # the answer ends before its last token
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return any(rule.ends_at(ids, i) for i in range(len(ids) - 1))
+
+    assert not ends_early(" Dr. Watson.") and not ends_early(" Gen. Grant.")
+    assert ends_early(" King Jr. Day.")
+    assert split_sentences("He met Dr. Watson. Then Jr. Smith came. Gen. Grant won.") == [
+        "He met Dr. Watson.", "Then Jr. Smith came.", "Gen.", "Grant won."]
+    assert not ABBREVIATIONS["Dr"].ends_answer and ABBREVIATIONS["Jr"].ends_answer
+    assert not ABBREVIATIONS["Gen"].chunker_reads

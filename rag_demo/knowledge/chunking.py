@@ -9,9 +9,10 @@ import logging
 import math
 import re
 
+from rag_demo.models.abbreviations import NOT_SENTENCE_ENDS
+
 log = logging.getLogger(__name__)
 
-_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "mt.", "jr.", "sr.", "vs.", "no.", "e.g.", "i.e.", "c.", "ca."}
 _SENTENCE_END = re.compile(r"[.!?][\"')\]’”]*$")
 _SENTENCE_START = re.compile(r"^[\"'(\[‘“]?[A-Z0-9]")
 
@@ -24,7 +25,7 @@ def _ends_sentence(word: str, next_word: str) -> bool:
     if not _SENTENCE_END.search(word) or not _SENTENCE_START.match(next_word):
         return False
     initial = len(word) == 2 and word[0].isupper()  # "Arthur C. Clarke"
-    return not initial and word.lower() not in _ABBREVIATIONS
+    return not initial and word.lower() not in NOT_SENTENCE_ENDS
 
 
 def split_sentences(text: str) -> list[str]:

@@ -265,10 +265,13 @@ _PASSAGES_DIR = "passages"  # the save_to_disk folder inside a cached corpus
 
 def _corpus_key(name: str, source: str) -> str:
     """sha256 of the corpus's name, its source's fingerprint and the code that splits it (this module
-    and chunking.py: a change to the splitting rules must not serve passages split the old way)[:16]."""
+    and chunking.py, and the abbreviations it reads: a change to the splitting rules must not serve
+    passages split the old way)[:16]."""
     from rag_demo.knowledge import chunking
+    from rag_demo.models import abbreviations
 
-    code = hashlib.sha256(Path(__file__).read_bytes() + Path(chunking.__file__).read_bytes()).hexdigest()
+    files = (__file__, chunking.__file__, abbreviations.__file__)
+    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
     return hashlib.sha256(f"{CORPUS_FORMAT}|{name}|{source}|{code}".encode()).hexdigest()[:16]
 
 

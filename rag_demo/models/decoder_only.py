@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from rag_demo.models import Doc
+from rag_demo.models.abbreviations import NOT_ANSWER_ENDS
 from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
 from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, chain, digest
 from rag_demo.models.stopping import StopRule
@@ -23,7 +24,7 @@ from rag_demo.models.kv_cache import (
     use_shared_prefix_attention,
 )
 from rag_demo.models.prompts import (
-    ABBREVIATIONS, CLOSED_BOOK_SYSTEM_PROMPT, SHORT_ANSWER_CUE, SHORT_CLOSED_BOOK_SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT,
+    CLOSED_BOOK_SYSTEM_PROMPT, SHORT_ANSWER_CUE, SHORT_CLOSED_BOOK_SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT,
     SYSTEM_PROMPT, Prompt, Span,
 )
 
@@ -106,7 +107,7 @@ class DecoderOnlyGenerator(Generator):
             periods = [i for i, t in zip(ids, texts) if t.strip() == "."]
             line_ends = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
             initials = [i for i, t in zip(ids, texts)
-                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in ABBREVIATIONS
+                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in NOT_ANSWER_ENDS
                         or (t.strip().isdigit() and t.strip().isascii())]
             self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)
         return self._short_rule

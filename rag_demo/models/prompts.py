@@ -23,8 +23,6 @@ CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 # WORKED_EXAMPLES below do (docs/reader_results.md).
 # The closed-book prompt asks the same.
 SHORT_ANSWER_CUE = "The answer is:"
-# Titles and place-name abbreviations whose period does not end a short answer ("St. Louis")
-ABBREVIATIONS = frozenset({"St", "Mt", "Ft", "Dr", "Mr", "Mrs", "Ms", "Gen", "Lt", "Sgt", "Capt", "Rev"})
 SHORT_SYSTEM_PROMPT = (
     "Answer with the shortest phrase from the passage that answers the question: "
     "a name, a place, a date or a number, not a sentence."
