@@ -13,6 +13,7 @@ import torch
 
 from rag_demo.rag.engine import Generation
 from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob
+from rag_demo.reader.drafts import UPPER_BOUNDS
 from rag_demo.reader.language import language_of
 from rag_demo.reader.text import occurs_in
 
@@ -149,7 +150,8 @@ def ranked_candidates(gen, g: Generation) -> list[dict]:
     """Answer.candidates: the candidates the engine weighed, best score first, one a text (two
     tokenizations of the same words, a passage's copy and its title, show once: the better); a
     RAG-Token candidate left behind by the ranking's branch and bound carries its upper bound."""
-    rows = sorted(((gen.decode(t), lp, i in g.bounded) for i, (t, lp) in enumerate(g.candidates)),
+    bounded = g.extras.get(UPPER_BOUNDS, ())
+    rows = sorted(((gen.decode(t), lp, i in bounded) for i, (t, lp) in enumerate(g.candidates)),
                   key=lambda r: -r[1])
     out, seen = [], set()
     for text, lp, bounded in rows:

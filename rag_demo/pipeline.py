@@ -42,7 +42,7 @@ from rag_demo.models.stacks import LoadedStack, load_stack
 from rag_demo.pricing import Pricing
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from rag_demo.rag.marginalize import token_posteriors
-from rag_demo.reader.reading import passages_read, prompt, question_read, reader_for
+from rag_demo.reader.reading import QUESTION_LP, passages_read, prompt, question_read, reader_for
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 # A corpus this small embeds in seconds: load() builds its index before answering, as it always did
@@ -413,7 +413,7 @@ class RagPipeline(Pricing):
             if listen is not None:
                 listen(self.reading(q, mode, len(passages)))
             g = engine(run.gated(gen), prompts, logits, s.decoding, reader, run.stop_for(mode), emit)  # steps 3 and 4
-            docs = docs_of(g.prior, g.question_lp)
+            docs = docs_of(g.prior, g.extras.get(QUESTION_LP))
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if kept is not None:  # sentences were chosen: the time it took
                 t["focus"] = focus_s

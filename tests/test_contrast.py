@@ -122,7 +122,8 @@ def test_the_pipeline_hands_the_engine_the_closed_book_prompt(tiny_offline, monk
     real = P.rag_token
 
     def spy(gen, prompts, scores, d, reader, *args, **kw):
-        seen.append(getattr(reader, "contrast_prompt", None))
+        contrast = [p for p in getattr(reader, "parts", []) if p.knob == "context_contrast"]
+        seen.append(contrast[0].closed_prompt if contrast else None)
         return real(gen, prompts, scores, d, reader, *args, **kw)
 
     monkeypatch.setattr(P, "rag_token", spy)

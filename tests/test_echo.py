@@ -338,7 +338,7 @@ def test_rag_token_with_drafts_ranks_an_echo_only_when_every_candidate_is_one(ge
     echo = Echo(answers=[base.tokens])
     out = _run(rag_token, gen, _settings(1, drafts=True), echo)
     assert out.tokens != base.tokens and not echo.says(out.tokens)
-    exact = [sc for i, (t, sc) in enumerate(out.candidates) if i not in out.bounded]
+    exact = [sc for i, (t, sc) in enumerate(out.candidates) if i not in out.extras.get("upper_bounds", ())]
     assert out.logprob == pytest.approx(max(exact), abs=1e-5) and base.tokens not in [t for t, _ in out.candidates]
     every = _run(rag_token, gen, _settings(1, drafts=True), Echo(always=True))
     assert every.tokens == base.tokens and every.logprob == pytest.approx(base.logprob, abs=1e-5)

@@ -68,7 +68,7 @@ def _close(a: torch.Tensor | None, b: torch.Tensor | None, atol: float) -> None:
 def _same_generation(a: engine.Generation, b: engine.Generation, atol: float) -> None:
     assert a.tokens == b.tokens
     assert a.logprob == pytest.approx(b.logprob, abs=atol)
-    for x, y in ((a.doc_lp, b.doc_lp), (a.prior, b.prior), (a.question_lp, b.question_lp),
+    for x, y in ((a.doc_lp, b.doc_lp), (a.prior, b.prior), (a.extras.get("question_lp"), b.extras.get("question_lp")),
                  (a.posteriors, b.posteriors), (a.doc_posterior, b.doc_posterior)):
         _close(x, y, atol)
     assert [t for t, _ in a.candidates] == [t for t, _ in b.candidates]

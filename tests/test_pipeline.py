@@ -64,10 +64,11 @@ def test_candidates_come_best_first_one_a_text(pipe):
     candidate out of order, as the engine may list them."""
     from rag_demo.rag.engine import Generation
     from rag_demo.answer import ranked_candidates
+    from rag_demo.reader.drafts import UPPER_BOUNDS
     gen = pipe.stack.modes["token"].generator
     a, b = gen.tokenizer.encode(" Paris", add_special_tokens=False), gen.tokenizer.encode(" Rome", add_special_tokens=False)
     g = Generation(b, -1.0, "test", None, None, candidates=[(a, -3.0), (b, -1.0), (a + [], -2.0), (b, -4.0)],
-                   bounded={0})
+                   extras={UPPER_BOUNDS: {0}})
     out = ranked_candidates(gen, g)
     assert [(c["text"].strip(), c["logprob"]) for c in out] == [("Rome", -1.0), ("Paris", -2.0)]
     assert "upper_bound" not in out[1]  # the kept Paris is the exact one, not the bounded -3.0

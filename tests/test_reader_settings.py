@@ -111,13 +111,13 @@ def test_prior_temperature_is_the_softmax_of_scaled_scores_over_t(tiny_offline):
 
 
 def test_prior_temperature_tempers_the_readers_vote_too():
-    """p(z|x) = softmax((c·s + w·log p_G(x|z)) / T) (reader.aided.voted_prior): were T applied to
+    """p(z|x) = softmax((c·s + w·log p_G(x|z)) / T) (reader.vote.voted_prior): were T applied to
     the retriever's logits alone, the vote would stay whole. Without the vote the engine's prior is
     the retriever's logits over T (rag.engine.prefill with the paper's reader)."""
     from types import SimpleNamespace
 
     from rag_demo.rag.engine import prefill
-    from rag_demo.reader.aided import voted_prior
+    from rag_demo.reader.vote import voted_prior
 
     question_lp = torch.tensor([-3.0, -15.0, -8.0])  # (K,) log p_G(x|z), far apart as SmolLM2's are
     scores = torch.tensor([3.0, 1.0, 2.0])  # (K,) retriever logits
@@ -134,7 +134,7 @@ def test_prior_temperature_tempers_the_readers_vote_too():
 
     q = prefill(Stub(), [[1]] * 3, scores, RagSettings(preset="paper", prior_temperature=2.0).decoding, PAPER)
     torch.testing.assert_close(q.prior, torch.log_softmax(scores / 2.0, 0), atol=1e-6, rtol=0)
-    assert q.question_lp is None
+    assert q.extras == {}
 
 
 def test_question_position_both_puts_the_question_before_the_passage(tiny_offline):
@@ -250,7 +250,7 @@ def test_rag_token_copies_only_from_the_passages_over_the_floor(tiny_offline, mo
     """The pipeline's RAG-Token search is handed one copy group: the K passages with floor 0, the
     most likely passage alone with floor 1; its answer is then a span of that passage (the
     mixture's own search: token_drafts off, whose per-doc drafts copy each doc's own passage)."""
-    import rag_demo.reader.aided as E
+    import rag_demo.reader.spans as E
 
     gen = tiny_offline.stack.modes["token"].generator
     ends = set(gen.stop_token_ids("short"))

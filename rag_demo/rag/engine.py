@@ -48,9 +48,9 @@ class Generation:
     doc_posterior: torch.Tensor | None = None  # (K,) RAG-Sequence: p(z | x, y)
     # RAG-Sequence, and RAG-Token when a reader aid weighed more: (tokens, log p(y|x) as the mode ranked them)
     candidates: list[tuple[list[int], float]] = field(default_factory=list)
-    bounded: set[int] = field(default_factory=set)  # candidates whose number is an upper bound
     prior: torch.Tensor | None = None  # (K,) the log p(z|x) every formula above used
-    question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z) when the reader's prior used it
+    # what the reader's hooks add, by name (the prior's and the chooser's extras; paper: nothing)
+    extras: dict = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, attribute
     stopped: str = "eos"  # why the answer ended: "eos", "max_new_tokens", "time_limit", "cancelled"
     inspection: Inspection | None = None  # RAG modes: the token inspector's tables (`inspect_answer`)
@@ -158,9 +158,9 @@ def prefill(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, 
     logits = torch.as_tensor(doc_scores, dtype=torch.float32)  # (K,)
     # the doc log-prior enters here, once, for every formula below
     prompt_lp = state.prompt_lp if reader.keep_prompt_logprobs else None  # (K, n) the prompt tokens the hook asked for
-    prior, question_lp = reader.prior(logits, prompt_lp, d.prior_temperature)  # (K,)
+    prior, extras = reader.prior(logits, prompt_lp, d.prior_temperature)  # (K,)
     return Prefilled(gen, prompts, first_lp, state, prior, gen.stop_token_ids(d.answer_style), d, stop, reader,
-                     question_lp)
+                     extras)
 
 
 def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor, d: Decoding,
@@ -177,7 +177,7 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     # Beam search scores its winner afterwards from the prefill state, and a reader hook may
     # decode again from it: then the search runs on a copy. Greedy alone records attribution as
     # it goes and may consume the state (copying BART's cross-attention cache costs more than a step).
-    state = gen.select(q.state0, torch.arange(K)) if d.num_beams > 1 or reader.decodes_again else q.state0
+    state = gen.select(q.state0, torch.arange(K)) if d.num_beams > 1 or reader.keeps_prefill else q.state0
     rows = Rows(gen, state, per_beam=K, prior=q.prior, processors=reader.processors(q, "mixture", [0]))
     step = _streaming(on_partial, "token", q.prior)
     hyps = search(rows, q.first_lp, 1, d, q.ends, stop, step, top_n=INSPECT_TOP)  # one group of B beams
@@ -198,8 +198,8 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
         doc_lp = score_candidates(gen, q.state0, q.first_lp, [best.tokens], gen.pad_token_id)[0][:, 0]  # (K, T)
     logprob = float(rag_token_logprob(doc_lp, q.prior))  # Σ_i log Σ_z p(z|x) p(y_i|x,z,y_<i)
     out = Generation(best.tokens, logprob, _decoding_name(d) + choice.note, doc_lp, token_posteriors(doc_lp, q.prior),
-                     candidates=choice.candidates, prior=q.prior, question_lp=q.question_lp, inspection=inspection,
-                     bounded=choice.bounded, fell_back=choice.fell_back)
+                     candidates=choice.candidates, prior=q.prior, inspection=inspection, fell_back=choice.fell_back,
+                     extras={**q.extras, **choice.extras})
     out.timings = {"generate": t1 - t0, "attribute": time.perf_counter() - t1}
     out.stopped = _stopped(best.tokens, rows.stopped, q.ends, d)
     return out
@@ -285,7 +285,7 @@ def rag_sequence(gen: Generator, prompts: list[list[int]], doc_scores: torch.Ten
     post = sequence_posteriors(doc_lp, q.prior)  # (T, K)
     out = Generation(
         cands[win].tokens, logprob, name, doc_lp, post, post[-1],
-        [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=q.prior, question_lp=q.question_lp,
+        [(h.tokens, float(sc)) for h, sc in zip(cands, scores)], prior=q.prior, extras=dict(q.extras),
         inspection=inspection or inspect_answer(gen, q.state0, q.first_lp, cands[win].tokens, None),
         fell_back=fell_back,
     )
@@ -301,7 +301,7 @@ def closed_book(gen: Generator, prompt: list[int], d: Decoding, reader: Reader =
     t0 = time.perf_counter()
     first_lp, state0 = gen.prefill([prompt])  # (1, V)
     q = Prefilled(gen, [prompt], first_lp, state0, None, gen.stop_token_ids(d.answer_style), d, stop, reader)
-    state = gen.select(state0, torch.arange(1)) if reader.decodes_again else state0  # a hook may decode again
+    state = gen.select(state0, torch.arange(1)) if reader.keeps_prefill else state0  # a hook may search again
     rows = Rows(gen, state, per_beam=1, prior=None, processors=reader.processors(q, "closed_book", [0]))
     step = _streaming(on_partial, "closed-book", None)
     hyps = search(rows, first_lp, 1, d, q.ends, stop, step)

@@ -13,7 +13,7 @@ kept, never how an answer is scored: log p(y|x) and the attributions stay the mo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -43,7 +43,7 @@ class Prefilled:
     d: Decoding
     stop: Stop | None = None
     reader: "Reader | None" = None
-    question_lp: torch.Tensor | None = None  # (K,) log p_G(x|z), when the prior hook read it
+    extras: dict = field(default_factory=dict)  # what the prior hook read besides p(z|x), by name
 
 
 @dataclass
@@ -81,14 +81,14 @@ class Reader:
     key: tuple = ()
     # prompt tokens, counted from the end, whose log-probs `prior` reads from the prefill (0: none)
     keep_prompt_logprobs: int = 0
-    # whether a hook decodes again from the prefill state (then the first search runs on a copy)
-    decodes_again: bool = False
+    # whether a hook searches again from the prefill state (then the first search runs on a copy)
+    keeps_prefill: bool = False
 
     def prior(self, logits: torch.Tensor, prompt_lp: torch.Tensor | None, temperature: float
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+              ) -> tuple[torch.Tensor, dict]:
         """log p(z|x) (K,) from the retriever's logits (K,) = scale · q(x)·d(z): the doc log-prior
-        log_softmax_z(logits / T); and the generator's log p(x|z) (K,) when a hook used it."""
-        return doc_log_prior(logits / temperature), None  # (K,)
+        log_softmax_z(logits / T); and what else the hook read to form it, by name (paper: nothing)."""
+        return doc_log_prior(logits / temperature), {}  # (K,)
 
     def sequence_scores(self, lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor, gen: Generator,
                         candidates: list[list[int]]) -> torch.Tensor:
@@ -116,16 +116,16 @@ class Reader:
 
 
 class Choice:
-    """RAG-Token's answer and what chose it: `candidates` (tokens, log p(y|x) as ranked) and the
-    numbers among them that are upper bounds; `doc_lp` (K, T) when the choice already scored the
-    answer under every passage; `note` says how it was chosen (shown with the decoding);
-    `fell_back` what a stop made it do instead of what the reader would have (engine.NO_DRAFTS)."""
+    """RAG-Token's answer and what chose it: `candidates` (tokens, log p(y|x) as ranked); `doc_lp`
+    (K, T) when the choice already scored the answer under every passage; `note` says how it was
+    chosen (shown with the decoding); `fell_back` what a stop made it do instead of what the reader
+    would have (engine.NO_DRAFTS); `extras` what else the chooser knows of its candidates, by name."""
 
     def __init__(self, best: Hyp, candidates: list[tuple[list[int], float]] | None = None,
-                 doc_lp: torch.Tensor | None = None, bounded: set[int] | None = None, note: str = "",
-                 fell_back: str = ""):
+                 doc_lp: torch.Tensor | None = None, note: str = "", fell_back: str = "",
+                 extras: dict | None = None):
         self.best, self.candidates, self.doc_lp = best, candidates or [], doc_lp
-        self.bounded, self.note, self.fell_back = bounded or set(), note, fell_back
+        self.note, self.fell_back, self.extras = note, fell_back, extras or {}
 
 
 PAPER = Reader()

@@ -1,18 +1,20 @@
 """The reader aids of one question, attached to the paper's algorithm as its hooks (`AidedReader`).
 
-Each aid is one of ReaderAids' knobs and lives in its own module; this one wires them to the
-hooks of rag_demo.rag.hooks.Reader:
+Each aid is one of ReaderAids' knobs, lives in its own module and is a part (part.Aid) that
+implements the hooks it needs; the aided reader is the list of them (`AidedReader.parts`):
 
-    prior        the generator's vote on p(z|x) (question_weight; UPR, Sachan et al. 2022)
-    processors   extractive spans (extractive, copy_min_prior: spans.py) and context contrast
-                 (context_contrast: contrast.py)
+    prompt       worked examples first, the question where question_position puts it (`prompt`);
+                 the question cased as the passages write it and the sentences each passage keeps
+                 (recase_question, passage_sentences: reading.py)
+    prior        the generator's vote on p(z|x) (question_weight: vote.QuestionVote; UPR)
+    processors   context contrast (context_contrast: contrast.ContextContrast) and extractive
+                 spans (extractive, copy_min_prior: spans.Extractive)
     review       answers that only echo the question, decoded again (echo_retries, echo_subjects:
-                 echo.py, retries.py)
-    candidates   each passage's title as an answer of its own (title_candidates: drafts.py)
-    choose_token RAG-Token weighs each passage's drafts (token_drafts: drafts.py)
+                 retries.EchoRetries, echo.py)
+    candidates   each passage's title as an answer of its own (title_candidates: drafts.TitleCandidates)
+    choose_token RAG-Token weighs each passage's drafts (token_drafts: drafts.TokenDrafts)
 
-The prompt's aids (worked_examples, question_position, recase_question, passage_sentences) shape
-what the generator reads and are applied by the pipeline before the engine runs.
+`listed` names the parts a settings object turns on.
 """
 from __future__ import annotations
 
@@ -25,13 +27,25 @@ from rag_demo.models import Doc
 from rag_demo.models.generators import DECODER_ONLY, Generator
 from rag_demo.rag.decoding import Hyp, LogitsProcessor
 from rag_demo.rag.hooks import PAPER, Choice, Prefilled, Reader, Search
-from rag_demo.rag.marginalize import doc_log_prior
-from rag_demo.reader.contrast import Contrast
-from rag_demo.reader.drafts import choose_among_drafts, with_titles
+from rag_demo.reader.contrast import ContextContrast
+from rag_demo.reader.drafts import TitleCandidates, TokenDrafts
 from rag_demo.reader.echo import copies_example, echoes_question, names_question_subject, says_nothing
 from rag_demo.reader.examples import EXAMPLE_NAMES, WORKED_EXAMPLES
-from rag_demo.reader.retries import Rejects, retry_rejected
-from rag_demo.reader.spans import SpanConstraint, copy_sources
+from rag_demo.reader.part import Aid
+from rag_demo.reader.retries import EchoRetries, Rejects
+from rag_demo.reader.spans import Extractive
+from rag_demo.reader.vote import QuestionVote
+
+# The aids that shape what the generator reads, by knob: they are applied before the engine runs
+# (`prompt` here, reading.py), so they have no engine hook. Every other knob is a part's.
+PROMPT_AIDS = {
+    "worked_examples": "invented passages asked and answered first (prompt)",
+    "question_position": "the question before the passage as well (prompt)",
+    "recase_question": "the question cased as the passages write it (reading.question_read)",
+    "passage_sentences": "only the passage's sentences nearest the question (reading.passages_read)",
+}
+# Knobs that tune another aid's part rather than add one: knob -> the aid it tunes
+TUNES = {"copy_min_prior": "extractive", "echo_subjects": "echo_retries"}
 
 
 def prompt(gen: Generator, question: str, doc: Doc | None, d: Decoding, aids: ReaderAids) -> list[int]:
@@ -65,7 +79,7 @@ def rejects_for(gen: Generator, question: str, aids: ReaderAids, subjects: Seque
 
 
 class AidedReader(Reader):
-    """The aids of one question, for one generator and one mode.
+    """The aids of one question, for one generator and one mode: the paper's reader with `parts`.
 
     question: the question as the generator reads it; fed: the passages as it reads them (none
     for closed-book); prompts: their prompts; passages: (title, text) of the retrieved passages,
@@ -75,76 +89,72 @@ class AidedReader(Reader):
     def __init__(self, aids: ReaderAids, d: Decoding, gen: Generator, question: str, fed: Sequence[Doc],
                  prompts: list[list[int]], passages: Sequence[tuple[str, str]] = (), closed_book: bool = False,
                  rejects: Rejects | None = None):
-        self.aids, self.d = aids, d
         decoder_only = gen.kind == DECODER_ONLY
+        rejects = rejects or rejects_for(gen, question, aids, passages if aids.echo_subjects else (),
+                                         [f"{p.title} {p.text}" for p in fed])
         # the token ids an answer may copy (extractive), and each passage's title as an answer of its own
-        self.spans = [gen.span_ids(p, d.max_doc_tokens) for p in fed] if aids.extractive and decoder_only else None
-        self.titles = ([gen.title_answer_ids(p.title) for p in fed]
-                       if aids.title_candidates and d.answer_style == "short" and decoder_only else None)
+        spans = [gen.span_ids(p, d.max_doc_tokens) for p in fed] if aids.extractive and decoder_only else None
+        titles = ([gen.title_answer_ids(p.title) for p in fed]
+                  if aids.title_candidates and d.answer_style == "short" and decoder_only else None)
         # where the question sits in the prompts, for the generator's vote on p(z|x)
-        self.tail = gen.common_question_tail(prompts, question) if aids.question_weight and not closed_book else None
-        self.keep_prompt_logprobs = sum(self.tail) if self.tail else 0
-        self.rejects = rejects or rejects_for(gen, question, aids, passages if aids.echo_subjects else (),
-                                              [f"{p.title} {p.text}" for p in fed])
-        self.contrast_prompt = prompt(gen, question, None, d, aids) if aids.context_contrast and not closed_book else None
-        self._contrast = None  # the closed-book row's prefill, made when a search first needs it
-        self.drafts = drafts_of(aids) and not closed_book
-        self.decodes_again = aids.echo_retries > 0 or self.drafts
-        self.key = ("aided", tuple(aids.model_dump().items()), _ids(self.spans), _ids(self.titles))
+        tail = gen.common_question_tail(prompts, question) if aids.question_weight and not closed_book else None
+        parts: list[Aid | None] = [
+            QuestionVote(aids.question_weight, tail) if tail else None,
+            ContextContrast(aids.context_contrast, prompt(gen, question, None, d, aids))
+            if aids.context_contrast and not closed_book else None,  # before the spans: it reweighs, they mask
+            Extractive(spans, aids.copy_min_prior) if spans is not None else None,
+            EchoRetries(rejects, aids.echo_retries) if aids.echo_retries else None,
+            TitleCandidates(titles, rejects) if titles else None,
+            TokenDrafts(rejects if aids.echo_retries else None) if drafts_of(aids) and not closed_book else None,
+        ]
+        self.parts: list[Aid] = [p for p in parts if p is not None]
+        self.rejects = rejects
+        self.keep_prompt_logprobs = max((p.keep_prompt_logprobs for p in self.parts), default=0)
+        self.keeps_prefill = any(p.keeps_prefill for p in self.parts)
+        self.key = ("aided", tuple(aids.model_dump().items()), _ids(spans), _ids(titles))
+        self._prior = [p for p in self.parts if "prior" in p.hooks]
+        self._chooser = [p for p in self.parts if "choose_token" in p.hooks]
+        assert len(self._prior) <= 1 and len(self._chooser) <= 1, "one part sets the prior, one chooses"
 
     def prior(self, logits: torch.Tensor, prompt_lp: torch.Tensor | None, temperature: float
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """With the generator's vote: log p(z|x) = log_softmax_z((logits_z + w · log p_G(x|z)) / T),
-        log p_G(x|z) the generator's log-likelihood of the question's tokens after passage z, read
-        from the prefill's logits at no extra cost. T tempers the vote too: a vote of tens of nats
-        would otherwise leave the temperature nothing to flatten."""
-        if not self.tail:
+              ) -> tuple[torch.Tensor, dict]:
+        if not self._prior:
             return PAPER.prior(logits, prompt_lp, temperature)
-        question_lp = prompt_lp[:, : self.tail[0]].sum(-1)  # (K,) log p_G(x|z)
-        return voted_prior(logits, question_lp, self.aids.question_weight, temperature), question_lp
+        return self._prior[0].prior(logits, prompt_lp, temperature)
 
     def processors(self, q: Prefilled, kind: str, groups: list[int]) -> list[LogitsProcessor]:
-        if kind == "closed_book":
-            return []
-        out: list[LogitsProcessor] = []
-        contrast = self._contrast_prefill(q)
-        if contrast is not None:
-            out.append(Contrast.start(q.gen, *contrast, self.aids.context_contrast, len(groups), q.ends))
-        if self.spans is not None:  # RAG-Token copies from the passages it reads, each passage's search its own
-            sets = ([copy_sources(q.prior, self.aids.copy_min_prior)] * len(groups) if kind == "mixture"
-                    else [[z] for z in groups])
-            out.append(SpanConstraint(self.spans, sets, q.ends))
-        return out
-
-    def _contrast_prefill(self, q: Prefilled):
-        """(state with one row, first log-probs (1, V)) of the question without passages, which every
-        contrasted search copies; None when off or not greedy (the contrast is greedy only)."""
-        if self.contrast_prompt is None or q.d.num_beams > 1:
-            return None
-        if self._contrast is None:
-            lp0, state0 = q.gen.prefill([self.contrast_prompt])  # (1, V)
-            self._contrast = (state0, lp0)
-        return self._contrast
+        return [proc for p in self.parts for proc in p.processors(q, kind, groups)]
 
     def review(self, search: Search, hyps: list[list[Hyp]]) -> list[list[Hyp]]:
-        if not self.aids.echo_retries:
-            return hyps
-        return retry_rejected(search, hyps, self.rejects, self.aids.echo_retries)
+        for p in self.parts:
+            hyps = p.review(search, hyps)
+        return hyps
 
     def candidates(self, q: Prefilled, hyps: list[list[Hyp]]) -> list[list[Hyp]]:
-        return with_titles(q, hyps, self.titles, self.rejects) if self.titles else hyps
+        for p in self.parts:
+            hyps = p.candidates(q, hyps)
+        return hyps
 
     def choose_token(self, q: Prefilled, mixture: list[Hyp]) -> Choice:
-        if not self.drafts:
+        if not self._chooser:
             return PAPER.choose_token(q, mixture)
-        return choose_among_drafts(q, mixture, self.rejects if self.aids.echo_retries else None)
+        return self._chooser[0].choose_token(q, mixture)
 
 
-def voted_prior(logits: torch.Tensor, question_lp: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
-    """log p(z|x) = log_softmax_z((logits_z + w · log p_G(x|z)) / T): logits (K,) the retriever's
-    scale · q(x)·d(z), question_lp (K,) the generator's log p_G(x|z)."""
-    # the doc log-prior: the retriever's logits plus w times the reader's vote, tempered together
-    return doc_log_prior((logits + weight * question_lp) / temperature)  # (K,)
+def listed(aids: ReaderAids) -> list[tuple[str, str]]:
+    """The aids these settings turn on, as (knob, where it attaches): the prompt's aids first, then
+    the engine's hooks in the order AidedReader composes them. A knob that tunes another aid is
+    listed with it."""
+    order = [QuestionVote, ContextContrast, Extractive, EchoRetries, TitleCandidates, TokenDrafts]
+    default = ReaderAids()
+    on = [k for k in type(aids).model_fields if getattr(aids, k) != getattr(default, k)]
+    out = [(k, PROMPT_AIDS[k]) for k in PROMPT_AIDS if k in on]
+    for part in order:
+        if part.knob in on:
+            tuned = [t for t, of in TUNES.items() if of == part.knob and t in on]
+            out.append((part.knob, f"{', '.join(part.hooks)}: {part.__name__}"
+                        + (f" (tuned by {', '.join(tuned)})" if tuned else "")))
+    return out
 
 
 def _ids(lists) -> tuple | None:

@@ -13,6 +13,8 @@ import torch
 
 from rag_demo.models.generators import Generator, GenState
 from rag_demo.rag.decoding import NEG, REWEIGH, LogitsProcessor
+from rag_demo.rag.hooks import Prefilled
+from rag_demo.reader.part import Aid
 
 # The plausibility cut (Li et al. 2023's contrastive decoding, used by Shi et al. 2023): a token
 # the passages give less than this fraction of their top token's probability is never chosen,
@@ -60,3 +62,23 @@ class Contrast(LogitsProcessor):
     def step(self, tokens: torch.Tensor) -> None:
         """tokens (N,) one per beam: the closed-book rows read them too."""
         self.lp = self.gen.advance(self.state, tokens.unsqueeze(1))[:, -1]  # (N, V)
+
+
+class ContextContrast(Aid):
+    """processors: a `Contrast` on every greedy search with passages. closed_prompt: the question
+    without passages, prefilled once, when a search first needs it, and copied by every contrasted
+    search."""
+
+    knob, hooks = "context_contrast", ("processors",)
+
+    def __init__(self, alpha: float, closed_prompt: list[int]):
+        self.alpha, self.closed_prompt = alpha, closed_prompt
+        self._prefill: tuple[GenState, torch.Tensor] | None = None  # (state with one row, first log-probs (1, V))
+
+    def processors(self, q: Prefilled, kind: str, groups: list[int]) -> list[LogitsProcessor]:
+        if kind == "closed_book" or q.d.num_beams > 1:  # the contrast is greedy only
+            return []
+        if self._prefill is None:
+            lp0, state0 = q.gen.prefill([self.closed_prompt])  # (1, V)
+            self._prefill = (state0, lp0)
+        return [Contrast.start(q.gen, *self._prefill, self.alpha, len(groups), q.ends)]

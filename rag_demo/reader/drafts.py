@@ -17,7 +17,37 @@ from rag_demo.rag.decoding import Hyp, score_candidates, score_pairs
 from rag_demo.rag.engine import NO_DRAFTS, dedupe, doc_searches
 from rag_demo.rag.hooks import Choice, Prefilled
 from rag_demo.rag.marginalize import rag_token_logprob
+from rag_demo.reader.part import Aid
 from rag_demo.reader.retries import Rejects
+
+# Generation.extras: the indices of RAG-Token's candidates whose number is an upper bound, not exact
+UPPER_BOUNDS = "upper_bounds"
+
+
+class TokenDrafts(Aid):
+    """choose_token: RAG-Token's answer among its beams and each passage's drafts
+    (`choose_among_drafts`); rejects: the echo test candidates must pass, or None."""
+
+    knob, hooks, keeps_prefill = "token_drafts", ("choose_token",), True
+
+    def __init__(self, rejects: Rejects | None):
+        self.rejects = rejects
+
+    def choose_token(self, q: Prefilled, mixture: list[Hyp]) -> Choice:
+        return choose_among_drafts(q, mixture, self.rejects)
+
+
+class TitleCandidates(Aid):
+    """candidates: each passage's title as an answer of its own (`with_titles`); titles: their
+    token ids (Generator.title_answer_ids)."""
+
+    knob, hooks = "title_candidates", ("candidates",)
+
+    def __init__(self, titles: list[list[int]], rejects: Rejects | None):
+        self.titles, self.rejects = titles, rejects
+
+    def candidates(self, q: Prefilled, hyps: list[list[Hyp]]) -> list[list[Hyp]]:
+        return with_titles(q, hyps, self.titles, self.rejects)
 
 
 def choose_among_drafts(q: Prefilled, mixture: list[Hyp], rejects: Rejects | None) -> Choice:
@@ -34,8 +64,8 @@ def choose_among_drafts(q: Prefilled, mixture: list[Hyp], rejects: Rejects | Non
         cut = stopped or (q.stop() if q.stop is not None else None) or "stopped"
         return Choice(mixture[0], note=f" (drafts stopped: {cut})", fell_back=NO_DRAFTS)
     win, doc_lp, scores, bounded = ranked
-    return Choice(cands[win], [(h.tokens, sc) for h, sc in zip(cands, scores)], doc_lp, bounded,
-                  note=", with each doc's drafts")
+    return Choice(cands[win], [(h.tokens, sc) for h, sc in zip(cands, scores)], doc_lp,
+                  note=", with each doc's drafts", extras={UPPER_BOUNDS: bounded})
 
 
 def with_titles(q: Prefilled, hyps: list[list[Hyp]], titles: list[list[int]], rejects: Rejects | None

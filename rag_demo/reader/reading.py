@@ -14,6 +14,7 @@ from rag_demo.rag.hooks import PAPER, Reader
 from rag_demo.reader.aided import AidedReader, drafts_of, prompt
 from rag_demo.reader.focus import focus_passages
 from rag_demo.reader.truecase import recase
+from rag_demo.reader.vote import QUESTION_LP
 
 
 def question_read(aids: ReaderAids, question: str, passages: Sequence[Passage] | None = None) -> str:
@@ -43,4 +44,4 @@ def reader_for(aids: ReaderAids, d: Decoding, gen: Generator, question: str, fed
     return AidedReader(aids, d, gen, question, fed, prompts, passages, closed_book=closed_book)
 
 
-__all__ = ["drafts_of", "passages_read", "prompt", "question_read", "reader_for"]
+__all__ = ["QUESTION_LP", "drafts_of", "passages_read", "prompt", "question_read", "reader_for"]

@@ -14,6 +14,7 @@ import torch
 
 from rag_demo.rag.decoding import BAN, NEG, Hyp, LogitsProcessor
 from rag_demo.rag.hooks import Search
+from rag_demo.reader.part import Aid
 
 Rejects = Callable[[list[int]], bool]  # does the reader reject this answer (token ids)?
 
@@ -76,3 +77,15 @@ def retry_rejected(search: Search, hyps: list[list[Hyp]], rejects: Rejects, roun
             else:
                 out[g] = [h]
     return out
+
+
+class EchoRetries(Aid):
+    """review: answers `rejects` refuses, decoded again (`retry_rejected`), at most `rounds` rounds."""
+
+    knob, hooks, keeps_prefill = "echo_retries", ("review",), True
+
+    def __init__(self, rejects: Rejects, rounds: int):
+        self.rejects, self.rounds = rejects, rounds
+
+    def review(self, search: Search, hyps: list[list[Hyp]]) -> list[list[Hyp]]:
+        return retry_rejected(search, hyps, self.rejects, self.rounds)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from rag_demo.rag.decoding import MASK, NEG, LogitsProcessor
+from rag_demo.rag.hooks import Prefilled
+from rag_demo.reader.part import Aid
 
 
 class SpanConstraint(LogitsProcessor):
@@ -59,3 +61,20 @@ def copy_sources(log_prior: torch.Tensor, floor: float) -> list[int]:
     p = log_prior.exp()  # (K,)
     top = int(torch.argmax(p))
     return [z for z in range(p.shape[0]) if z == top or float(p[z]) >= floor]
+
+
+class Extractive(Aid):
+    """processors: a `SpanConstraint` on every search with passages: RAG-Token's mixture copies from
+    the passages it reads (`copy_sources` at min_prior), each passage's own search from its passage.
+    spans: each passage's token ids (Generator.span_ids)."""
+
+    knob, hooks = "extractive", ("processors",)
+
+    def __init__(self, spans: list[list[int]], min_prior: float):
+        self.spans, self.min_prior = spans, min_prior
+
+    def processors(self, q: Prefilled, kind: str, groups: list[int]) -> list[LogitsProcessor]:
+        if kind == "closed_book":
+            return []
+        sets = [copy_sources(q.prior, self.min_prior)] * len(groups) if kind == "mixture" else [[z] for z in groups]
+        return [SpanConstraint(self.spans, sets, q.ends)]
