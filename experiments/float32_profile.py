@@ -146,16 +146,16 @@ class Profile:
 def instrument(prof: Profile, gen) -> None:
     """Wrap the engine's and the reader's stages where they are looked up, and the generator's copies."""
     from rag_demo.rag import decoding, engine, hooks
-    from rag_demo.reader import aided, drafts
+    from rag_demo.reader import drafts, retries
 
     prof.patch(engine, "prefill", "prefill")
     prof.patch(engine, "doc_searches", "drafts (each doc's search)")
     prof.patch(drafts, "doc_searches", "drafts (each doc's search)")
     prof.patch(engine, "search", "search")
     prof.patch(hooks, "search", "search")  # an echo retry's greedy search
-    prof.patch(aided, "retry_rejected", "echo retries")
-    prof.patch(aided, "with_titles", "title scoring")
-    prof.patch(aided, "choose_among_drafts", "choose among drafts")
+    prof.patch(retries, "retry_rejected", "echo retries")
+    prof.patch(drafts, "with_titles", "title scoring")
+    prof.patch(drafts, "choose_among_drafts", "choose among drafts")
     prof.patch(drafts, "rank_by_rag_token", "branch and bound")
     prof.patch(engine, "inspect_answer", "inspector pass")
     if hasattr(engine, "inspect_and_score"):  # the inspector's pass scoring the winner too
