@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels")
+         "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi")
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +194,18 @@ def test_float32_profile_times_the_stages_and_bounds_the_model_calls(exp, capsys
         assert f"### {mode}: 1 questions" in out
     assert "| prefill > model body |" in out and "| drafts (each doc's search) > search > model body |" in out
     assert "| prefill: model body |" in out and "lower bound of the same calls on this CPU" in out
+
+
+def test_question_pmi_scores_each_answer_with_and_without_its_question(exp, capsys):
+    mod = exp("question_pmi")
+    assert mod.main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "3 answers, 2 right" in out
+    aurocs = [float(line.split(" | ")[1].rstrip(" |")) for line in out.splitlines() if line.startswith(("| lp_q", "| pmi"))]
+    assert len(aurocs) == 2 and all(0.0 <= a <= 1.0 for a in aurocs)
+    pipe = exp("_shared").tiny_pipeline()
+    (row,) = mod.probe(pipe, [("What is the capital of France?", "Paris", 1.0)])
+    assert row["pmi"] == row["lp_q"] - row["lp_0"] and row["lp_q"] < 0 and row["lp_0"] < 0
 
 
 def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
