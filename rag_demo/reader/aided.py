@@ -118,9 +118,8 @@ class AidedReader(Reader):
 
     def prior(self, logits: torch.Tensor, prompt_lp: torch.Tensor | None, temperature: float
               ) -> tuple[torch.Tensor, dict]:
-        if not self._prior:
-            return PAPER.prior(logits, prompt_lp, temperature)
-        return self._prior[0].prior(logits, prompt_lp, temperature)
+        got = self._prior[0].prior(logits, prompt_lp, temperature) if self._prior else None
+        return PAPER.prior(logits, prompt_lp, temperature) if got is None else got
 
     def processors(self, q: Prefilled, kind: str, groups: list[int]) -> list[LogitsProcessor]:
         return [proc for p in self.parts for proc in p.processors(q, kind, groups)]
@@ -136,15 +135,16 @@ class AidedReader(Reader):
         return hyps
 
     def choose_token(self, q: Prefilled, mixture: list[Hyp]) -> Choice:
-        if not self._chooser:
-            return PAPER.choose_token(q, mixture)
-        return self._chooser[0].choose_token(q, mixture)
+        got = self._chooser[0].choose_token(q, mixture) if self._chooser else None
+        return PAPER.choose_token(q, mixture) if got is None else got
 
 
 def listed(aids: ReaderAids) -> list[tuple[str, str]]:
-    """The aids these settings turn on, as (knob, where it attaches): the prompt's aids first, then
-    the engine's hooks in the order AidedReader composes them. A knob that tunes another aid is
-    listed with it."""
+    """The aids these settings switch on, as (knob, where it attaches): the prompt's aids first, then
+    the engine's hooks in the order AidedReader composes them; a knob that tunes another aid is
+    listed with it. Whether a part then runs for a question also depends on the generator, the
+    answer style and the mode (titles and spans need a decoder-only reader, the drafts step aside
+    for context contrast, closed-book has no prior): `AidedReader.parts` is what runs."""
     order = [QuestionVote, ContextContrast, Extractive, EchoRetries, TitleCandidates, TokenDrafts]
     default = ReaderAids()
     on = [k for k in type(aids).model_fields if getattr(aids, k) != getattr(default, k)]
