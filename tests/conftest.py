@@ -77,6 +77,21 @@ def smollm_tokenizer_folder():
     return folder
 
 
+@pytest.fixture(scope="session")
+def cache_sharing_smollm(smollm_tokenizer_folder):
+    """make(folder) -> folder: a fresh cache folder whose converted SmolLM2 is this machine's (a
+    symlink, only read): a test that needs cold corpora, indexes or kept states starts a process
+    that does not convert the GGUF file again (~20 s each)."""
+    def make(folder):
+        models = folder / "models"
+        models.mkdir(parents=True, exist_ok=True)
+        link = models / smollm_tokenizer_folder.name
+        if not link.exists():
+            link.symlink_to(smollm_tokenizer_folder, target_is_directory=True)
+        return folder
+    return make
+
+
 @pytest.fixture(scope="module")
 def long_answer_pipe(tiny_ckpts, tmp_path_factory):
     """The paper stack's loading code on the tiny random checkpoints, K=3 over the 3 fixture

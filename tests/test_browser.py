@@ -831,12 +831,12 @@ DENSE_TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def slow_build_page(browser, free_port, stop_process, tmp_path_factory):
+def slow_build_page(browser, free_port, stop_process, tmp_path_factory, cache_sharing_smollm):
     """(page, URL, gate) of an app of its own with an empty index cache whose dense index is held
     until the test creates `gate`, in the module's browser."""
     tmp = tmp_path_factory.mktemp("slow_build")
     gate = tmp / "let-the-build-finish"
-    with _own_app_page(browser, free_port(), stop_process, "slow-build", RAG_DEMO_CACHE=str(tmp / "cache"),
+    with _own_app_page(browser, free_port(), stop_process, "slow-build", RAG_DEMO_CACHE=str(cache_sharing_smollm(tmp / "cache")),
                        RAG_DEMO_TEST_EMBED_GATE=str(gate)) as (page, url):
         yield page, url, gate
 

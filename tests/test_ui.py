@@ -1459,7 +1459,7 @@ def test_a_second_question_from_the_same_visitor_stops_the_first_which_writes_no
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["paper", "aided"])
-def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, preset):
+def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, preset, cache_sharing_smollm):
     """"Show the code" of an answer: the gradio_client snippet, run as printed, and the command
     line, run as printed (a fresh process, the same documents), give the answers on screen."""
     import io
@@ -1489,7 +1489,7 @@ def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, pres
     args = shlex.split(cli)
     assert args[:4] == ["python", "-m", "rag_demo", "ask"]
     run = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "RAG_DEMO_CACHE": str(tmp_path / "cache")})
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "RAG_DEMO_CACHE": str(cache_sharing_smollm(tmp_path / "cache"))})
     assert run.returncode == 0, run.stderr[-2000:]
     said = [t.strip() for t in re.findall(r"^Answer: (.*)$", run.stdout, re.M)]
     assert said == [shown["sequence"], shown["token"], shown["closed-book"]], (said, shown)
