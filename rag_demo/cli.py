@@ -256,11 +256,10 @@ def format_answer(a) -> str:
 
 
 def cmd_ask(args) -> int:
-    from rag_demo.pipeline import RagPipeline
-
     modes = ["sequence", "token", "closed-book"] if args.mode == "all" else [check_mode(args.mode)]
-    check_question(args.question)  # fail before loading models, not after
+    check_question(args.question)  # fail before loading models (or even torch), not after
     settings = settings_from_args(args)
+    from rag_demo.pipeline import RagPipeline
     spec, corpus = _spec(args), _corpus(args)
     t0 = time.perf_counter()
     knowledge = _knowledge(args)

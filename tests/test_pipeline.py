@@ -228,6 +228,12 @@ def test_cli_bad_input_exits_2_with_message(tmp_path):
     assert r.returncode == 2 and "mode='tokenz' is unknown" in r.stderr
     r = _cli("ask", "hi", "--k", "0", cache=tmp_path)
     assert r.returncode == 2 and "k=0 is out of range" in r.stderr
+    # refused before the models, or even torch, load: a typo costs no wait
+    probe = ("import sys; from rag_demo.cli import main; code = main(['ask', 'hi', '--k', '0']); "
+             "print(code, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-1000:])
 
 
 def test_hub_probe_is_bounded_even_when_the_lookup_hangs(monkeypatch):
