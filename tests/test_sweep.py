@@ -126,7 +126,7 @@ def test_a_killed_sweep_resumes_without_recomputing_a_finished_row(pipe, tmp_pat
     new = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()[len(first):]]
     retrieval = next(r for r in new if r["mode"] == "retrieval")
     assert "preset" not in retrieval and "answer" not in retrieval and None not in retrieval.values()
-    from rag_demo.measure.figures import load_rows
+    from rag_demo.measure.run_rows import load_rows
 
     table = load_rows(out)
     assert len(table) == len(rows) and table.loc[table["mode"] == "retrieval", "preset"].isna().all()

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rag_demo.confidence import FEATURES, ConfidenceModel, Logistic
-from rag_demo.measure.figures import load_meta, load_rows
+from rag_demo.measure.run_rows import load_meta, load_rows
 
 PRECISION = 0.85  # the cue's target precision on the fitted answers (0.8 is the bar it must clear held out)
 C = 1.0  # inverse L2 strength: the features are standardised, a handful of them on hundreds of answers

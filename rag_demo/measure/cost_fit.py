@@ -30,7 +30,7 @@ from rag_demo.measure.qa_files import read_qa
 
 def typical_tokens(run: str | Path, k: int = 5) -> dict[str, float]:
     """The median answer length per "preset|mode" in a sweep run, at the default K, dense retrieval."""
-    from rag_demo.measure.figures import load_rows
+    from rag_demo.measure.run_rows import load_rows
 
     rows = load_rows(run)
     rows = rows[rows["mode"].isin(MODES) & (rows["k"].isna() | (rows["k"] == k))

@@ -111,7 +111,7 @@ def row_key(row: dict) -> Key:
 
 def compact(row: dict) -> dict:
     """A row as it is written: fields with nothing in them (null, an empty list) left out, which
-    the readers fill back in (figures.tidy): a retrieval row is a third of its full size."""
+    the readers fill back in (run_rows.tidy): a retrieval row is a third of its full size."""
     return {k: v for k, v in row.items() if v is not None and v != []}
 
 
