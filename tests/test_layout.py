@@ -35,7 +35,7 @@ def test_the_pipeline_branches_on_no_reader_aid():
     assert re.findall(r"\baids\.\w+", text) == []
 
 
-def test_the_design_documents_every_module_and_none_is_much_over_600_lines():
+def test_the_design_documents_every_module_and_none_is_over_600_lines():
     """docs/DESIGN.md's layout names every module of the package (a newcomer finds each room
     there), and each room stays small enough to read."""
     design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
@@ -46,7 +46,7 @@ def test_the_design_documents_every_module_and_none_is_much_over_600_lines():
         if path.name not in design:
             missing.append(str(path.relative_to(PACKAGE)))
         n = len(path.read_text(encoding="utf-8").splitlines())
-        if n > 660:
+        if n > 600:
             long.append(f"{path.relative_to(PACKAGE)}: {n} lines")
     assert not missing, f"not in docs/DESIGN.md: {missing}"
     assert not long, long
