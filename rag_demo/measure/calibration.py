@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rag_demo.confidence import FEATURES, ConfidenceModel, Logistic
+from rag_demo.measure.metrics import precision_recall
 from rag_demo.measure.run_rows import load_meta, load_rows
 
 PRECISION = 0.85  # the cue's target precision on the fitted answers (0.8 is the bar it must clear held out)
@@ -102,11 +103,11 @@ def report(rows: pd.DataFrame, model: ConfidenceModel, stack: str) -> list[dict]
         right = (part["contains"].to_numpy() > 0).astype(int)
         flagged = p < m.threshold
         wrong = right == 0
+        precision, recall = precision_recall(flagged, wrong)
         out.append({"preset": preset, "mode": mode, "answers": int(len(p)), "wrong": int(wrong.sum()),
                     "auroc": round(auroc(p, right), 3), "brier": round(float(((p - right) ** 2).mean()), 3),
                     "flagged": int(flagged.sum()),
-                    "precision": round(float(wrong[flagged].mean()), 3) if flagged.any() else float("nan"),
-                    "recall": round(float(flagged[wrong].mean()), 3) if wrong.any() else float("nan"),
+                    "precision": round(precision, 3), "recall": round(recall, 3),
                     "threshold": round(m.threshold, 3)})
     return out
 

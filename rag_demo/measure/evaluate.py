@@ -40,6 +40,7 @@ from rag_demo.measure.metrics import (
     first_hit,
     has_answer,
     passage_text,
+    precision_recall,
     recall_at_k,
 )
 from rag_demo.measure.qa_files import QAItem
@@ -257,10 +258,8 @@ def cue_quality(res: list[dict]) -> dict:
     flagged = [x for x in res if "may_lack_answer" in x["cues"]]
     lacking = [x for x in res if not x.get("hit")]
     unread = [x for x in res if "not_in_passages" in x["cues"]]
-    both = sum(1 for x in flagged if not x.get("hit"))
-    return {"n": len(res), "lacking": len(lacking), "flagged": len(flagged),
-            "precision": both / len(flagged) if flagged else float("nan"),
-            "recall": both / len(lacking) if lacking else float("nan"),
+    precision, recall = precision_recall(("may_lack_answer" in x["cues"] for x in res), (not x.get("hit") for x in res))
+    return {"n": len(res), "lacking": len(lacking), "flagged": len(flagged), "precision": precision, "recall": recall,
             "unread": len(unread), "unread_wrong": _mean(float(not x.get("contains")) for x in unread),
             "not_english": sum("not_english" in x["cues"] for x in res)}
 
@@ -284,15 +283,15 @@ def confidence_quality(res: list[dict]) -> dict:
     res = [x for x in res if x.get("confidence") is not None]
     wrong = [x for x in res if not x.get("contains")]
     flagged = [x for x in res if "probably_wrong" in (x.get("cues") or [])]
-    both = sum(1 for x in flagged if not x.get("contains"))
+    precision, recall = precision_recall(("probably_wrong" in (x.get("cues") or []) for x in res),
+                                         (not x.get("contains") for x in res))
     bins = []
     for lo, hi in zip(RELIABILITY_BINS, RELIABILITY_BINS[1:]):
         inside = [x for x in res if lo <= x["confidence"] < hi or (hi == 1.0 and x["confidence"] == 1.0)]
         bins.append({"from": lo, "to": hi, "n": len(inside), "confidence": _mean(x["confidence"] for x in inside),
                      "right": _mean(float(bool(x.get("contains"))) for x in inside)})
-    return {"n": len(res), "wrong": len(wrong), "flagged": len(flagged),
-            "precision": both / len(flagged) if flagged else float("nan"),
-            "recall": both / len(wrong) if wrong else float("nan"), "bins": bins}
+    return {"n": len(res), "wrong": len(wrong), "flagged": len(flagged), "precision": precision, "recall": recall,
+            "bins": bins}
 
 
 def _mean(xs) -> float:

@@ -19,7 +19,6 @@ error. No torch and no gradio here: this module draws, it runs no model.
 from __future__ import annotations
 
 import html
-import math
 import textwrap
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import altair as alt
 import pandas as pd
 
 from rag_demo.config import KNOBS, MODE_COLOURS, MODE_TITLES, MODES
+from rag_demo.measure.metrics import precision_recall
 from rag_demo.measure.run_rows import caption, load_meta, load_rows, questions_drawn, tidy
 
 RAG_MODES = tuple(m for m in MODES if m != "closed-book")
@@ -435,11 +435,9 @@ def cue_quality(df: pd.DataFrame, threshold: float | None = None, *, qa: str | N
         flagged = (mine["confidence"] < threshold if threshold is not None else
                    mine["cues"].map(lambda c: isinstance(c, (list, tuple)) and "probably_wrong" in c))
         wrong = mine["contains"] == 0
-        hits = int((flagged & wrong).sum())
+        precision, recall = precision_recall(flagged, wrong)
         rows.append({"preset": preset, "mode": mode, "answers": len(mine), "flagged": int(flagged.sum()),
-                     "wrong": int(wrong.sum()),
-                     "precision": round(hits / flagged.sum(), 3) if flagged.any() else math.nan,
-                     "recall": round(hits / wrong.sum(), 3) if wrong.any() else math.nan})
+                     "wrong": int(wrong.sum()), "precision": round(precision, 3), "recall": round(recall, 3)})
     order = {m: i for i, m in enumerate(MODES)}
     out = pd.DataFrame(rows, columns=["preset", "mode", "answers", "flagged", "wrong", "precision", "recall"])
     return out.sort_values(["preset", "mode"], key=lambda c: c.map(order) if c.name == "mode" else c,

@@ -81,6 +81,20 @@ def recall_at_k(hit_ranks: list[int | None], k: int) -> float:
     return sum(r is not None and r <= k for r in hit_ranks) / len(hit_ranks)
 
 
+def precision_recall(flagged, target) -> tuple[float, float]:
+    """A cue's (precision, recall) against what it should find: P(target | flagged) and
+    P(flagged | target), from one flag and one truth per answer (booleans); NaN where there is
+    nothing to take a share of.
+
+    >>> precision_recall([True, True, False, False], [True, False, True, False])
+    (0.5, 0.5)
+    """
+    pairs = [(bool(f), bool(t)) for f, t in zip(flagged, target, strict=True)]
+    hits = sum(f and t for f, t in pairs)
+    n_flagged, n_target = sum(f for f, _ in pairs), sum(t for _, t in pairs)
+    return (hits / n_flagged if n_flagged else float("nan"), hits / n_target if n_target else float("nan"))
+
+
 def passage_text(p) -> str:
     """What has_answer searches: the title and the text, as the generator sees them."""
     return f"{p.title}. {p.text}"
