@@ -44,6 +44,9 @@ PROMPT_AIDS = {
     "recase_question": "the question cased as the passages write it (reading.question_read)",
     "passage_sentences": "only the passage's sentences nearest the question (reading.passages_read)",
 }
+# The parts, in the order AidedReader composes them (its processors run in this order: contrast
+# reweighs, then the spans mask)
+PARTS = (QuestionVote, ContextContrast, Extractive, EchoRetries, TitleCandidates, TokenDrafts)
 # Knobs that tune another aid's part rather than add one: knob -> the aid it tunes
 TUNES = {"copy_min_prior": "extractive", "echo_subjects": "echo_retries"}
 
@@ -101,13 +104,13 @@ class AidedReader(Reader):
         parts: list[Aid | None] = [
             QuestionVote(aids.question_weight, tail) if tail else None,
             ContextContrast(aids.context_contrast, prompt(gen, question, None, d, aids))
-            if aids.context_contrast and not closed_book else None,  # before the spans: it reweighs, they mask
+            if aids.context_contrast and not closed_book else None,
             Extractive(spans, aids.copy_min_prior) if spans is not None else None,
             EchoRetries(rejects, aids.echo_retries) if aids.echo_retries else None,
             TitleCandidates(titles, rejects) if titles else None,
             TokenDrafts(rejects if aids.echo_retries else None) if drafts_of(aids) and not closed_book else None,
         ]
-        self.parts: list[Aid] = [p for p in parts if p is not None]
+        self.parts: list[Aid] = sorted((p for p in parts if p is not None), key=lambda p: PARTS.index(type(p)))
         self.rejects = rejects
         self.keep_prompt_logprobs = max((p.keep_prompt_logprobs for p in self.parts), default=0)
         self.keeps_prefill = any(p.keeps_prefill for p in self.parts)
@@ -145,11 +148,10 @@ def listed(aids: ReaderAids) -> list[tuple[str, str]]:
     listed with it. Whether a part then runs for a question also depends on the generator, the
     answer style and the mode (titles and spans need a decoder-only reader, the drafts step aside
     for context contrast, closed-book has no prior): `AidedReader.parts` is what runs."""
-    order = [QuestionVote, ContextContrast, Extractive, EchoRetries, TitleCandidates, TokenDrafts]
     default = ReaderAids()
     on = [k for k in type(aids).model_fields if getattr(aids, k) != getattr(default, k)]
     out = [(k, PROMPT_AIDS[k]) for k in PROMPT_AIDS if k in on]
-    for part in order:
+    for part in PARTS:
         if part.knob in on:
             tuned = [t for t, of in TUNES.items() if of == part.knob and t in on]
             out.append((part.knob, f"{', '.join(part.hooks)}: {part.__name__}"
