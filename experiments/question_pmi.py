@@ -17,7 +17,6 @@ answers of a sweep file (`eval --sweep` rows, RAG-Token at K = --k, `contains` a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from _shared import TINY_HELP, TINY_QA, tiny_pipeline
@@ -76,13 +75,11 @@ def main(argv=None) -> int:
             ap.error("give a rows file and its QA file (or --tiny)")
         import pandas as pd
 
+        from rag_demo.measure.qa_files import load_qa
+        from rag_demo.measure.sweep import question_id
         from rag_demo.pipeline import RagPipeline
 
-        questions = {}
-        for line in open(args.qa, encoding="utf-8"):
-            if line.strip():
-                q = json.loads(line)
-                questions[q["id"]] = q["question"]
+        questions = {question_id(item): item.question for item in load_qa(args.qa)}
         rows = pd.read_json(args.rows, lines=True)
         rows = rows[(rows["mode"] == "token") & (rows["k"] == args.k) & rows["answer"].notna()]
         pipe = RagPipeline.load()

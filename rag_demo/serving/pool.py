@@ -67,8 +67,8 @@ def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSetti
     fits it): `RagPipeline.load`, which relays its progress. A large corpus whose dense index is
     not cached answers with BM25 at once while that index is built in the background
     (`RagPipeline.index_in_background`; $RAG_DEMO_TEST_EMBED_DELAY, seconds per passage, slows
-    that build down for tests, $RAG_DEMO_TEST_EMBED_GATE holds it until a file exists). `spec`: StackSpec fields (e.g. generator_dtype). Imports the
-    library lazily."""
+    that build down for tests, $RAG_DEMO_TEST_EMBED_GATE holds it until a file exists). `spec`:
+    StackSpec fields (e.g. generator_dtype). Imports the library lazily."""
     slow = float(os.environ.get(TEST_EMBED_DELAY_ENV) or 0)
     gate = os.environ.get(TEST_EMBED_GATE_ENV) or None
 

@@ -320,7 +320,8 @@ class Handlers:
 
     def show_code(self, raw, s, request: gr.Request = None):
         """"Show the code" of the answers on screen: (the CLI command, the gradio_client call, what
-        they cannot reproduce of what this visitor changed: an upload, an edit). Empty before the first answer."""
+        they cannot reproduce of what this visitor changed: an upload, an edit). Empty before the
+        first answer."""
         s = self.fresh(s)
         if not isinstance(raw, dict) or not raw.get("question") or not raw.get("answers"):
             return "", "", ""

@@ -59,7 +59,8 @@ def client_code(result: dict, url: str, corpus: str = "builtin") -> str:
 
 
 def caveat(corpus: str, edited: bool) -> str:
-    """What the code cannot reproduce of the visitor's own changes (an edit, an upload), said beside it ("" when it reproduces all)."""
+    """What the code cannot reproduce of the visitor's own changes (an edit, an upload), said beside
+    it ("" when it reproduces all)."""
     if edited:
         return ("Your edited passage lives in your browser session only: this code answers from the corpus as it was "
                 "before your edit.")
