@@ -7,9 +7,8 @@ documents instead of Wikipedia Vital Articles; tests use it to start fast), --kn
 they are: rag_demo/knowledge/hf_format.py), --generator-dtype auto|float32|bfloat16, --port, --host.
 When the corpus's dense index is not cached (a first start), the page answers at once with BM25's
 passages, each card saying so, while the dense index is built in the background; answers switch to
-it when it is complete (docs/DESIGN.md §6b). RAG_DEMO_TEST_EMBED_DELAY (seconds per passage) slows
-that build down and RAG_DEMO_TEST_EMBED_GATE (a file path) holds it until the file exists, for
-tests only.
+it when it is complete (docs/DESIGN.md §6b). RAG_DEMO_TEST_EMBED_GATE (a file path) holds that
+build until the file exists, for tests only.
 The page's corpus dropdown also offers the CIA World Factbook (its index is built by the first
 session that picks it, then cached on disk and shared).
 

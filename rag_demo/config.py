@@ -390,12 +390,10 @@ def check_question(question: object) -> str:
 # A host's persistent volume: a Hugging Face Space with persistent storage mounts it here, and
 # everything else on a Space's disk is gone after a restart.
 PERSISTENT_MOUNT = Path("/data")
-# Tests only: seconds the app's background index build waits per passage it embeds, so that a small
-# corpus builds slowly enough for a test (a browser's) to ask a question while it runs
-# (serving/pool.stack_factory reads it; docs/DESIGN.md §6b). Unset in real use.
-TEST_EMBED_DELAY_ENV = "RAG_DEMO_TEST_EMBED_DELAY"
 # Tests only: a file path; the app's background index build, its passages embedded, waits until
-# that file exists before it completes, so a test decides when the dense index takes over.
+# that file exists before it completes, so a test (a browser's) asks while it runs and decides when
+# the dense index takes over (serving/pool.stack_factory reads it; docs/DESIGN.md §6b). Unset in
+# real use.
 TEST_EMBED_GATE_ENV = "RAG_DEMO_TEST_EMBED_GATE"
 
 

@@ -128,15 +128,14 @@ class RagPipeline(Pricing):
         rebuild_index: bool = False,
         knowledge: Knowledge | None = None,
         background_index: bool = False,
-        slow_build: float = 0.0,
         build_gate: str | None = None,
     ) -> "RagPipeline":
         """Load the stack's models, then the index for `corpus` (Vital Articles by default), or
         use `knowledge` (a loaded knowledge dataset: its vectors and FAISS index as they are).
         `background_index`: a corpus of BACKGROUND_MIN_PASSAGES or more whose index is not
         cached is answered from at once, with BM25, while its dense index is built
-        (`index_in_background`); `slow_build`: seconds per passage that build waits, `build_gate`: a
-        file it waits for before it completes (tests only).
+        (`index_in_background`); `build_gate`: a file that build waits for before it completes
+        (tests only).
 
         progress(fraction or None, message) is called before each slow step and while passages
         are embedded (models 0-0.5, index 0.5-1.0): what the CLI prints and the app's status shows.
@@ -157,8 +156,8 @@ class RagPipeline(Pricing):
             say(0.5, "Loading the Wikipedia Vital Articles passages ...")
             corpus = load_vital_articles(cache_dir=spec.cache_dir)
         pipe = cls(stack, None, settings)  # type: ignore[arg-type]
-        if background_index and (len(corpus) >= BACKGROUND_MIN_PASSAGES or slow_build or build_gate):
-            pipe.index_in_background(corpus, progress, rebuild_index, slow_build, build_gate)
+        if background_index and (len(corpus) >= BACKGROUND_MIN_PASSAGES or build_gate):
+            pipe.index_in_background(corpus, progress, rebuild_index, build_gate)
         else:
             pipe.index, pipe.index_info = pipe.build_index(corpus, progress, rebuild_index, span=(0.5, 1.0))
         return pipe
@@ -192,7 +191,7 @@ class RagPipeline(Pricing):
         self.retriever = DenseRetriever(index)
 
     def index_in_background(self, corpus: Corpus, progress: Progress | None = None, rebuild: bool = False,
-                            slow_build: float = 0.0, build_gate: str | None = None) -> IndexBuild | None:
+                            build_gate: str | None = None) -> IndexBuild | None:
         """Useful at once, exact soon: the dense index of `corpus` from the disk cache when it is
         intact (-> None: the pipeline retrieves densely at once); else BM25 over `corpus` retrieves
         (`BM25WhileBuilding`: every Answer says so in `retriever`) while a background thread builds
@@ -209,7 +208,7 @@ class RagPipeline(Pricing):
             return None
         say(0.6, f"No dense index cached: indexing the {len(corpus):,} passages for BM25 (seconds), to answer "
                  "while the dense index is built ...")
-        build = IndexBuild(corpus, encoder, spec.cache_dir, ann, rebuild, slow_build, build_gate)
+        build = IndexBuild(corpus, encoder, spec.cache_dir, ann, rebuild, build_gate)
         self._bm25 = BM25Retriever(corpus)  # serves now, and the bm25 and hybrid settings once the dense index is built
         self.retriever = BM25WhileBuilding(build, self._bm25)
         self.index_build = build

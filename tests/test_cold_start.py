@@ -192,8 +192,6 @@ def test_the_background_build_keeps_corpus_order(minilm, tmp_path, monkeypatch):
 def test_index_build_refuses_bad_input(minilm, tmp_path):
     with pytest.raises(ValueError, match="the corpus is empty"):
         IndexBuild(Corpus("none", []), minilm, tmp_path)
-    with pytest.raises(ValueError, match="delay_per_passage=-1 is negative"):
-        IndexBuild(corpus_from_documents("six", [(t, x, None) for t, x in DOCS]), minilm, tmp_path, delay_per_passage=-1)
     with pytest.raises(ValueError, match="never started: call start"):
         IndexBuild(corpus_from_documents("six", [(t, x, None) for t, x in DOCS]), minilm, tmp_path).wait(1)
 

@@ -32,13 +32,11 @@ class IndexBuild:
     background thread (`start`); `index` and `info` once complete, `error` if it failed."""
 
     def __init__(self, corpus: Corpus, encoder: Encoder, cache_dir: Path, ann: AnnSettings | None = None,
-                 rebuild: bool = False, delay_per_passage: float = 0.0, gate: str | Path | None = None) -> None:
+                 rebuild: bool = False, gate: str | Path | None = None) -> None:
         if not len(corpus):
             raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
-        if delay_per_passage < 0:
-            raise ValueError(f"delay_per_passage={delay_per_passage!r} is negative: use 0 (no delay) or more seconds.")
         self.corpus, self.encoder, self.cache_dir, self.ann = corpus, encoder, Path(cache_dir), ann
-        self.rebuild, self.delay = rebuild, delay_per_passage
+        self.rebuild = rebuild
         self.gate = Path(gate) if gate else None  # tests only: the file whose existence lets the build complete
         self.total = len(corpus)
         self.done = 0  # passages embedded (or read back from checkpoints) so far
@@ -124,9 +122,7 @@ class IndexBuild:
 
     # -- the thread -------------------------------------------------------------------
     def _progress(self, done: int, _total: int) -> None:
-        """After every batch: count it, wait out a pause, and (tests only) go slowly."""
-        if self.delay:
-            time.sleep(self.delay * max(done - self.done, 0))
+        """After every batch: count it, wait out a pause, and (tests only) wait for the gate file."""
         self.done = done
         while self.gate is not None and done >= self.total and not self.gate.exists():
             time.sleep(0.1)  # another process (a browser test) says when: a file is all it can share

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rag_demo.config import TEST_EMBED_DELAY_ENV, TEST_EMBED_GATE_ENV, RagSettings, StackSpec
+from rag_demo.config import TEST_EMBED_GATE_ENV, RagSettings, StackSpec
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
@@ -66,18 +66,16 @@ def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSetti
     over `knowledge` (a loaded knowledge.Knowledge, shared by the stacks whose passage encoder
     fits it): `RagPipeline.load`, which relays its progress. A large corpus whose dense index is
     not cached answers with BM25 at once while that index is built in the background
-    (`RagPipeline.index_in_background`; $RAG_DEMO_TEST_EMBED_DELAY, seconds per passage, slows
-    that build down for tests, $RAG_DEMO_TEST_EMBED_GATE holds it until a file exists). `spec`:
+    (`RagPipeline.index_in_background`; for tests, $RAG_DEMO_TEST_EMBED_GATE holds that build
+    until a file exists). `spec`:
     StackSpec fields (e.g. generator_dtype). Imports the library lazily."""
-    slow = float(os.environ.get(TEST_EMBED_DELAY_ENV) or 0)
     gate = os.environ.get(TEST_EMBED_GATE_ENV) or None
 
     def factory(stack: str, progress: Progress) -> Any:
         from rag_demo.pipeline import RagPipeline
 
         return RagPipeline.load(StackSpec(name=stack, **spec), corpus_fn() if corpus_fn else None, settings,
-                                progress, knowledge=knowledge, background_index=True, slow_build=slow,
-                                build_gate=gate)
+                                progress, knowledge=knowledge, background_index=True, build_gate=gate)
 
     return factory
 
