@@ -1,7 +1,8 @@
 """Every question the Ask tab's lessons offer (assets/lessons.json), on the real offline models at
 their defaults: a lesson that says what both RAG modes answer is answered so, and a lesson that
 presents a deliberate failure still fails the way it explains (else its text would no longer be
-true). Slow: the real SmolLM2 over all Wikipedia Vital Articles, then the CIA World Factbook."""
+true), and where a lesson says whether the "probably wrong" cue fires on a card ("cued"), it does or
+does not. Slow: the real SmolLM2 over all Wikipedia Vital Articles, then the CIA World Factbook."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,9 @@ def _check(pipe, corpus: str) -> None:
             for mode, right in lesson.get("fails", {}).get(q, {}).items():
                 assert "deliberate failure" in lesson["look"], lesson["title"]  # said so, with the why
                 assert right.casefold() not in a[mode].text.casefold(), (lesson["title"], q, mode, a[mode].text)
+            for mode, cued in lesson.get("cued", {}).get(q, {}).items():
+                kinds = [c["kind"] for c in a[mode].cues]
+                assert ("probably_wrong" in kinds) == cued, (lesson["title"], q, mode, a[mode].text, a[mode].confidence)
             for mode, right in lesson.get("paper_fails", {}).get(q, {}).items():
                 plain = pipe.answers(q, [mode], RagSettings(preset="paper"))[mode]
                 assert right.casefold() not in plain.text.casefold(), (lesson["title"], q, mode, plain.text)

@@ -101,13 +101,13 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
         assert "Gogh" in token["text"] or "Gogh" in ok["answers"]["sequence"]["text"]
 
 
-def test_the_penicillin_lesson_shows_a_confident_wrong_copy_and_marks_the_words_copied(served):
-    """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app:
-    both RAG cards copy the wrong name from the Fleming passage, as the lesson says, and the copied
-    words are highlighted in that passage. Each card shows its confidence, and here it is high on
-    the wrong answers, as the lesson tells the learner: the fitted confidence (assets/
-    confidence.json) reads a confident copy from a passage with p(z|x) near 1 as right, so this
-    failure is one the "probably wrong" cue misses (docs/results.md §8)."""
+def test_the_wrong_answer_lesson_cues_one_wrong_copy_misses_another_and_marks_the_words_copied(served):
+    """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app.
+    Basketball: both RAG cards answer another number than the passage's five, and each shows the
+    "probably wrong" cue. Penicillin: both RAG cards copy the wrong name from the Fleming passage,
+    as the lesson says, the copied words are highlighted in that passage, and the confidence is
+    high with no cue, as the lesson tells the learner: a confident copy from a passage with p(z|x)
+    near 1 is a failure the fitted confidence (assets/confidence.json) cannot see (docs/results.md §8)."""
     from playwright.sync_api import sync_playwright
     from test_browser import CHROMIUM_ARGS, SHOTS, _require_browser
 
@@ -117,19 +117,31 @@ def test_the_penicillin_lesson_shows_a_confident_wrong_copy_and_marks_the_words_
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
+
+        def ask(lesson, q: str, shot: str) -> None:
+            lesson.locator(".rag-lesson-q", has_text=q).click()
+            page.wait_for_function(  # every card final (its timings shown) and the passages table drawn
+                """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
+                    && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)
+                    && document.querySelector('#rag-passages table.rag-ptable')""",
+                arg=q, timeout=180_000, polling=200)
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / shot), full_page=True)
+
         try:
             page.goto(url)
             page.wait_for_selector(".rag-status[data-stack='offline']", timeout=240_000)
             lesson = page.locator(".rag-lesson", has_text="The right passage, a wrong answer")
             assert "what it cannot see" in lesson.inner_text()  # the lesson says what the confidence misses
-            lesson.locator(".rag-lesson-q", has_text="Who discovered penicillin?").click()
-            page.wait_for_function(  # every card final (its timings shown) and the passages table drawn
-                """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
-                    && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)
-                    && document.querySelector('#rag-passages table.rag-ptable')""",
-                arg="Who discovered penicillin?", timeout=180_000, polling=200)
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SHOTS / "penicillin-lesson.png"), full_page=True)
+            ask(lesson, "How many players does each basketball team have on the court?", "basketball-lesson.png")
+            for mode in ("sequence", "token"):
+                card = page.locator(f"#rag-answer-{mode}")
+                text = card.locator(".rag-answer").inner_text()
+                assert "five" not in text.casefold() and "5" not in text, f"{mode} answered {text!r}: the failure is gone"
+                shown = card.locator(".rag-confidence").get_attribute("data-confidence")
+                assert shown and float(shown) < 0.5, (mode, shown)
+                assert card.locator('[data-cue="probably_wrong"]').count() == 1, (mode, text, shown)
+            ask(lesson, "Who discovered penicillin?", "penicillin-lesson.png")
             for mode in ("sequence", "token"):
                 card = page.locator(f"#rag-answer-{mode}")
                 text = card.locator(".rag-answer").inner_text()

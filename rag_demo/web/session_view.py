@@ -24,7 +24,8 @@ STACK_BLURB = {
 LESSONS_PATH = Path(__file__).resolve().parents[2] / "assets" / "lessons.json"
 # Each built-in corpus's lessons: {corpus name: [{"title", "look", "questions", "expect" | "fails", ...}]}.
 # A lesson's "look" is the one line of what to look at; tests/test_lessons.py checks every
-# question's answers against its "expect" (or that a deliberate failure still fails as it says).
+# question's answers against its "expect" (or that a deliberate failure still fails as it says),
+# and its "cued" (whether a card shows the "probably wrong" cue) where the text says so.
 LESSONS: dict[str, list[dict]] = json.loads(LESSONS_PATH.read_text(encoding="utf-8"))
 VITAL_EXAMPLES = tuple(dict.fromkeys(q for lesson in LESSONS[VITAL_ARTICLES_NAME] for q in lesson["questions"]))
 FACTBOOK_EXAMPLES = tuple(dict.fromkeys(q for lesson in LESSONS[FACTBOOK_NAME] for q in lesson["questions"]))
