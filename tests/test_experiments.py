@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
-         "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi")
+         "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi",
+         "off_subject")
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +207,21 @@ def test_question_pmi_scores_each_answer_with_and_without_its_question(exp, caps
     pipe = exp("_shared").tiny_pipeline()
     (row,) = mod.probe(pipe, [("What is the capital of France?", "Paris", 1.0)])
     assert row["pmi"] == row["lp_q"] - row["lp_0"] and row["lp_q"] < 0 and row["lp_0"] < 0
+
+
+def test_off_subject_names_a_copy_from_a_passage_about_something_unasked(exp, capsys, tiny_run):
+    mod = exp("off_subject")
+    assert mod.off_subject("Who discovered penicillin?", "Howard Florey.", "Alexander Fleming")
+    assert not mod.off_subject("Who discovered penicillin?", "Alexander Fleming.", "Alexander Fleming")  # the subject
+    assert not mod.off_subject("Who discovered penicillin?", "Fleming.", "Alexander Fleming")  # part of it
+    assert not mod.off_subject("When was Alexander Fleming born?", "1881.", "Alexander Fleming")  # the question names it
+    assert not mod.off_subject("Who discovered penicillin?", "", "Alexander Fleming")
+    rows = mod.answers(str(tiny_run), fitted_whole=True)
+    assert {a["mode"] for a in rows} == {"sequence", "token"} and all(a["fitted"] for a in rows)
+    assert mod.main([str(tiny_run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{len(rows)} RAG answers, {sum(a['off'] for a in rows)} off-subject")
+    assert all(f"| {m} | " in out for m in ("sequence", "token")) and "| closed-book |" not in out
 
 
 def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
