@@ -39,8 +39,7 @@ def off_subject(question: str, answer: str, top_title: str) -> bool:
     text = answer.strip().rstrip(".")
     asked = set(match_tokens(question))
     named = all(w in asked for w in match_tokens(top_title))
-    is_title = bool(text) and (occurs_in(text, top_title) or occurs_in(top_title, text))
-    return bool(text) and not named and not is_title
+    return bool(text) and not named and not (occurs_in(text, top_title) or occurs_in(top_title, text))
 
 
 def answers(path: str, fitted_whole: bool) -> list[dict]:
@@ -67,9 +66,19 @@ def share(part: list[dict], what) -> str:
     return f"{n}/{len(part)}" if part else "-"
 
 
+def wrong(a: dict) -> bool:
+    return not a["right"]
+
+
 def table(rows: list[dict]) -> str:
     """Per mode and split: off-subject answers wrong, the confident ones wrong, the cue's precision
     and recall as shipped and with every off-subject answer flagged too."""
+    from rag_demo.measure.metrics import precision_recall
+
+    def pr(part: list[dict], flag) -> str:
+        p, r = precision_recall([flag(a) for a in part], [wrong(a) for a in part])
+        return "-" if p != p or r != r else f"{p:.2f} / {r:.2f}"  # NaN: nothing flagged, or nothing wrong
+
     lines = ["| mode | split | answers | off-subject: wrong | off-subject, no cue: wrong | cue P / R | cue or off-subject P / R |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for mode in MODES:
@@ -79,43 +88,34 @@ def table(rows: list[dict]) -> str:
                 continue
             off = [a for a in part if a["off"]]
             confident = [a for a in off if not a["cued"]]
-            wrong = lambda a: not a["right"]  # noqa: E731
-
-            def pr(flag) -> str:
-                flagged = [a for a in part if flag(a)]
-                hit = sum(wrong(a) for a in flagged)
-                n_wrong = sum(wrong(a) for a in part)
-                return f"{hit / len(flagged):.2f} / {hit / n_wrong:.2f}" if flagged and n_wrong else "-"
-
             lines.append(f"| {mode} | {split} | {len(part)} | {share(off, wrong)} | {share(confident, wrong)} "
-                         f"| {pr(lambda a: a['cued'])} | {pr(lambda a: a['cued'] or a['off'])} |")
+                         f"| {pr(part, lambda a: a['cued'])} | {pr(part, lambda a: a['cued'] or a['off'])} |")
     return "\n".join(lines)
 
 
 def as_signal(rows: list[dict]) -> str:
-    """Per mode: held-out AUROC of the refitted confidence (calibration.fit_one's regression and
-    standardisation) over the mode's signals, and over them plus off-subject."""
+    """Per mode: held-out AUROC of the confidence refitted (calibration.fit_one) on the fitted
+    answers over the mode's signals, and over them plus off-subject."""
     import numpy as np
-    from sklearn.linear_model import LogisticRegression
+    import pandas as pd
 
     from rag_demo.confidence import FEATURES
-    from rag_demo.measure.calibration import C, auroc
+    from rag_demo.measure.calibration import auroc, fit_one
 
     lines = ["| mode | held-out AUROC, shipped signals | with off-subject | off-subject's weight |", "|---|---:|---:|---:|"]
     for mode in MODES:
-        part = [a for a in rows if a["mode"] == mode]
-        fit = np.array([a["fitted"] for a in part])
-        y = np.array([int(a["right"]) for a in part])
-        if fit.all() or not fit.any() or len(set(y[fit])) < 2:
+        part = pd.DataFrame([{"signals": {**a["signals"], "off_subject": float(a["off"])}, "contains": float(a["right"]),
+                              "fitted": a["fitted"]} for a in rows if a["mode"] == mode])
+        if part.empty or part["fitted"].all() or not part["fitted"].any():
             continue
+        train, test = part[part["fitted"]], part[~part["fitted"]]
+        if train["contains"].nunique() < 2:
+            continue
+        right = test["contains"].to_numpy().astype(int)
         got = []
-        for extra in (False, True):
-            x = np.array([[a["signals"][f] for f in FEATURES[mode]] + ([float(a["off"])] if extra else []) for a in part])
-            mean, scale = x[fit].mean(0), x[fit].std(0)
-            scale[scale == 0] = 1.0
-            reg = LogisticRegression(C=C, max_iter=1000).fit((x[fit] - mean) / scale, y[fit])
-            p = reg.predict_proba((x[~fit] - mean) / scale)[:, 1]
-            got.append((auroc(p, y[~fit]), reg.coef_[0][-1]))
+        for features in (FEATURES[mode], FEATURES[mode] + ("off_subject",)):
+            model = fit_one(train, mode, features=features)
+            got.append((auroc(np.array([model.predict(sig) for sig in test["signals"]]), right), model.coef[-1]))
         lines.append(f"| {mode} | {got[0][0]:.3f} | {got[1][0]:.3f} | {got[1][1]:+.2f} |")
     return "\n".join(lines)
 

@@ -44,23 +44,25 @@ def answers_at(rows: pd.DataFrame, k: int = 5, retriever: str = "dense") -> pd.D
     return rows[(rag | closed) & rows["signals"].notna()]
 
 
-def _matrix(rows: pd.DataFrame, mode: str) -> np.ndarray:
-    return np.array([[float(sig[f]) for f in FEATURES[mode]] for sig in rows["signals"]], dtype=np.float64)
+def _matrix(rows: pd.DataFrame, features: tuple[str, ...]) -> np.ndarray:
+    return np.array([[float(sig[f]) for f in features] for sig in rows["signals"]], dtype=np.float64)
 
 
-def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION) -> Logistic:
-    """A standardised L2 logistic regression of right (contains) on the mode's signals, and the
-    cue's threshold."""
+def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION,
+            features: tuple[str, ...] | None = None) -> Logistic:
+    """A standardised L2 logistic regression of right (contains) on the mode's signals (or on
+    `features`, a probe's other choice of them), and the cue's threshold."""
     from sklearn.linear_model import LogisticRegression
 
-    x, y = _matrix(rows, mode), (rows["contains"].to_numpy() > 0).astype(int)
+    features = FEATURES[mode] if features is None else tuple(features)
+    x, y = _matrix(rows, features), (rows["contains"].to_numpy() > 0).astype(int)
     if len(set(y)) < 2:
         raise ValueError(f"the {mode} answers to fit on are all {'right' if y.all() else 'wrong'}: add questions.")
     mean, scale = x.mean(0), x.std(0)
     scale[scale == 0] = 1.0
     reg = LogisticRegression(C=C, max_iter=1000).fit((x - mean) / scale, y)
-    model = Logistic(FEATURES[mode], tuple(mean), tuple(scale), tuple(reg.coef_[0]), float(reg.intercept_[0]), 0.5)
-    p = np.array([model.predict(dict(zip(FEATURES[mode], row))) for row in x])
+    model = Logistic(features, tuple(mean), tuple(scale), tuple(reg.coef_[0]), float(reg.intercept_[0]), 0.5)
+    p = np.array([model.predict(dict(zip(features, row))) for row in x])
     return Logistic(*[getattr(model, f) for f in ("features", "mean", "scale", "coef", "intercept")],
                     threshold=choose_threshold(p, y, precision))
 
