@@ -67,8 +67,8 @@ def stack_factory(corpus_fn: Callable[[], Any] | None = None, settings: RagSetti
     fits it): `RagPipeline.load`, which relays its progress. A large corpus whose dense index is
     not cached answers with BM25 at once while that index is built in the background
     (`RagPipeline.index_in_background`; for tests, $RAG_DEMO_TEST_EMBED_GATE holds that build
-    until a file exists). `spec`:
-    StackSpec fields (e.g. generator_dtype). Imports the library lazily."""
+    until a file exists). `spec`: StackSpec fields (e.g. generator_dtype). Imports the library
+    lazily."""
     gate = os.environ.get(TEST_EMBED_GATE_ENV) or None
 
     def factory(stack: str, progress: Progress) -> Any:
