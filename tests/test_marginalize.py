@@ -125,3 +125,16 @@ def test_taking_a_doc_away_renormalises_the_prior_over_the_rest():
     assert logprob_without_each(LP[:1], prior[:1], "token").tolist() == [float("-inf")]  # nothing left
     with pytest.raises(ValueError, match="closed-book"):
         logprob_without_each(LP, prior, "closed-book")
+
+
+def test_training_loss_is_the_negative_marginal_likelihood_of_the_worked_case():
+    """rag_nll on the worked case: −log .07 (RAG-Sequence), −log .1 (RAG-Token), and their mean."""
+    from rag_demo.rag.marginalize import rag_nll
+
+    prior = doc_log_prior(SCORES)
+    torch.testing.assert_close(rag_nll(LP, prior, loss="sequence"), torch.tensor(-math.log(0.07)), **HAND)
+    torch.testing.assert_close(rag_nll(LP, prior, loss="token"), torch.tensor(-math.log(0.1)), **HAND)
+    torch.testing.assert_close(rag_nll(LP, prior, loss="both"), torch.tensor(-(math.log(0.07) + math.log(0.1)) / 2),
+                               **HAND)
+    with pytest.raises(ValueError, match="loss='mean' is unknown"):
+        rag_nll(LP, prior, loss="mean")

@@ -100,3 +100,26 @@ def logprob_without_each(lp: torch.Tensor, prior: torch.Tensor, mode: str) -> to
     if mode == "sequence":
         return rag_sequence_logprob(lps, renorm)  # (K,)
     raise ValueError(f"mode={mode!r} has no passages to take away: use 'token' or 'sequence'.")
+
+
+LOSSES = ("sequence", "token", "both")
+
+
+def rag_nll(lp: torch.Tensor, prior: torch.Tensor, mask: torch.Tensor | None = None, loss: str = "both") -> torch.Tensor:
+    """The training loss (paper §2.4): the negative marginal log-likelihood of the target answer,
+
+        sequence:  −logsumexp_z [prior_z + Σ_i lp_{z,i}]          (−rag_sequence_logprob)
+        token:     −Σ_i logsumexp_z [prior_z + lp_{z,i}]          (−rag_token_logprob)
+        both:      the mean of the two (one generator serves both modes),
+
+    the same functions that score an answer when the demo answers. Gradients reach the generator
+    through lp and the question tower through the prior. lp (..., K, T), prior (..., K),
+    mask (..., T) -> (...).
+    """
+    if loss == "sequence":
+        return -rag_sequence_logprob(lp, prior, mask)  # (...)
+    if loss == "token":
+        return -rag_token_logprob(lp, prior, mask)  # (...)
+    if loss == "both":
+        return -(rag_sequence_logprob(lp, prior, mask) + rag_token_logprob(lp, prior, mask)) / 2  # (...)
+    raise ValueError(f"loss={loss!r} is unknown: use one of {', '.join(LOSSES)}.")
