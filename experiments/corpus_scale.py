@@ -102,9 +102,9 @@ def report(n: int, cache: Path) -> None:
                              capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     arrow_mb = sum(f.stat().st_size for f in cache.rglob("*.arrow")) / 2**20
-    from rag_demo.measure.evaluate import _cpu_name
+    from rag_demo.measure.evaluate import cpu_name
 
-    print(f"{n:,} passages ({arrow_mb:,.0f} MB of Arrow on disk); {_cpu_name()}, {os.cpu_count()} CPUs, "
+    print(f"{n:,} passages ({arrow_mb:,.0f} MB of Arrow on disk); {cpu_name()}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| held as | load | read 5 passages | RSS growth |")
     print("|---|---:|---:|---:|")

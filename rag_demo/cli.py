@@ -1,4 +1,4 @@
-"""Command line: `python -m rag_demo ask|index ...`.
+"""Command line: `python -m rag_demo ask|index|eval|bench|train ...`.
 
 Owns argument parsing and plain-text rendering of an `Answer` (answer, passages, and an
 attribution table with tokens down and passages across). Progress goes to stderr, results to
@@ -116,7 +116,7 @@ def add_settings(p: argparse.ArgumentParser) -> None:
     for spec in KNOBS.values():
         values = f"{', '.join(spec.choices)}" if spec.kind == "choice" else "true or false" if spec.kind == "bool" \
             else f"{spec.lo:g} to {spec.hi:g}"
-        default = (f"{spec.aided}" if spec.aided == spec.paper else f"aided {spec.aided}, paper {spec.paper}")
+        default = spec.defaults_text()
         p.add_argument(spec.flag, dest=spec.name, metavar=spec.name.upper(), type=_number if spec.kind in ("int", "float")
                        else str, help=f"{spec.help} {values} (default {default})")
 
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="evaluate only the first N questions")
     ev.add_argument("--sample", type=int, help="evaluate a random sample of N questions (deterministic: see --seed)")
     ev.add_argument("--seed", type=int, default=0, help="random seed of --sample (default 0)")
+    ev.add_argument("--split", help="evaluate only these splits of the file's questions (rag_demo/splits.py: train, "
+                    "calibrate, report; comma-separated), applied first: what a fit or training was never shown")
     ev.add_argument("--labels", help='JSONL of {"id", "answerable"}: evaluate only the questions labelled answerable '
                     "(applied before --sample)")
     ev.add_argument("--out", help="where to save the JSON report (default artifacts/eval.json), or with --sweep the "
@@ -221,6 +223,28 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--scale-dims", default="384,768", help="comma-separated vector widths for --scale (default 384,768)")
     add_settings(be)
     _add_common(be)
+    tr = sub.add_parser("train", help="fine-tune the question tower and the generator with RAG's own loss "
+                        "(paper §2.4) on pairs from the corpus and a QA file's train split")
+    tr.add_argument("--retriever-only", action="store_true", help="the first stage: the generator frozen (each "
+                    "passage's p(y|x,z) scored once), only the question tower trains; minutes")
+    tr.add_argument("--qa", default="assets/qa_train_vital.jsonl", help="QA file whose train split is trained on "
+                    "(rag_demo/splits.py); never its calibrate or report questions")
+    tr.add_argument("--out", default="assets/trained", help="where the trained files and their meta are written")
+    tr.add_argument("--work", default="runs/train", help="checkpoints, the pair file and precomputed scores; a run "
+                    "that finds its stage's checkpoint here resumes from it")
+    for name, kind, what in (("loss", str, "sequence, token or both (their mean; default)"),
+                             ("k", int, "passages per question (reader stage; default 5)"),
+                             ("pool", int, "retriever stage: the frozen top-N the prior is a softmax over (default 20)"),
+                             ("epochs", float, "passes over the pairs (default: reader 1, retriever 40)"),
+                             ("accumulate", int, "questions per optimizer step (default: reader 4, retriever 16)"),
+                             ("lr", float, "the LoRA adapters' learning rate (default 2e-4)"),
+                             ("map_lr", float, "the question map's learning rate (default: reader 1e-4, retriever 3e-3)"),
+                             ("lora_r", int, "LoRA rank (default 8)"), ("seed", int, "seed of everything (default 0)")):
+        tr.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=what)
+    tr.add_argument("--freeze-map", action="store_true", help="reader stage: keep the question tower as the "
+                    "retriever stage left it (default: it trains jointly, as in the paper)")
+    tr.add_argument("--float32", action="store_true", help="no bfloat16 autocast even where the CPU has it")
+    _add_common(tr)
     return parser
 
 
@@ -328,13 +352,20 @@ def cmd_eval(args) -> int:
         return 0
     from rag_demo.measure.evaluate import evaluate, format_report, save_report
     from rag_demo.measure.qa_files import keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items
+    from rag_demo.measure.sweep import parse_list
     from rag_demo.pipeline import RagPipeline
 
     if args.limit is not None and args.sample is not None:
         raise ValueError("--limit and --sample both choose questions: pass one of them.")
     grid = _sweep_grid(args) if args.sweep else None  # checked before anything loads
     qa = read_qa(args.qa, args.limit)
-    items = qa.items if args.labels is None else keep_answerable(qa.items, args.labels)
+    items = qa.items
+    if args.split:
+        from rag_demo.splits import SPLITS, split_of
+
+        wanted = parse_list(args.split, "split", allowed=SPLITS)
+        items = [it for it in items if split_of(str(it.meta["id"])) in wanted]
+    items = items if args.labels is None else keep_answerable(items, args.labels)
     items = items if args.sample is None else sample_items(items, args.sample, args.seed)
     if grid is not None:
         return _run_sweep(args, grid, items, qa.path)
@@ -424,10 +455,26 @@ def cmd_bench(args) -> int:
     return run_bench(args, _spec(args), _progress)
 
 
+def cmd_train(args) -> int:
+    """`train`: one stage (rag_demo/training/run.py); what ships goes to --out, checkpoints to --work."""
+    from rag_demo.models.stacks import cpu_has_native_bf16
+    from rag_demo.training.loop import TrainSettings
+    from rag_demo.training.run import command_line, train_stage
+
+    stage = "retriever" if args.retriever_only else "reader"
+    given = {n: getattr(args, n) for n in ("loss", "k", "pool", "epochs", "accumulate", "lr", "map_lr", "lora_r", "seed")}
+    settings = TrainSettings.for_stage(stage, train_map=not args.freeze_map,
+                                       bf16=cpu_has_native_bf16() and not args.float32, **given)
+    entry = train_stage(settings, Path(args.out), Path(args.work), Path(args.qa), command_line(), _spec(args), _progress)
+    print(json.dumps({k: entry[k] for k in ("stage", "train_seconds", "heldout_loss", "data")}, indent=1, default=str))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"ask": cmd_ask, "index": cmd_index, "eval": cmd_eval, "bench": cmd_bench}[args.command](args)
+        return {"ask": cmd_ask, "index": cmd_index, "eval": cmd_eval, "bench": cmd_bench,
+                "train": cmd_train}[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

