@@ -7,11 +7,14 @@ command line (`cli.add_settings`), the page's controls (`web/controls.py`), the 
 (`web/api.py`) and the validation (pydantic, here) are all generated from these lines, so a
 new knob is one line here plus its use.
 
-Two presets name what runs:
-  paper  the paper's RAG-Sequence and RAG-Token as written: the retriever's own prior, greedy
-         decoding, thorough RAG-Sequence, every reader aid off;
-  aided  the reader aids that help a small generator (SmolLM2-135M) read its passages.
-The offline stack defaults to `aided`, the paper stack (BART, trained for the task) to `paper`.
+Three presets name what runs:
+  paper    the paper's RAG-Sequence and RAG-Token as written: the retriever's own prior, greedy
+           decoding, thorough RAG-Sequence, every reader aid off;
+  aided    the reader aids that help a small generator (SmolLM2-135M) read its passages;
+  trained  the paper's algorithm as written, with the question tower and the generator fine-tuned
+           as the paper fine-tunes them (python -m rag_demo train; docs/DESIGN.md §12).
+The paper stack (BART, trained for the task) defaults to `paper`; the offline stack's default is
+PRESET_OF_STACK's.
 """
 from __future__ import annotations
 
@@ -33,22 +36,24 @@ GENERATOR_DTYPES = ("auto", "float32", "bfloat16")
 INDEX_KINDS = ("auto", "flat", "hnsw", "ivfpq")  # StackSpec.index_kind: auto + rag_demo.knowledge.ann.KINDS
 MAX_QUESTION_CHARS = 1000  # a question is one sentence or two; 1000 chars is ~250 tokens
 
-PRESETS = {"paper": "Plain RAG, as in the paper", "aided": "With reader aids for a small model"}
+PRESETS = {"paper": "Plain RAG, as in the paper", "aided": "With reader aids for a small model",
+           "trained": "Plain RAG, trained as in the paper"}
+WEIGHTS = ("base", "trained")
 PRESET_OF_STACK = {"offline": "aided", "paper": "paper"}  # each stack's default preset
 
 
 # ---------------------------------------------------------------- declaring a knob
 
-def knob(paper: Any, *, label: str, help: str, why: str, aided: Any = ..., lo: float | None = None,
-         hi: float | None = None, step: float | None = None, ends: tuple[str, str] = ("", ""),
+def knob(paper: Any, *, label: str, help: str, why: str, aided: Any = ..., trained: Any = ...,
+         lo: float | None = None, hi: float | None = None, step: float | None = None, ends: tuple[str, str] = ("", ""),
          flag: str | None = None) -> Any:
     """One setting's declaration: `paper` is its value in the paper preset (the class default: a
-    group built with no arguments is the paper, an aid's is its "off" value), `aided` its value in
-    the aided preset (left out: the same), lo..hi its range and `step` the page's slider step,
-    `ends` what its two ends mean (said when a value is refused), `flag` its command-line flag
-    (default --name-with-dashes)."""
-    extra = {"label": label, "why": why, "aided": paper if aided is ... else aided, "step": step, "ends": list(ends),
-             "flag": flag}
+    group built with no arguments is the paper, an aid's is its "off" value), `aided` and `trained`
+    its values in those presets (left out: the paper's), lo..hi its range and `step` the page's
+    slider step, `ends` what its two ends mean (said when a value is refused), `flag` its
+    command-line flag (default --name-with-dashes)."""
+    extra = {"label": label, "why": why, "aided": paper if aided is ... else aided,
+             "trained": paper if trained is ... else trained, "step": step, "ends": list(ends), "flag": flag}
     return Field(paper, ge=lo, le=hi, description=help, json_schema_extra=extra)
 
 
@@ -70,9 +75,17 @@ class KnobSpec:
     choices: tuple[str, ...] = ()
     ends: tuple[str, str] = ("", "")
     flag: str = ""
+    trained: Any = None
 
     def default(self, preset: str) -> Any:
-        return self.paper if preset == "paper" else self.aided
+        return {"paper": self.paper, "aided": self.aided, "trained": self.trained}[preset]
+
+    def defaults_text(self) -> str:
+        """Its value per preset, in words: "5", or "aided 2, paper 1" where they differ."""
+        values = {p: self.default(p) for p in PRESETS}
+        if len(set(map(repr, values.values()))) == 1:
+            return f"{self.paper}"
+        return ", ".join(f"{p} {v}" for p, v in values.items())
 
 
 class _Knobs(BaseModel):
@@ -145,6 +158,12 @@ class Decoding(_Knobs):
              "question's words; hybrid: both lists fused by reciprocal rank.",
         why="The paper retrieves densely (DPR); BM25 is its baseline, and hybrid shows what fusing the two buys "
             "(docs/results.md).")
+    weights: Literal["base", "trained"] = knob(
+        "base", trained="trained", label="Weights",
+        help="base: the retriever and generator as published; trained: its question tower and generator fine-tuned "
+             "with RAG's own loss on question-answer pairs (python -m rag_demo train).",
+        why="The paper trains its retriever's question side and its generator end to end (§2.4); the demo shows "
+            "what that buys a small model (docs/results.md).")
 
 
 class ReaderAids(_Knobs):
@@ -236,7 +255,8 @@ def _spec(name: str, group: str, f) -> KnobSpec:
     kind = _kind(f.annotation)
     choices = tuple(f.annotation.__args__) if kind == "choice" else ()
     return KnobSpec(name, group, kind, extra["aided"], f.default, extra["label"], f.description, extra["why"], lo, hi,
-                    extra["step"], choices, tuple(extra["ends"]), extra["flag"] or "--" + name.replace("_", "-"))
+                    extra["step"], choices, tuple(extra["ends"]), extra["flag"] or "--" + name.replace("_", "-"),
+                    extra["trained"])
 
 
 KNOBS: dict[str, KnobSpec] = {name: _spec(name, group, f) for group, cls in GROUPS.items()
@@ -290,7 +310,7 @@ class RagSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    preset: Literal["paper", "aided"] = "paper"  # the reference; the aided preset is named where it is used
+    preset: Literal["paper", "aided", "trained"] = "paper"  # the reference; the others are named where they are used
     decoding: Decoding = Field(default_factory=Decoding)
     aids: ReaderAids = Field(default_factory=ReaderAids)
 

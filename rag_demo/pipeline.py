@@ -290,19 +290,20 @@ class RagPipeline(Pricing):
         # prompt is its own, so running it before the RAG modes changes no answer
         if "closed-book" in modes:
             yield AnswerEvent("closed-book", True, self._closed_book(q, s, run, listen))
-        for group in self.modes_by_encoder(modes):
-            r = self.retrieve(q, group[0], s.decoding.k, s.decoding.retriever, extra=NEAR_MISSES)
+        for group in self.modes_by_encoder(modes, s.decoding.weights):
+            r = self.retrieve(q, group[0], s.decoding.k, s.decoding.retriever, extra=NEAR_MISSES,
+                              weights=s.decoding.weights)
             for event in self._from_passages(q, group, r.passages, r.scores, s, r.timings, run, listen, r.retriever):
                 event.answer.near_misses = r.near_misses()
                 yield event
 
-    def modes_by_encoder(self, modes: list[str]) -> list[list[str]]:
+    def modes_by_encoder(self, modes: list[str], weights: str = "base") -> list[list[str]]:
         """The RAG modes among `modes` grouped by question encoder, in order: modes of one group
         retrieve the same passages with the same scores (offline: one group; paper: two)."""
         groups: dict[int, list[str]] = {}
         for mode in modes:
             if mode != "closed-book":
-                groups.setdefault(id(self.stack.modes[mode].question_encoder), []).append(mode)
+                groups.setdefault(id(self.stack.modes_for(weights)[mode].question_encoder), []).append(mode)
         return list(groups.values())
 
     def _check_k(self, k: int) -> None:
@@ -314,12 +315,13 @@ class RagPipeline(Pricing):
 
     # -- the stages, each a public entry point ---------------------------------
     def retrieve(self, question: str, mode: str = "token", k: int | None = None, retriever: str | None = None,
-                 extra: int = 0) -> Retrieval:
-        """Steps 1-2: encode the question with `mode`'s question encoder, then the top k passages
-        (k and the retriever, "dense", "bm25" or "hybrid", default to the pipeline's settings)
-        with their scores q(x)·d(z); `extra` more, ranked after them, go to `Retrieval.near`."""
+                 extra: int = 0, weights: str = "base") -> Retrieval:
+        """Steps 1-2: encode the question with `mode`'s question encoder (of `weights`: the trained
+        tower or the base one), then the top k passages (k and the retriever, "dense", "bm25" or
+        "hybrid", default to the pipeline's settings) with their scores q(x)·d(z); `extra` more,
+        ranked after them, go to `Retrieval.near`."""
         q = check_question(question)
-        mm = self.stack.modes[check_mode(mode)]
+        mm = self.stack.modes_for(weights)[check_mode(mode)]
         k = self.settings.decoding.k if k is None else k
         self._check_k(k)
         # this question's, even if the dense index completes meanwhile
@@ -333,10 +335,11 @@ class RagPipeline(Pricing):
         return Retrieval(passages[:k], torch.from_numpy(scores[:k].copy()), {"encode": t1 - t0, "retrieve": t2 - t1},
                          chosen.label, list(passages[k:]), [float(x) for x in scores[k:]])
 
-    def passage_scores(self, question: str, mode: str, passages: list[Passage]) -> torch.Tensor:
+    def passage_scores(self, question: str, mode: str, passages: list[Passage], weights: str = "base") -> torch.Tensor:
         """Retrieval scores q(x)·d(z) (K,) of given passages of this index (e.g. BM25's picks)
-        under `mode`'s question encoder, as `retrieve` would have scored them."""
-        qv = self.stack.modes[check_mode(mode)].question_encoder.encode_questions([check_question(question)])  # (1, D)
+        under `mode`'s question encoder (of `weights`), as `retrieve` would have scored them."""
+        encoder = self.stack.modes_for(weights)[check_mode(mode)].question_encoder
+        qv = encoder.encode_questions([check_question(question)])  # (1, D)
         return torch.from_numpy(self.retriever.scores(qv, passages))  # (K,)
 
     def answer_from(self, question: str, mode: str, passages: list[Passage], scores: torch.Tensor,
@@ -370,8 +373,9 @@ class RagPipeline(Pricing):
         pairs = [(p.title, p.text) for p in passages]
         # step 2b: the question and the passages as the generator reads them (reader/reading.py)
         qg = question_read(s.aids, q, passages)
+        models = self.stack.modes_for(s.decoding.weights)
         for mode in modes:
-            mm = self.stack.modes[mode]
+            mm = models[mode]
             key = id(mm.question_encoder)
             if key not in fed_for:
                 t0 = time.perf_counter()
@@ -380,11 +384,11 @@ class RagPipeline(Pricing):
                                           self.stack.ctx_encoder)
                 fed_for[key] = (fed, kept, time.perf_counter() - t0)
         # each mode priced before any runs, over the prompts it will read, from what the generators keep now
-        expected = {m: self._expected(m, modes, [prompt(self.stack.modes[m].generator, qg, p, s.decoding, s.aids)
-                                                 for p in fed_for[id(self.stack.modes[m].question_encoder)][0]], s)
+        expected = {m: self._expected(m, modes, [prompt(models[m].generator, qg, p, s.decoding, s.aids)
+                                                 for p in fed_for[id(models[m].question_encoder)][0]], s)
                     for m in modes}
         for mode in modes:
-            mm = self.stack.modes[mode]
+            mm = models[mode]
             if id(mm.generator) not in shared:  # its model calls timed: the estimates follow the speed
                 shared[id(mm.generator)] = SharedPrefill(Timed(mm.generator, self.cost_model, self.speed))
             gen = shared[id(mm.generator)]
@@ -421,7 +425,7 @@ class RagPipeline(Pricing):
             yield AnswerEvent(mode, True, answer)
 
     def _closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
-        gen = Timed(self.stack.modes["closed-book"].generator, self.cost_model, self.speed)
+        gen = Timed(self.stack.modes_for(s.decoding.weights)["closed-book"].generator, self.cost_model, self.speed)
         emit = self._emitter(q, gen, listen, lambda part: [])
         if listen is not None:
             listen(self.reading(q, "closed-book", 0))

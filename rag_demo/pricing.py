@@ -42,8 +42,9 @@ class Pricing:
         seconds, peak, per_mode = 0.0, 0, {}
         longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
         lengths: dict[tuple[int, bool], tuple[int, int]] = {}  # (generator, with a passage) -> (prompt, kept) tokens
+        models = self.stack.modes_for(s.decoding.weights)
         for mode in [check_mode(m) for m in modes]:
-            gen = self.stack.modes[mode].generator
+            gen = models[mode].generator
             key = (id(gen), mode != "closed-book")
             if key not in lengths:  # RAG-Token and RAG-Sequence share a generator and its prompt
                 if key[1] and passages is not None:  # these passages' own prompts, less what is kept of them
@@ -55,7 +56,7 @@ class Pricing:
             drafts = "none"
             if mode == "token" and drafts_of(s.aids):
                 # the same generator answering RAG-Sequence in this request drafts for both (rag.engine.doc_searches)
-                shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+                shared = "sequence" in modes and models["sequence"].generator is gen
                 drafts = "shared" if shared else "own"
             # the aids that run the model again: echo retries decode again, context contrast reads the
             # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
@@ -98,16 +99,18 @@ class Pricing:
         q = check_question(question)
         s = settings or self.settings
         out: dict[str, float] = {}
-        for group in self.modes_by_encoder(modes):
-            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever)
+        models = self.stack.modes_for(s.decoding.weights)
+        for group in self.modes_by_encoder(modes, s.decoding.weights):
+            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever,
+                              weights=s.decoding.weights)
             qg = question_read(s.aids, q, r.passages)
-            encoder = self.stack.modes[group[0]].question_encoder  # priced over what it will read
+            encoder = models[group[0]].question_encoder  # priced over what it will read
             fed = passages_read(s.aids, lambda: encoder.encode_questions([q])[0], r.passages, self.stack.ctx_encoder)[0]
             for m in group:
-                gen = self.stack.modes[m].generator
+                gen = models[m].generator
                 out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
         if "closed-book" in modes:
-            gen = self.stack.modes["closed-book"].generator
+            gen = models["closed-book"].generator
             qg = question_read(s.aids, q)
             out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
         return {m: out[m] for m in modes if m in out}
@@ -115,10 +118,11 @@ class Pricing:
     def _expected(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
         """The seconds `mode` is expected to take over these prompts (`CostModel.expected`), at the
         speed the generator runs now, priced from what it keeps now."""
-        gen = self.stack.modes[mode].generator
+        models = self.stack.modes_for(s.decoding.weights)
+        gen = models[mode].generator
         drafts = "none"
         if mode == "token" and drafts_of(s.aids):
-            shared = "sequence" in modes and self.stack.modes["sequence"].generator is gen
+            shared = "sequence" in modes and models["sequence"].generator is gen
             drafts = "shared" if shared else "own"
         d = s.decoding
         return self.speed.factor * self.cost_model.expected(

@@ -34,7 +34,7 @@ from rag_demo.web import passages_view, render
 from rag_demo.serving.session import Session
 from rag_demo.web import session_view
 from rag_demo.web import validation
-from rag_demo.config import KNOBS, MODES, RagSettings
+from rag_demo.config import KNOBS, MODES, PRESETS, RagSettings
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES
 from rag_demo.knowledge.corpus import VITAL_ARTICLES_NAME, Corpus, Passage
 
@@ -717,7 +717,7 @@ def test_the_page_controls_and_the_api_come_from_the_knob_declarations():
             assert (c.minimum, c.maximum) == (spec.lo, spec.hi), name
         if spec.kind == "choice":
             assert [v for _, v in c.choices] == list(spec.choices), name
-    assert [v for _, v in by_id["rag-preset"].choices] == ["paper", "aided"] and by_id["rag-preset"].value == "aided"
+    assert [v for _, v in by_id["rag-preset"].choices] == list(PRESETS) and by_id["rag-preset"].value == "aided"
     inputs = {by_id[controls.elem_id(n)]._id for n in KNOBS} | {by_id["rag-preset"]._id}
     for fn_name in ("ask_session", "edit_passage", "settle"):
         fns = [f for f in demo.fns.values() if f.name == fn_name]

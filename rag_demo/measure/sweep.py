@@ -11,8 +11,9 @@ A row (the tidy schema every reader of a run relies on):
 
     qa, question_id            the QA file's stem and the question's id (its "id", else "<stem>:<line>")
     mode                       "sequence", "token", "closed-book", or "retrieval" (no answer)
-    preset, retriever, k       null where the setting does not apply (retrieval rows have no preset;
-                               closed-book reads no passages, so has no retriever and no K)
+    preset, retriever, k       null where the setting does not apply (retrieval rows of the base
+                               question tower have no preset, a trained tower's name the preset that
+                               reads it; closed-book reads no passages, so has no retriever and no K)
     em, f1, contains           the answer's scores (measure/evaluate.py), null for retrieval rows
     gold_in_top_k              whether one of the K passages holds a gold answer (null for closed-book)
     logprob, n_tokens, seconds, answer, decoding, stopped
@@ -167,8 +168,10 @@ def answer_row(qa: str, item: QAItem, mode: str, preset: str, retriever: str | N
     }
 
 
-def retrieval_row(qa: str, item: QAItem, retriever: str, k: int, rank: int | None) -> dict:
-    return {"qa": qa, "question_id": question_id(item), "mode": "retrieval", "preset": None, "retriever": retriever,
+def retrieval_row(qa: str, item: QAItem, retriever: str, k: int, rank: int | None, preset: str | None = None) -> dict:
+    """Whether the top k hold a gold answer; `preset` names a trained question tower's rows (None:
+    the base tower, whatever the preset)."""
+    return {"qa": qa, "question_id": question_id(item), "mode": "retrieval", "preset": preset, "retriever": retriever,
             "k": k, "em": None, "f1": None, "contains": None, "gold_in_top_k": rank is not None and rank <= k,
             "logprob": None, "n_tokens": None, "seconds": None, "answer": None, "decoding": None, "stopped": None,
             "order": None, "confidence": None, "signals": None, "cues": []}
@@ -196,11 +199,12 @@ def sweep(pipe: Any, items: list[QAItem], grid: Grid, done: set[Key] | None = No
     done = set(done or ())
     rag_modes = [m for m in grid.modes if m != "closed-book"]
     enc_mode = rag_modes[0] if rag_modes else "token"
-    groups = pipe.modes_by_encoder(rag_modes)
     depth = min(max(grid.ks), len(pipe.index))
     if max(grid.ks) > len(pipe.index):
         raise ValueError(f"K={max(grid.ks)} is more than the {len(pipe.index)} passages of {pipe.index.corpus.name!r}: "
                          f"use K up to {len(pipe.index)}.")
+    # the question towers the grid reads: the base one, and the trained one where a preset's weights are
+    towers = {p: grid.settings(p).decoding.weights for p in grid.presets}
 
     def cancelled() -> bool:
         return run is not None and run.cancelled is not None and run.cancelled()
@@ -209,24 +213,32 @@ def sweep(pipe: Any, items: list[QAItem], grid: Grid, done: set[Key] | None = No
         if cancelled():
             return
         qid, q = question_id(item), item.question
-        retrieved: dict[tuple[str, int], Any] = {}  # (retriever, group) -> Retrieval to depth
+        retrieved: dict[tuple[str, int, str], Any] = {}  # (retriever, group, weights) -> Retrieval to depth
 
-        def ranked(r: str, g: int = 0):
-            if (r, g) not in retrieved:
-                retrieved[(r, g)] = pipe.retrieve(q, groups[g][0] if groups else enc_mode, depth, r)
-            return retrieved[(r, g)]
+        def ranked(r: str, g: int = 0, weights: str = "base"):
+            if (r, g, weights) not in retrieved:
+                groups = pipe.modes_by_encoder(rag_modes, weights)
+                retrieved[(r, g, weights)] = pipe.retrieve(q, groups[g][0] if groups else enc_mode, depth, r,
+                                                           weights=weights)
+            return retrieved[(r, g, weights)]
 
-        for r in grid.recall_retrievers:
-            keys = [(qid, "retrieval", None, r, k) for k in grid.ks]
+        # recall: the base tower's rows (preset null), and a trained tower's under its preset's name
+        # (BM25 reads no tower, so it has no trained rows)
+        recall = [(r, None, "base") for r in grid.recall_retrievers]
+        recall += [(r, p, w) for p, w in towers.items() if w != "base" for r in grid.recall_retrievers if r != "bm25"]
+        for r, p, w in recall:
+            keys = [(qid, "retrieval", p, r, k) for k in grid.ks]
             if all(key in done for key in keys):
                 continue
-            rank = first_hit([passage_text(p) for p in ranked(r).passages], item.answers)
+            rank = first_hit([passage_text(x) for x in ranked(r, 0, w).passages], item.answers)
             for key, k in zip(keys, grid.ks):
                 if key not in done:
                     done.add(key)
-                    yield retrieval_row(qa, item, r, k, rank)
+                    yield retrieval_row(qa, item, r, k, rank, p)
         for preset in grid.presets:
             s = grid.settings(preset)
+            weights = s.decoding.weights
+            groups = pipe.modes_by_encoder(rag_modes, weights)
             if "closed-book" in grid.modes and (qid, "closed-book", preset, None, None) not in done:
                 # closed-book reads no passages; K only has to be one the corpus can give
                 a = pipe.answers(q, ["closed-book"], s.merged(k=min(s.decoding.k, len(pipe.index))), run)["closed-book"]
@@ -244,7 +256,7 @@ def sweep(pipe: Any, items: list[QAItem], grid: Grid, done: set[Key] | None = No
                         modes = [m for m in group if (qid, m, preset, r, k) not in done]
                         if not modes:
                             continue
-                        got = ranked(r, g)
+                        got = ranked(r, g, weights)
                         gold = first_hit([passage_text(p) for p in got.passages[:k]], item.answers) is not None
                         answers = pipe.answer_from_modes(q, modes, got.passages[:k], got.scores[:k], s.merged(k=k),
                                                          dict(got.timings), run)

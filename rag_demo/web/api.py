@@ -40,7 +40,7 @@ def api_help(name: str) -> str:
     spec = KNOBS[name]
     values = (", ".join(spec.choices) if spec.kind == "choice" else "true or false" if spec.kind == "bool"
               else f"{spec.lo:g} to {spec.hi:g}")
-    default = f"{spec.aided}" if spec.aided == spec.paper else f"aided {spec.aided}, paper {spec.paper}"
+    default = spec.defaults_text()
     return f"{spec.label}: {spec.help} {values} (default {default})."
 
 

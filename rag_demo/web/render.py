@@ -345,17 +345,22 @@ def render_retriever(a: dict) -> str:
 
 
 def render_preset(settings: dict | None) -> str:
-    """Which preset produced a card: the paper's algorithm alone, or with the reader aids (and any
-    knob changed from the preset, named on hover and after the preset)."""
+    """Which preset produced a card (the paper's algorithm alone, with the reader aids, or trained),
+    which weights answered (base or trained: said on every card), and any knob changed from the
+    preset, named on hover and after the preset."""
     if not settings:
         return ""
-    changed = settings.get("changed") or {}
+    changed = {k: v for k, v in (settings.get("changed") or {}).items() if k != "weights"}
     aids = settings.get("aids_on") or []
-    tip = ("the paper's RAG: the retriever's own p(z|x), no reader aid" if settings["preset"] == "paper" else
-           f"reader aids on: {', '.join(aids)}" if aids else "no reader aid on")
+    weights = settings.get("weights", "base")
+    tip = ("the paper's RAG: the retriever's own p(z|x), no reader aid" if settings["preset"] in ("paper", "trained")
+           and not aids else f"reader aids on: {', '.join(aids)}" if aids else "no reader aid on")
     more = f" (changed: {', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""
-    return (f'<div class="rag-preset" data-preset="{esc(settings["preset"])}" title="{esc(tip)}">'
-            f'{esc(settings["preset_title"])}{esc(more)}</div>')
+    said = ("trained weights (question tower and generator fine-tuned: python -m rag_demo train)"
+            if weights == "trained" else "base weights (as published)")
+    return (f'<div class="rag-preset" data-preset="{esc(settings["preset"])}" data-weights="{esc(weights)}" '
+            f'title="{esc(tip)}">{esc(settings["preset_title"])}{esc(more)} · <span class="rag-weights">{esc(said)}'
+            '</span></div>')
 
 
 def render_partial(a: dict | None, mode: str) -> str:
