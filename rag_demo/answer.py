@@ -149,15 +149,27 @@ def inspector_rows(gen, g: Generation, shown: list[int]) -> list[dict]:
 def ranked_candidates(gen, g: Generation) -> list[dict]:
     """Answer.candidates: the candidates the engine weighed, best score first, one a text (two
     tokenizations of the same words, a passage's copy and its title, show once: the better); a
-    RAG-Token candidate left behind by the ranking's branch and bound carries its upper bound."""
+    RAG-Token candidate left behind by the ranking's branch and bound carries its upper bound.
+
+    One score per answer wherever it is shown: the chosen answer's entry is its log p(y|x), the
+    number on its card. Fast RAG-Sequence ranks by score_fast, a lower bound of that marginal
+    (each candidate counted only under the passages whose search wrote it), so there every other
+    candidate is marked `lower_bound`: its full log p(y|x) is at least that."""
     bounded = g.extras.get(UPPER_BOUNDS, ())
+    fast = g.decoding.startswith("fast")
+    chosen = gen.decode(g.tokens).strip()
     rows = sorted(((gen.decode(t), lp, i in bounded) for i, (t, lp) in enumerate(g.candidates)),
                   key=lambda r: -r[1])
     out, seen = [], set()
     for text, lp, bounded in rows:
-        if text.strip() not in seen:
-            seen.add(text.strip())
-            out.append({"text": text, "logprob": lp, **({"upper_bound": True} if bounded else {})})
+        if text.strip() in seen:
+            continue
+        seen.add(text.strip())
+        if text.strip() == chosen and g.logprob is not None:
+            out.append({"text": text, "logprob": g.logprob, "chosen": True})
+        else:
+            out.append({"text": text, "logprob": lp, **({"upper_bound": True} if bounded else {}),
+                        **({"lower_bound": True} if fast else {})})
     return out
 
 

@@ -163,10 +163,16 @@ def load_model(path: str | Path = CONFIDENCE_PATH) -> ConfidenceModel | None:
     return ConfidenceModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
+# Why an answer was cut short (Answer.stopped): its numbers describe a half-made answer, which the
+# model was never fitted on, so such an answer is not rated.
+CUT = ("time_limit", "cancelled")
+
+
 def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str, float], float | None, dict | None]:
-    """(signals, confidence, the "probably wrong" cue or None) of an answer dict."""
+    """(signals, confidence, the "probably wrong" cue or None) of an answer dict; a cut answer
+    (stopped by the time limit or by Stop) gets no confidence and no cue."""
     sig = signals(a)
-    if model is None:
+    if model is None or a.get("stopped") in CUT:
         return sig, None, None
     preset = (a.get("settings") or {}).get("preset", "")
     m = model.model_for(a.get("stack", ""), preset, a.get("mode", ""))

@@ -43,6 +43,7 @@ from rag_demo.pricing import Pricing
 from rag_demo.rag.engine import Generation, Partial, closed_book, rag_sequence, rag_token
 from rag_demo.rag.marginalize import token_posteriors
 from rag_demo.reader.reading import QUESTION_LP, passages_read, prompt, question_read, reader_for
+from rag_demo.runs import Run  # noqa: F401 - re-exported: the pipeline's callers name it here too
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 # A corpus this small embeds in seconds: load() builds its index before answering, as it always did
@@ -50,36 +51,6 @@ Progress = Callable[[float | None, str], None]  # (fraction done or None, messag
 BACKGROUND_MIN_PASSAGES = 1000
 # The passages ranked just after the K read (K+1 .. K+NEAR_MISSES), shown greyed as "just missed".
 NEAR_MISSES = 5
-
-
-@dataclass(frozen=True)
-class Run:
-    """How one question runs among others (all optional).
-
-    cancelled: polled between decoding steps; once True every mode stops where it is ("cancelled").
-    seconds: each mode's own share of wall-clock time, counted from when that mode starts; past
-    it the mode stops where it is ("time_limit"), and the next mode starts with its own share.
-    share: wraps a generator so that its model calls take turns with other requests' (the
-    server's StepGate)."""
-
-    cancelled: Callable[[], bool] | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    share: Callable[[Any], Any] | None = None
-
-    def stop_for(self, mode: str) -> Callable[[], str | None]:
-        """The engine's stop check of one mode, its share counted from now."""
-        deadline = time.monotonic() + self.seconds[mode] if mode in self.seconds else None
-
-        def stop() -> str | None:
-            if self.cancelled is not None and self.cancelled():
-                return "cancelled"
-            if deadline is not None and time.monotonic() > deadline:
-                return "time_limit"
-            return None
-        return stop
-
-    def gated(self, gen):
-        return gen if self.share is None else self.share(gen)
 
 
 @dataclass

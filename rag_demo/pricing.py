@@ -72,11 +72,12 @@ class Pricing:
         return Cost(seconds, peak, per_mode)
 
     def check_budget(self, question: str, modes: list[str], settings: RagSettings | None, budget: Any,
-                     **overrides) -> Cost:
+                     passages: list[Passage] | None = None, **overrides) -> Cost:
         """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
-        asked, what it would cost and what to change."""
+        asked, what it would cost and what to change; `passages`: answered over these (a passage
+        taken away, a card answered again), priced with their own prompts."""
         s = (settings or self.settings).merged(**overrides)
-        cost = self.estimate(question, modes, s)
+        cost = self.estimate(question, modes, s, passages)
         cost.heavy = cost.seconds > budget.heavy_seconds
         over = []
         if cost.seconds > budget.max_seconds:

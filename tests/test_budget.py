@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rag_demo.models.cost import CostModel, ModelDims
-from rag_demo.pipeline import Run
+from rag_demo.runs import Run
 from rag_demo.serving.admission import time_shares
 from rag_demo.serving.budget import Budget, StepGate
 from rag_demo.config import RagSettings, StackSpec

@@ -141,7 +141,7 @@ def test_a_killed_sweep_resumes_without_recomputing_a_finished_row(pipe, tmp_pat
 
 def test_a_stopped_run_yields_no_more_rows(pipe):
     """The page's Stop: once the run is cancelled the sweep ends at the next answer."""
-    from rag_demo.pipeline import Run
+    from rag_demo.runs import Run
 
     stop = {"now": False}
     grid = sw.Grid(**GRID)

@@ -6,7 +6,6 @@ session, ~20 s; an answer with max_new_tokens <= 8 takes about a second).
 """
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import logging
@@ -516,11 +515,11 @@ def test_questions_no_costlier_than_the_defaults_are_never_expensive():
     from rag_demo.serving.budget import Budget
 
     class Pipe:
-        def check_budget(self, q, modes, settings, budget):
+        def check_budget(self, q, modes, settings, budget, passages=None):
             secs = 8.0 * settings.decoding.k / 5 * settings.decoding.max_new_tokens / 32
             return Cost(secs, 1, {}, heavy=secs > budget.heavy_seconds)
 
-        def estimate(self, q, modes, settings):
+        def estimate(self, q, modes, settings, passages=None):
             return Cost(8.0 * settings.decoding.k / 5 * settings.decoding.max_new_tokens / 32, 1, {})
 
     serving = admission.Serving(budget=Budget(heavy_seconds=6.0))
@@ -534,10 +533,10 @@ def test_the_page_defaults_are_admitted_even_when_the_estimate_is_over_the_budge
     from rag_demo.serving.budget import Budget
 
     class SlowCpu:  # a warm-up calibrated on a busy CPU: even the defaults look too slow
-        def check_budget(self, q, modes, settings, budget):
+        def check_budget(self, q, modes, settings, budget, passages=None):
             raise ValueError("This request (K=...) would need about 57 s of generation (limit 45 s)")
 
-        def estimate(self, q, modes, settings):  # priced by K alone here; the defaults' K prices 57 s
+        def estimate(self, q, modes, settings, passages=None):  # priced by K alone here; the defaults' K prices 57 s
             return Cost(57.0 * settings.decoding.k / RagSettings(preset="aided").decoding.k, 1, {})
 
     serving = admission.Serving(budget=Budget())
@@ -693,11 +692,11 @@ class CostPipe(AnsweringPipe):
 
         return Cost(1.0, 2**20, {m: 1.0 / len(modes) for m in modes})
 
-    def estimate(self, q, modes, settings):
+    def estimate(self, q, modes, settings, passages=None):
         self.estimated.append(settings)
         return self.cost(modes)
 
-    def check_budget(self, q, modes, settings, budget):
+    def check_budget(self, q, modes, settings, budget, passages=None):
         self.budgeted.append(settings)
         return self.cost(modes)
 
@@ -973,9 +972,9 @@ def test_ask_stream_yields_growing_answers_then_the_final_dict_of_ask(app):
 
 @pytest.mark.slow
 def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
-    """launch() serves /ask and /ask_stream as MCP tools, and only them: the `mcp` client lists `ask`
+    """launch() serves `ask` and `ask_stream` as MCP tools, and only them: the `mcp` client lists `ask`
     with its docstring and its settings as parameters, and a call answers in the three modes as
-    JSON text."""
+    JSON text that json.loads reads."""
     import asyncio
 
     from mcp import ClientSession
@@ -997,8 +996,8 @@ def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
     assert {"question", "k", "num_beams", "answer_style", "question_weight"} <= set(params)
     assert not got.isError, got
     text = "".join(c.text for c in got.content if getattr(c, "type", "") == "text")
-    # /ask's dict, as gradio's MCP server sends a result: its text (a Python literal: None, True, quotes)
-    answers = ast.literal_eval(text)["answers"]
+    # /ask's dict as JSON text: what a client's json.loads reads (gradio would send a Python literal)
+    answers = json.loads(text)["answers"]
     assert answers is not None and set(answers) == {"sequence", "token", "closed-book"}, text[:500]
     assert all(len(a["docs"]) == 2 for m, a in answers.items() if m != "closed-book")
 

@@ -32,6 +32,12 @@ _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
+
+def web_url(url: str | None) -> str | None:
+    """An uploaded passage's url, kept only when it is http(s): the page links it, and a
+    javascript: or data: url must never become a link."""
+    return url.strip() if url and url.strip().lower().startswith(("http://", "https://")) else None
+
 def supported_extensions() -> tuple[str, ...]:
     """The upload formats this install reads (.pdf only when pypdf is installed)."""
     pdf = (".pdf",) if importlib.util.find_spec("pypdf") else ()
@@ -119,7 +125,7 @@ def _csv(name: str, stem: str, text: str) -> list[Document]:
         )
     rows = df.to_dict("records")
     return [
-        (_optional(r, "title") or f"{stem} row {i}", r[text_col], _optional(r, "url") or None)
+        (_optional(r, "title") or f"{stem} row {i}", r[text_col], web_url(_optional(r, "url")))
         for i, r in enumerate(rows, 1)
     ]
 
@@ -139,7 +145,7 @@ def _jsonl(name: str, stem: str, text: str) -> list[Document]:
                 f"{name} line {n} has no text field: give each line an object with a string field named "
                 f"one of {', '.join(TEXT_FIELDS)} (title and url are optional)."
             )
-        docs.append((_optional(obj, "title") or f"{stem} line {n}", obj[key], _optional(obj, "url") or None))
+        docs.append((_optional(obj, "title") or f"{stem} line {n}", obj[key], web_url(_optional(obj, "url"))))
     return docs
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_demo.config import MODES, RagSettings
+from rag_demo.runs import Run
 
 
 @dataclass
@@ -86,27 +87,29 @@ class Serving:
     def background_run(self, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
         """The `Run` of work that must delay no visitor (a sweep's answers): low priority at the gate,
         each mode within the time limit, cancelled with its client or by `cancelled()`."""
-        from rag_demo.pipeline import Run
-
         gone = client_gone(self.queue, request)
         stop = gone if cancelled is None else (cancelled if gone is None else (lambda: gone() or cancelled()))
         limit = self.budget.time_limit_s if self.budget is not None else None
         return Run(cancelled=stop, seconds={m: limit for m in MODES} if limit else {},
                    share=(lambda gen: self.gate.gated(gen, 1)) if self.gate is not None else None)
 
-    def check(self, pipe: Any, question: str, settings: RagSettings) -> Any:
+    def check(self, pipe: Any, question: str, settings: RagSettings, modes: list[str] | None = None,
+              passages: list | None = None) -> Any:
         """The request's Cost, or the library's ValueError (what was asked, what it would cost,
-        what to change) when it is over the budget; None without a budget."""
+        what to change) when it is over the budget; None without a budget. `modes` default to all
+        three; `passages`: a request over given passages (a passage taken away, a mode answered
+        again), priced over them and admitted by the same rules."""
         if self.budget is None or not hasattr(pipe, "check_budget"):
             return None
+        modes = list(MODES) if modes is None else list(modes)
         try:
-            cost = pipe.check_budget(question, list(MODES), settings, self.budget)
+            cost = pipe.check_budget(question, modes, settings, self.budget, passages)
         except ValueError:
             # a request no costlier than its preset's defaults is always admitted (the time limit
             # still bounds it): the estimate is a worst case calibrated at warm-up, and on a busy
             # CPU it put the defaults themselves over max_seconds, which would refuse every
             # ordinary question. "No costlier" is the same estimate, so every knob counts.
-            cost = pipe.estimate(question, list(MODES), settings)
+            cost = pipe.estimate(question, modes, settings, passages)
             if not within_defaults(pipe, question, settings, cost):
                 raise
             cost.heavy = False
@@ -116,7 +119,7 @@ class Serving:
             # defaults exceeds it, and every ordinary question would run at low priority and
             # count against max_heavy)
             defaults = RagSettings(preset=settings.preset)
-            base = pipe.estimate(question, list(MODES), defaults.merged(k=min(defaults.decoding.k, settings.decoding.k)))
+            base = pipe.estimate(question, modes, defaults.merged(k=min(defaults.decoding.k, settings.decoding.k)))
             cost.heavy = cost.seconds > 1.5 * base.seconds
         return cost
 
@@ -125,8 +128,6 @@ class Serving:
         (`time_shares`: at least a third of the limit, and its own estimate where the limit
         allows), low priority when the cost is heavy, its model steps through the shared gate,
         cancelled once the client has gone (or `cancelled()` says so)."""
-        from rag_demo.pipeline import Run
-
         gone = client_gone(self.queue, request)
         stop = gone if cancelled is None else (cancelled if gone is None else (lambda: gone() or cancelled()))
         if self.budget is None:

@@ -4,6 +4,7 @@ time) and its training curve. Checkpoints and the pair file stay in the work fol
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import sys
@@ -110,7 +111,8 @@ def train_stage(settings: TrainSettings, out: Path, work: Path, qa_path: Path, c
                                    hidden_cache_bytes=0)
     else:
         say("Loading SmolLM2 as the demo answers with it (its scores of each pool are the frozen generator's) ...")
-        gen = load_smollm(spec)
+        # nothing kept between questions: pools seldom share a passage, and the kept states only grew
+        gen = load_smollm(dataclasses.replace(spec, passage_cache_mb=0, hidden_cache_mb=0))
     trainer = Trainer(gen, index.embeddings, corpus.passages, examples, settings, work, MINILM_SCORE_SCALE, qmap,
                       data_hash=pair_meta["sha256"])
     resumed = trainer.resume()

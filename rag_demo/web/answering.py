@@ -17,6 +17,7 @@ from rag_demo.config import KNOBS, MODE_TITLES, MODES, RagSettings, check_questi
 from rag_demo.serving import memory
 from rag_demo.serving.admission import Serving, throttled
 from rag_demo.serving.session import Session
+from rag_demo.runs import Run
 from rag_demo.web.passages_view import anchors, render_passages
 from rag_demo.web.render import json_safe, plural, render_answer, render_partial
 from rag_demo.web.session_view import passage_choices, render_lessons
@@ -60,8 +61,6 @@ def answering(pipe: Any, question: str, settings: RagSettings, progress=None, *,
     if serving:
         run = serving.run(cost, request, cancelled)
     else:
-        from rag_demo.pipeline import Run
-
         run = Run(cancelled=cancelled)
     answers: dict[str, dict] = {}
 
@@ -94,21 +93,25 @@ def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, *
     return next(v for kind, v in answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
 
 
-def answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None) -> dict:
-    """Answer the last question again in each RAG mode that read passage `pid`, without it, with
-    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
-    `render_without` shows. ValueError (shown on the page) when there is no answer to compare."""
+def settings_of(raw: dict) -> RagSettings:
+    """The settings the last answers ran with (`raw` as the page holds it)."""
+    return RagSettings(preset=raw["settings"].get("preset", "aided"),
+                       **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+
+
+def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str], list, list[float], list[dict], int]]:
+    """What taking passage `pid` away runs: per group of RAG modes that read the same passages,
+    (modes, the passages left, their scores, the passages they read, pid's position among them).
+    ValueError (shown on the page) when there is nothing to compare or the passages are gone."""
     if not raw or not raw.get("answers"):
         raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
-    settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
-                           **{n: v for n, v in raw["settings"].items() if n in KNOBS})
     by_ids: dict[tuple[str, ...], list[str]] = {}
     for m, a in raw["answers"].items():
         if m != "closed-book" and any(d["id"] == pid for d in a["docs"]):
             by_ids.setdefault(tuple(d["id"] for d in a["docs"]), []).append(m)
     if not by_ids:
         raise ValueError(f"passage {pid!r} is not among the last answer's passages: ask again, then choose one of them.")
-    corpus, out, dropped, k = pipe.index.corpus, {}, None, 0
+    corpus, plan = pipe.index.corpus, []
     for ids, modes in by_ids.items():
         docs = raw["answers"][modes[0]]["docs"]
         if len(docs) < 2:
@@ -118,20 +121,38 @@ def answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None) -> di
             passages = [corpus.passages[corpus.position(d["id"])] for d in keep]
         except (KeyError, ValueError):
             raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
-        new = pipe.answer_from_modes(raw["question"], modes, passages, [d["score"] for d in keep], settings,
-                                     run=run)
-        z = next(i for i, d in enumerate(docs) if d["id"] == pid)
-        dropped, k = docs[z], len(docs)
-        for m in modes:
-            a = raw["answers"][m]
-            drops = a.get("passage_drop") or [None] * len(docs)
-            post = a.get("doc_posterior") or [d["prior"] for d in docs]
-            top = max(range(len(docs)), key=post.__getitem__)
-            most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
-            out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
-                      "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
-                      "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
-                      "answer": new[m].to_dict()}
+        plan.append((modes, passages, [d["score"] for d in keep], docs, next(i for i, d in enumerate(docs) if d["id"] == pid)))
+    return plan
+
+
+def answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None, serving: Serving | None = None,
+                   request: Any = None) -> dict:
+    """Answer the last question again in each RAG mode that read passage `pid`, without it, with
+    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
+    `render_without` shows. Priced over the passages left and admitted by `serving` as a question
+    is (refused over the budget; an expensive one takes the heavy slot). ValueError (shown on the
+    page) when there is no answer to compare."""
+    plan = without_plan(pipe, raw, pid)
+    settings = settings_of(raw)
+    cost = None
+    if serving is not None:
+        cost = serving.check(pipe, raw["question"], settings, [m for modes, *_ in plan for m in modes], plan[0][1])
+        run = serving.run(cost, request, getattr(run, "cancelled", None))
+    out, dropped, k = {}, None, 0
+    with serving.heavy_slot(cost) if serving is not None else contextlib.nullcontext():
+        for modes, passages, scores, docs, z in plan:
+            new = pipe.answer_from_modes(raw["question"], modes, passages, scores, settings, run=run)
+            dropped, k = docs[z], len(docs)
+            for m in modes:
+                a = raw["answers"][m]
+                drops = a.get("passage_drop") or [None] * len(docs)
+                post = a.get("doc_posterior") or [d["prior"] for d in docs]
+                top = max(range(len(docs)), key=post.__getitem__)
+                most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
+                out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
+                          "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
+                          "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
+                          "answer": new[m].to_dict()}
     return {"question": raw["question"], "dropped": dropped, "k": k,
             "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
 
@@ -141,17 +162,31 @@ def stop_button(running: bool) -> Any:
     return gr.Button(visible=running)
 
 
-def answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any) -> Any:
-    """`mode`'s answer to the last question again: over the same passages and scores for a RAG
-    mode (the card's own), with no passage for closed-book."""
+def again_passages(pipe: Any, raw: dict, mode: str) -> tuple[list, list[float]] | None:
+    """The passages and scores `mode`'s card read (None for closed-book), for answering it again."""
     if mode == "closed-book":
-        return pipe.answer(raw["question"], mode, settings, run)
+        return None
     corpus, docs = pipe.index.corpus, raw["answers"][mode]["docs"]
     try:
-        passages = [corpus.passages[corpus.position(d["id"])] for d in docs]
+        return [corpus.passages[corpus.position(d["id"])] for d in docs], [d["score"] for d in docs]
     except (KeyError, ValueError):
         raise ValueError("the corpus changed since this answer: ask again.") from None
-    return pipe.answer_from(raw["question"], mode, passages, [d["score"] for d in docs], settings, run=run)
+
+
+def answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any, serving: Serving | None = None,
+                 request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
+    """`mode`'s answer to the last question again: over the same passages and scores for a RAG
+    mode (the card's own), with no passage for closed-book; priced and admitted by `serving` as
+    a question is, with the whole time limit for this one mode."""
+    given = again_passages(pipe, raw, mode)
+    if serving is not None:
+        cost = serving.check(pipe, raw["question"], settings, [mode], None if given is None else given[0])
+        run = serving.run(cost, request, cancelled)
+        with serving.heavy_slot(cost):
+            return answer_again(pipe, raw, mode, settings, run)
+    if given is None:
+        return pipe.answer(raw["question"], mode, settings, run)
+    return pipe.answer_from(raw["question"], mode, given[0], given[1], settings, run=run)
 
 
 def ask_outputs(result: dict, s: Session) -> tuple:

@@ -6,6 +6,7 @@ and the marks of an event that is the page's own rather than a public endpoint.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +88,28 @@ def page_event(fn: Callable) -> Callable:
     has "tool" (gradio.mcp; checked by tests/test_ui.py): agents get /ask and /ask_stream."""
     fn._mcp_type = "page"
     return fn
+
+
+def json_tool(fn: Callable, name: str) -> Callable:
+    """An MCP tool named `name` over the endpoint method `fn` (its parameters and docstring), whose
+    result is JSON text: gradio's MCP server sends a tool's result as str(result), a Python literal
+    no client's json.loads reads, so the tool returns json.dumps of the dict (each dict a streaming
+    endpoint yields). The endpoint itself stays the API's own, a dict, and is not a tool."""
+    sig = inspect.signature(fn).replace(return_annotation=str)
+    if inspect.isgeneratorfunction(fn):
+        def tool(*args, **kwargs):
+            for value in fn(*args, **kwargs):
+                yield json.dumps(value, ensure_ascii=False)
+    else:
+        def tool(*args, **kwargs):
+            return json.dumps(fn(*args, **kwargs), ensure_ascii=False)
+    tool.__name__ = tool.__qualname__ = name
+    tool.__signature__ = sig
+    tool.__annotations__ = {**getattr(fn, "__annotations__", {}), "return": str}
+    tool.__doc__ = (fn.__doc__ or "").replace("Returns a dict:", "Returns JSON text of a dict:", 1)
+    tool._mcp_type = "tool"
+    fn.__func__._mcp_type = "page"  # the dict endpoint: for the API, not the MCP server
+    return tool
 
 
 def api_endpoint(returns: Any) -> Callable[[Callable], Callable]:

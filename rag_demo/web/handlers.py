@@ -24,6 +24,7 @@ from rag_demo.config import (
     RagSettings,
     check_question,
 )
+from rag_demo.runs import Run
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import (
@@ -43,6 +44,7 @@ from rag_demo.web.answering import (
     examples_html,
     fit_k,
     partial_outputs,
+    settings_of,
     stop_button,
 )
 from rag_demo.web.api import api_endpoint, api_signature, base_url, page_event
@@ -58,6 +60,7 @@ from rag_demo.web.validation import (
     checked_settings,
     logs_refusals,
     refusal,
+    remove_uploaded,
     settings_from_inputs,
     user_errors,
     validate_ask,
@@ -99,6 +102,14 @@ class Handlers:
             self._runs[key] = n
         superseded = lambda: self._runs.get(key) != n  # noqa: E731
         return Turn(superseded, lambda: superseded() or self._stopped.get(key) == n)
+
+    def forget(self, request: gr.Request = None) -> None:
+        """A visitor's tab has closed (demo.unload): their run numbers go, so the maps hold only
+        the visitors still here."""
+        key = getattr(request, "session_hash", None)
+        with self._runs_lock:
+            self._runs.pop(key, None)
+            self._stopped.pop(key, None)
 
     def stop_run(self, request: gr.Request = None):
         """Stop this visitor's running question: its decoding ends at the next step and its cards
@@ -205,7 +216,9 @@ class Handlers:
                     a, b = (mid, b) if admitted(mid) else (a, mid - 1)
                 top = a
             note = "" if top == int(KNOBS[name].hi) else f" This server admits up to {top} with your other settings."
-            out.append(gr.Slider(maximum=max(top, lo), info=spec.help + note))
+            # a slider's bounds must never meet (gradio refuses minimum == maximum): when only the
+            # minimum is admitted the slider still reaches one step further, and asking that is refused
+            out.append(gr.Slider(maximum=max(top, lo + 1), info=spec.help + note))
         return tuple(out)
 
     @page_event
@@ -340,7 +353,10 @@ class Handlers:
         n_files = len(files) if isinstance(files, list) else 1
         progress(0.0, desc="Reading and splitting the files")
         with user_errors():
-            corpus = check_upload(files)
+            try:
+                corpus = check_upload(files)
+            finally:  # read into the corpus (or refused): the files on disk are not needed again
+                remove_uploaded(files)
             base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
         t0 = time.perf_counter()
         index = embed_corpus(self.pool, base, corpus, progress)
@@ -462,8 +478,8 @@ class Handlers:
             pipe, s = session_pipeline(self.pool, s, progress)
             raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
             progress(0.1, desc="Answering again without the passage")
-            run = self.serving.run(None, request) if self.serving else None
-            result = answer_without(pipe, raw, pid, run)  # the visitor's index: uploads and edits too
+            # the visitor's index (uploads and edits too), priced and admitted as a question is
+            result = answer_without(pipe, raw, pid, serving=self.serving, request=request)
         return json_safe(result), s
 
     @page_event
@@ -481,16 +497,10 @@ class Handlers:
                 raise wrong("mode", mode, f"the mode of one of the last answers: {', '.join(have)}" if have else
                             "a mode, once there is an answer: ask a question first")
             pipe, s = session_pipeline(self.pool, s, progress)
-            settings = RagSettings(preset=raw["settings"].get("preset", "aided"),
-                                   **{n: v for n, v in raw["settings"].items() if n in KNOBS})
-            if self.serving:
-                run = self.serving.run(None, request, turn.cancelled)
-            else:
-                from rag_demo.pipeline import Run
-
-                run = Run(cancelled=turn.cancelled)
+            settings = settings_of(raw)
             progress(0.1, desc=f"{MODE_TITLES[mode]}: answering again with a fresh time budget")
-            a = answer_again(pipe, raw, mode, settings, run)
+            a = answer_again(pipe, raw, mode, settings, Run(cancelled=turn.cancelled), self.serving, request,
+                             turn.cancelled)
         if turn.superseded():
             return tuple(gr.skip() for _ in range(len(MODES) + 4))
         answers = {**raw["answers"], mode: json_safe(a.to_dict())}

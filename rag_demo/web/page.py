@@ -18,7 +18,7 @@ from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web import inputs
-from rag_demo.web.api import describe_api
+from rag_demo.web.api import describe_api, json_tool
 from rag_demo.web.controls import preset_switch, preset_values, settings_controls
 from rag_demo.web.handlers import Handlers
 from rag_demo.web.passages_view import render_passages, render_without
@@ -32,6 +32,7 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CSS_PATH = ASSETS / "style.css"
 DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
+UPLOAD_CACHE_S = 3600  # gradio's cache of uploaded files is swept this often, of files this old
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
 # Model events run two at a time: a cheap question can start while an expensive one runs. They
 # do not compute at the same time: the shared StepGate lets one model step run at a time and at
@@ -178,9 +179,12 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
     rh = ResultsHandlers(pool, serving, default_stack)
     settings0 = RagSettings.for_stack(default_stack)
 
-    with gr.Blocks(title="RAG demo: retrieve, then generate") as demo:
+    # an uploaded file is read into the visitor's corpus and deleted at once (Handlers.upload); what a
+    # failed or abandoned upload leaves in gradio's cache goes within UPLOAD_CACHE_S
+    with gr.Blocks(title="RAG demo: retrieve, then generate", delete_cache=(UPLOAD_CACHE_S, UPLOAD_CACHE_S)) as demo:
         app["demo"] = demo
         session = gr.State(None, time_to_live=STATE_TTL_S)
+        demo.unload(h.forget)  # the visitor's run numbers go with their tab
         gr.HTML(INTRO)
         status = gr.HTML(render_status(pool, Session(stack=default_stack)), elem_id="rag-status")
         with gr.Tabs():
@@ -345,6 +349,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         # "show the code" follows the answers on screen, whichever event put them there
         raw.change(h.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
                    show_progress="hidden", api_visibility="private")
+        # MCP tools first (gradio names a tool after its function and keeps the first of a name):
+        # `ask` and `ask_stream` answer an agent in JSON text; /ask and /ask_stream answer the API in dicts
+        for fn, name in ((h.ask, "ask"), (h.ask_stream, "ask_stream")):
+            describe_api(gr.api(json_tool(fn, name), api_name=f"{name}_json", **model), demo)
         for fn, name in ((h.ask, "ask"), (h.ask_stream, "ask_stream")):
             describe_api(gr.api(fn, api_name=name, **model), demo)
 
@@ -370,6 +378,8 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     kwargs.setdefault("js", PAGE_JS)
     kwargs.setdefault("theme", theme())
     kwargs.setdefault("show_error", True)
+    # gradio refuses a larger file while it streams in, before it is written to disk
+    kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
     # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
     # an agent calls `ask` with the question and gets /ask's dict
     kwargs.setdefault("mcp_server", True)

@@ -17,6 +17,7 @@ from rag_demo.web.render import (
     esc,
     fmt_lp,
     fmt_p,
+    link_target,
     plural,
     show_token,
 )
@@ -163,7 +164,7 @@ def _score_of(text: str, candidates: list[dict]) -> str | None:
     where the number is a branch-and-bound's upper bound); None when the mode never weighed it."""
     for c in candidates or []:
         if _same(c["text"], text) and c.get("logprob") is not None:
-            return ("at most " if c.get("upper_bound") else "") + fmt_lp(c["logprob"])
+            return ("at most " if c.get("upper_bound") else "at least " if c.get("lower_bound") else "") + fmt_lp(c["logprob"])
     return None
 
 
@@ -230,7 +231,7 @@ def render_passages(answers: dict[str, dict], edits: tuple[str, ...] = ()) -> st
         rows = []
         for i, d in enumerate(docs):
             title = esc(d["title"])
-            if d.get("url"):
+            if link_target(d.get("url")):
                 title = f'<a href="{esc(d["url"])}" target="_blank" rel="noopener">{title}</a>'
             tag = '<span class="rag-edited">edited by you</span>' if d["id"] in edits else ""
             posts = "".join(_prob_cell((answers[m].get("doc_posterior") or [None] * len(docs))[i],

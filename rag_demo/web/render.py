@@ -58,6 +58,12 @@ def _mix(c: str, p: float, floor: float = 0.0) -> tuple[str, bool]:
     return f"color-mix(in srgb, {c} {pct}%, transparent)", pct >= 55
 
 
+def link_target(url: object) -> bool:
+    """Whether a passage's url may become a link: http(s) only (an uploaded file's url column could
+    say javascript:... or data:...)."""
+    return isinstance(url, str) and url.strip().lower().startswith(("http://", "https://"))
+
+
 def badge(rank: int, title: str | None = None) -> str:
     t = f' title="{esc(title)}"' if title else ""
     return f'<span class="rag-badge" style="background:{colour(rank)}"{t}>{rank}</span>'
@@ -300,11 +306,13 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         )
         if a.get("candidates"):
             cands = "".join(
-                f"<li><code>{'≤ ' if c.get('upper_bound') else ''}{fmt_lp(c['logprob'])}</code> "
+                f"<li><code>{'≤ ' if c.get('upper_bound') else '≥ ' if c.get('lower_bound') else ''}"
+                f"{fmt_lp(c['logprob'])}</code> "
                 f"{esc(c['text'].strip() or '(empty)')}</li>"
                 for c in a["candidates"]
             )
-            how = ("Candidates ranked, each counted under the passages that wrote it"
+            how = ("Candidates ranked, each counted under the passages that wrote it (≥: its full log p(y|x) is at "
+                   "least that; the chosen answer's is its card's)"
                    if a["decoding"].startswith("fast") else
                    "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤ marks an "
                    "upper bound: that candidate left the race once it could no longer win)" if mode == "token"
@@ -320,6 +328,9 @@ def render_confidence(a: dict) -> str:
     """The probability that this answer is right (Answer.confidence, rag_demo/confidence.py), or
     why there is none: a number only where a model was fitted for this stack, preset and mode."""
     p = a.get("confidence")
+    if a.get("stopped") in ("time_limit", "cancelled"):
+        return ('<div class="rag-confidence" data-confidence="" title="a cut answer\'s numbers describe a half-made '
+                'answer: no confidence is given">Confidence: cut, not rated</div>')
     why = ("the probability that this answer is right, from its own numbers (its score per token and in "
            "all, the margin to the next candidate, the best p(z|x), whether its words occur in a passage), "
            "by a logistic regression fitted on questions nobody here wrote (README: Results)")

@@ -125,26 +125,36 @@ class ResultsHandlers:
         grid = Grid(ks=ks, modes=tuple(m for m in MODES if m in modes), presets=(str(preset),),
                     retrievers=(str(retriever),), recall_retrievers=(str(retriever),))
         items = sample_items(read_qa(DEV_QA).items, n)
-        s = grid.settings(str(preset))
-        rag = [m for m in grid.modes if m != "closed-book"]
-        per_q = sum(pipe.estimate(TYPICAL_QUESTION, rag, s.merged(k=k)).seconds for k in ks) if rag else 0.0
-        if "closed-book" in grid.modes:
-            per_q += pipe.estimate(TYPICAL_QUESTION, ["closed-book"], s.merged(k=min(ks))).seconds
-        seconds = n * per_q
+        per_k = self.per_question(pipe, grid)
+        seconds = n * sum(per_k.values())
         limit = getattr(getattr(self.serving, "budget", None), "max_sweep_seconds", None)
         if limit is not None and seconds > limit:
-            answers = n * (len(rag) * len(ks) + ("closed-book" in grid.modes))
+            answers = n * grid.answers_per_question()
             raise ValueError(f"This sweep ({n} questions x {len(ks)} values of K x {len(grid.modes)} mode(s): "
-                             f"{answers} answers) would take about {fmt_seconds(seconds)}, over this server's "
-                             f"{fmt_seconds(limit)} for a sweep: use fewer questions, fewer values of K (large K cost "
-                             "most) or one mode.")
+                             f"{answers} answers) would take about {duration(seconds)} on this server now, over its "
+                             f"{duration(limit)} for a sweep. {fits(per_k, n, limit)}")
         return grid, items, seconds
 
+    @staticmethod
+    def per_question(pipe: Any, grid: Any) -> dict[Any, float]:
+        """Seconds one question of the grid is expected to take, by K (closed-book under None), as
+        answers usually run on this machine now (`RagPipeline.expect`: the shipped cost fit, scaled by
+        the speed of its recent answers), not the worst case a single request is admitted by."""
+        s = grid.settings(grid.presets[0])
+        rag = [m for m in grid.modes if m != "closed-book"]
+        out: dict[Any, float] = {k: sum(pipe.expect(TYPICAL_QUESTION, rag, s.merged(k=k)).values()) for k in grid.ks} \
+            if rag else {}
+        if "closed-book" in grid.modes:
+            out[None] = sum(pipe.expect(TYPICAL_QUESTION, ["closed-book"], s.merged(k=min(grid.ks))).values())
+        return out
+
     def stop(self, request: gr.Request = None):
+        """Stop this visitor's sweep after the answer being computed; with none running, say so at once."""
         flag = self._running.get(getattr(request, "session_hash", None) or "")
-        if flag is not None:
-            flag.set()
-        return '<div class="rag-sweep-status">Stopping after the answer being computed ...</div>'
+        if flag is None:
+            return '<div class="rag-sweep-status" data-state="idle">No sweep of yours is running.</div>'
+        flag.set()
+        return '<div class="rag-sweep-status" data-state="stopping">Stopping after the answer being computed ...</div>'
 
     @page_event
     def run(self, n, ks, modes, preset, retriever, metric, mine, s, request: gr.Request = None,
@@ -156,8 +166,10 @@ class ResultsHandlers:
         try:
             pipe, _ = session_pipeline(self.pool, Session(stack=s.stack))
             grid, items, seconds = self.plan(pipe, n, ks, modes, preset, retriever)
-        except ValueError as e:
-            raise gr.Error(str(e), print_exception=False) from None
+        except ValueError as e:  # refused: said in the sweep's own status, nothing runs
+            yield (f'<div class="rag-sweep-status" data-state="refused">Not run: {esc(e)}</div>', gr.skip(), gr.skip(),
+                   gr.skip(), gr.skip())
+            return
         stop = threading.Event()
         with self._lock:
             if key in self._running:
@@ -200,6 +212,23 @@ class ResultsHandlers:
         rows_all, _ = _rows("qa_dev")
         return (status, fig.accuracy_vs_k(rows_all, metric if metric in fig.METRICS else "em", extra=extra),
                 fig.recall_vs_k(rows_all, extra=extra), rows, "qa_dev")
+
+
+def duration(s: float) -> str:
+    """Seconds as a learner reads a sweep's length: "40 s", "12 min"."""
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
+
+
+def fits(per_k: dict[Any, float], n: int, limit: float) -> str:
+    """Settings of the same sweep that would fit in `limit` seconds: fewer questions, else fewer values of K."""
+    per_q = sum(per_k.values())
+    most = int(limit // per_q) if per_q > 0 else n
+    if most >= 1:
+        return f"It fits with {most} question{'s' if most > 1 else ''} or fewer (about {duration(most * per_q)})."
+    ks = sorted((k for k in per_k if k is not None), key=lambda k: per_k[k])
+    cheapest = next((k for k in ks if per_k[k] + per_k.get(None, 0.0) <= limit), None)
+    return (f"Even one question is over it: choose K = {cheapest} alone, or one mode." if cheapest is not None else
+            "Even one question is over it: choose one small K and one mode.")
 
 
 class _nothing:

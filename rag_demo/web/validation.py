@@ -24,7 +24,7 @@ from typing import Any
 
 import gradio as gr
 
-from rag_demo.config import RagSettings, check_question
+from rag_demo.config import KNOBS, RagSettings, check_question
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, load_documents, supported_extensions
 from rag_demo.knowledge.corpus import check_passage_text
 from rag_demo.serving.session import Session
@@ -128,11 +128,18 @@ def check_last_answers(raw: Any, name: str = "raw") -> dict:
         need(a, at, dict, "an answer, a dict")
         for key, kind, want in ANSWER_FIELDS:
             need(a.get(key), f'{at}["{key}"]', kind, want)
+        most = int(KNOBS["k"].hi)
+        if len(a["docs"]) > most:
+            raise ValueError(f'{at}["docs"] holds {len(a["docs"])} passages, more than K can be ({most}): send the '
+                             f"passages the answer read, as in {whole}.")
         for key in ("passage_drop", "doc_posterior"):  # one number (or null) per passage, when given
             if a.get(key) is not None:
                 for x in need(a[key], f'{at}["{key}"]', list, "a list of numbers, one per passage"):
                     if x is not None:
                         need(x, f'{at}["{key}"]', _NUMBER, "a list of numbers, one per passage")
+                if a.get("docs") is not None and len(a[key]) != len(a["docs"]):
+                    raise ValueError(f'{at}["{key}"] has {len(a[key])} numbers but {at}["docs"] has '
+                                     f"{len(a['docs'])} passages: send one per passage, as in {whole}.")
         for i, d in enumerate(a["docs"]):
             need(d, f'{at}["docs"][{i}]', dict, "a passage, a dict")
             for key, kind, want in DOC_FIELDS:
@@ -248,6 +255,17 @@ def check_upload(files: Any) -> Any:
     names = [Path(p).name for p in paths]
     shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
     return load_documents(paths, name=f"Your documents: {shown}")
+
+
+def remove_uploaded(files: Any) -> None:
+    """Delete an upload's files from gradio's cache (their text is in the visitor's corpus now);
+    anything that is not a file path is left alone."""
+    if isinstance(files, NotFiles) or not files:
+        return
+    for f in files if isinstance(files, list) else [files]:
+        path = getattr(f, "name", f)
+        if isinstance(path, (str, Path)):
+            Path(path).unlink(missing_ok=True)
 
 
 def validate_upload(files, s) -> list[dict]:

@@ -1,0 +1,190 @@
+"""What a client can send the app, and what it gets back (issue: nothing ends in a bare error):
+a lengthened passage list is refused with a message, links are http(s) only, an oversized upload
+is refused before it is written, uploaded files and a visitor's run numbers go with the visitor, a
+refused sweep says why with settings that fit and Stop answers at once, a slider's bounds never
+meet, a cut answer is not rated, and an answer's score is the same number on its card, in its
+candidates and in the text beside them."""
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+
+from rag_demo.web import handlers, page, passages_view, render, validation
+from rag_demo.web.results import ResultsHandlers, fits
+from test_ui import CostPipe, answer_dict, fake_unavailable, reader_pool  # noqa: E402 - the page's fakes
+
+RAW = {"question": "Who painted it?", "settings": {"preset": "aided", "k": 2},
+       "answers": {"token": answer_dict(passage_drop=[0.5, 0.1])}}
+
+
+def test_a_lengthened_passage_list_is_refused_with_a_message():
+    validation.check_last_answers(copy.deepcopy(RAW))  # as the page holds it: fine
+    long = copy.deepcopy(RAW)
+    long["answers"]["token"]["docs"] = long["answers"]["token"]["docs"] * 20  # 40 passages
+    with pytest.raises(ValueError, match=r'\["docs"\] holds 40 passages, more than K can be \(20\)'):
+        validation.check_last_answers(long)
+    odd = copy.deepcopy(RAW)
+    odd["answers"]["token"]["docs"].append(dict(odd["answers"]["token"]["docs"][0], id="c#0", rank=3))
+    with pytest.raises(ValueError, match=r'\["passage_drop"\] has 2 numbers but .*\["docs"\] has 3 passages'):
+        validation.check_last_answers(odd)
+
+
+def test_without_passage_and_continue_mode_are_priced_and_admitted_as_a_question_is():
+    """The passages left are priced with their own prompts, by the same Serving.check as /ask: a
+    request over the budget is refused with the budget's message before anything runs."""
+    from rag_demo.serving.admission import Serving
+    from rag_demo.serving.budget import Budget
+    from rag_demo.web.answering import answer_again
+
+    pipe = CostPipe()
+    seen = []
+    pipe.check_budget = lambda q, modes, s, budget, passages=None: (seen.append((modes, passages)),
+                                                                    (_ for _ in ()).throw(ValueError("over budget")))[1]
+    from rag_demo.models.cost import Cost
+
+    # over the budget, and over the preset's defaults (which are always admitted)
+    pipe.estimate = lambda q, modes, s, passages=None: Cost(100.0 if passages else 1.0, 2**20, {})
+    pipe.index.corpus.position = lambda pid: 0
+    pipe.index.corpus.passages = ["the one passage"]
+    serving = Serving(budget=Budget())
+    with pytest.raises(ValueError, match="over budget"):
+        answer_again(pipe, copy.deepcopy(RAW), "token", validation.settings_from_inputs(preset="aided"), None,
+                     serving)
+    assert seen == [(["token"], ["the one passage", "the one passage"])]
+
+
+def test_only_http_links_become_links():
+    from rag_demo.knowledge.uploads import web_url
+
+    assert render.link_target("https://en.wikipedia.org/wiki/Mars") and render.link_target("http://x.org")
+    assert not any(render.link_target(u) for u in ("javascript:alert(1)", " JavaScript:x", "data:text/html,x", None))
+    assert web_url("javascript:alert(1)") is None and web_url(" https://x.org ") == "https://x.org"
+    bad = answer_dict(docs=[dict(answer_dict()["docs"][0], url="javascript:alert(document.cookie)")],
+                      rows=[[1.0]] * 3, doc_posterior=[1.0])
+    html = passages_view.render_passages({"token": bad})
+    assert "javascript:" not in html and "The Starry Night" in html
+
+
+@pytest.mark.slow
+def test_an_oversized_upload_is_refused_before_it_is_written(free_port, tmp_path):
+    """launch() caps an upload's size: gradio refuses a larger file while it streams in, so nothing
+    of it is left in the upload cache."""
+    import httpx
+
+    from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES
+
+    os.environ["GRADIO_TEMP_DIR"] = str(tmp_path)
+    _, pool = reader_pool()
+    demo = page.build_app(pool)
+    port = free_port()
+    page.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        big = b"word " * (MAX_UPLOAD_BYTES // 5 + 1000)
+        r = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": ("big.txt", big)}, timeout=60)
+        assert r.status_code == 413, (r.status_code, r.text[:200])
+        assert "exceeded maximum allowed size" in r.text
+        assert not [p for p in tmp_path.rglob("big.txt")]
+        small = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": ("a.txt", b"Mars is red.")},
+                           timeout=60)
+        assert small.status_code == 200
+    finally:
+        demo.close()
+        os.environ.pop("GRADIO_TEMP_DIR", None)
+
+
+def test_uploaded_files_and_a_visitors_run_numbers_go_with_the_visitor(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("Mars is the fourth planet.")
+    validation.remove_uploaded([str(f)])
+    assert not f.exists()
+    validation.remove_uploaded(None)  # nothing uploaded: nothing to do
+
+    class Req:
+        session_hash = "tab-1"
+
+    _, pool = reader_pool()
+    h = handlers.Handlers(pool)
+    h.begin_run(Req())
+    h.stop_run(Req())
+    assert "tab-1" in h._runs and "tab-1" in h._stopped
+    h.forget(Req())
+    assert "tab-1" not in h._runs and "tab-1" not in h._stopped
+
+
+def test_a_refused_sweep_says_why_with_settings_that_fit_and_stop_answers_at_once(monkeypatch):
+    from rag_demo.serving.admission import Serving
+    from rag_demo.serving.budget import Budget
+
+    class Pipe:
+        index = [0] * 100
+
+        def expect(self, q, modes, s):
+            return {m: 30.0 * s.decoding.k for m in modes}  # 30 s a passage: 150 s a question at K = 5
+
+    rh = ResultsHandlers(None, Serving(budget=Budget(max_sweep_seconds=600)))
+    rh.pool = type("P", (), {"loaded": lambda self, s: Pipe()})()
+    import rag_demo.web.results as results
+
+    monkeypatch.setattr(results, "session_pipeline", lambda pool, s: (Pipe(), s))
+    out = list(rh.run(10, ["5"], ["token"], "aided", "dense", "em", [], None))
+    assert len(out) == 1 and 'data-state="refused"' in out[0][0]
+    assert "about 25 min on this server now, over its 10 min for a sweep" in out[0][0]
+    assert "It fits with 4 questions or fewer (about 10 min)" in out[0][0]
+    assert 'data-state="idle"' in rh.stop()  # nothing running: said at once, never "Stopping..." for ever
+    assert fits({1: 900.0, None: 5.0}, 3, 600) == ("Even one question is over it: choose one small K and one mode.")
+
+
+def test_a_sliders_bounds_never_meet_when_only_the_minimum_is_admitted():
+    from rag_demo.serving.admission import Serving
+    from rag_demo.serving.budget import Budget
+
+    pipe, pool = reader_pool(CostPipe())
+    serving = Serving(budget=Budget())
+    serving.check = lambda p, q, s, *a: (_ for _ in ()).throw(ValueError("no")) if (
+        s.decoding.k > 1 or s.decoding.num_beams > 1 or s.decoding.max_new_tokens > 1) else None
+    h = handlers.Handlers(pool, serving=serving)
+    k, beams, tokens = h.reach(None)
+    assert all(s.maximum > s.minimum for s in (k, beams, tokens) if s.minimum is not None)
+    assert all(s.maximum == 2 for s in (k, beams, tokens))
+    assert "admits up to 1" in k.info
+
+
+def test_a_cut_answer_is_not_rated():
+    from rag_demo.confidence import Logistic, ConfidenceModel, judge
+
+    m = ConfidenceModel({"offline|aided|token": Logistic(("logprob",), (0.0,), (1.0,), (1.0,), 0.0, 0.5)}, {})
+    a = {"mode": "token", "stack": "offline", "settings": {"preset": "aided"}, "text": "Paris", "token_ids": [1],
+         "sequence_logprob": -0.1, "docs": [], "candidates": []}
+    assert judge({**a, "stopped": "eos"}, m)[1] is not None
+    for why in ("cancelled", "time_limit"):
+        sig, p, cue = judge({**a, "stopped": why}, m)
+        assert p is None and cue is None and sig["ended"] == 0.0
+        assert "cut, not rated" in render.render_confidence({**a, "stopped": why, "confidence": None})
+
+
+def test_an_answers_score_is_one_number_on_its_card_in_its_candidates_and_in_the_text():
+    """Fast RAG-Sequence ranks by a lower bound; the chosen answer's entry is its full log p(y|x), the
+    others are marked as lower bounds, and the sentence beside the cards reads the same numbers."""
+    from rag_demo.answer import ranked_candidates
+    from rag_demo.rag.engine import Generation
+
+    class Gen:
+        def decode(self, ids):
+            return {(1,): " Paris.", (2,): " Lyon."}[tuple(ids)]
+
+    g = Generation(tokens=[1], logprob=-7.487, candidates=[([1], -7.806), ([2], -9.1)], decoding="fast, beam=2")
+    cands = ranked_candidates(Gen(), g)
+    assert cands[0] == {"text": " Paris.", "logprob": -7.487, "chosen": True}
+    assert cands[1]["lower_bound"] and cands[1]["logprob"] == -9.1
+    seq = answer_dict(mode="sequence", text=" Paris.", sequence_logprob=-7.487, candidates=cands, decoding="fast, beam=2")
+    tok = answer_dict(mode="token", text=" Lyon.", sequence_logprob=-8.0,
+                      candidates=[{"text": " Lyon.", "logprob": -8.0, "chosen": True}])
+    card = render.render_answer(seq)
+    assert card.count(render.fmt_lp(-7.487)) >= 2 and render.fmt_lp(-7.806) not in card  # head and candidates
+    why = passages_view._why_differ(seq, tok)
+    assert f"scored {render.fmt_lp(-7.487)} against at least {render.fmt_lp(-9.1)} for “Lyon”" in why
