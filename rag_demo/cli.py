@@ -181,13 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot-format", choices=("png", "html"), help="--plot's files: png (default; scale 2, for slides) "
                     "or html (as wide as the window, opens offline)")
     ev.add_argument("--fit-confidence", nargs="+", metavar="RUN", help="instead of evaluating: fit the answer "
-                    "cards' confidence (a logistic regression per preset and mode) on sweep runs, hold out half of "
-                    "the questions of every run not in --fit-all, and write the model and the held-out answers")
-    ev.add_argument("--fit-all", nargs="*", default=["qa_dev.jsonl"], metavar="RUN", help="runs fitted on whole, never "
-                    "held out (default: qa_dev.jsonl, the questions written here)")
+                    "cards' confidence (a logistic regression per preset and mode) on the calibrate split of sweep "
+                    "runs, report it on their report split (rag_demo/splits.py), and write the model and the report "
+                    "answers")
     ev.add_argument("--confidence-out", default="assets/confidence.json", help="where --fit-confidence writes the model")
     ev.add_argument("--heldout-out", default="assets/results/confidence_heldout.jsonl",
-                    help="where --fit-confidence writes the held-out answers with their confidence (tidy rows)")
+                    help="where --fit-confidence writes the report answers with their confidence (tidy rows)")
     ev.add_argument("--plot-dir", metavar="DIR", help="where --plot writes (default: beside RUN, in RUN's name + _figures)")
     add_settings(ev)
     _add_common(ev)
@@ -326,17 +325,14 @@ def cmd_eval(args) -> int:
             print(path)
         return 0
     if args.fit_confidence:
-        from rag_demo.measure.calibration import fit
+        from rag_demo.measure.calibration import fit, format_confidence
 
         command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["eval"] \
             else "python -m rag_demo eval --fit-confidence " + " ".join(args.fit_confidence)
-        about = fit(args.fit_confidence, args.fit_all, args.confidence_out, args.heldout_out, command)
-        print(f"Fitted on {about['fitted_answers']} answers; held out {about['held_out_answers']}.")
-        print("| preset | mode | answers | wrong | AUROC | Brier | flagged | precision | recall | threshold |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for r in about["held_out"]:
-            print(f"| {r['preset']} | {r['mode']} | {r['answers']} | {r['wrong']} | {r['auroc']} | {r['brier']} "
-                  f"| {r['flagged']} | {r['precision']} | {r['recall']} | {r['threshold']} |")
+        about = fit(args.fit_confidence, args.confidence_out, args.heldout_out, command)
+        print(f"Fitted on {about['fitted_answers']} answers to {about['fitted_questions']} calibrate questions; "
+              f"reported on {about['report_answers']} answers to {about['report_questions']} report questions.")
+        print(format_confidence(about["report"]))
         _progress(f"Saved {args.confidence_out} and {args.heldout_out}")
         return 0
     if args.compare:

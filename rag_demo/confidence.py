@@ -9,10 +9,11 @@ regression over them, one per stack, preset and mode,
 
     P(right | answer) = sigmoid(b + Σ_j w_j · (x_j − mean_j) / scale_j)
 
-fitted by `python -m rag_demo eval --fit-confidence` (measure/calibration.py) on questions
-nobody here wrote, and shipped as assets/confidence.json with the command that made it. "Right"
-means a gold answer's words occur in the answer (eval's `contains`). Below the model's
-`threshold` a card says the answer is probably wrong.
+fitted by `python -m rag_demo eval --fit-confidence` (measure/calibration.py) on the calibrate
+split of questions nobody here wrote, reported on their report split, and shipped as
+assets/confidence.json with the command that made it. "Right" means a gold answer's words occur in
+the answer (eval's `contains`). Below the model's `threshold` a card says the answer is probably
+wrong, quoting what the cue did on the report split.
 """
 from __future__ import annotations
 
@@ -131,6 +132,19 @@ class ConfidenceModel:
     def model_for(self, stack: str, preset: str, mode: str) -> Logistic | None:
         return self.models.get(self.key(stack, preset, mode))
 
+    def quoted(self, stack: str, preset: str, mode: str) -> dict | None:
+        """What a card says of its confidence: how many questions it was fitted on (calibrate split),
+        and on how many others (report split) its cue's precision and recall, its AUROC and its
+        largest reliability gap were measured (measure/calibration.py); None when not reported."""
+        if self.model_for(stack, preset, mode) is None:
+            return None
+        got = next((r for r in self.about.get("report", []) if r["preset"] == preset and r["mode"] == mode), None)
+        if got is None:
+            return None
+        return {"fitted_questions": self.about.get("fitted_questions"), "questions": got["questions"],
+                "precision": got["precision"], "recall": got["recall"], "auroc": got["auroc"],
+                "max_gap": got.get("max_gap"), "features": list(self.model_for(stack, preset, mode).features)}
+
     def confidence(self, a: Mapping[str, Any], sig: Mapping[str, float] | None = None) -> float | None:
         """P(right) of an answer dict (None: no model for its stack, preset and mode)."""
         preset = (a.get("settings") or {}).get("preset", "")
@@ -181,8 +195,11 @@ def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str
     p = m.predict(sig)
     cue = None
     if p < m.threshold:
+        q = model.quoted(a.get("stack", ""), preset, a.get("mode", ""))
+        measured = (f" On {q['questions']} questions nobody here wrote and the model never saw, this cue caught "
+                    f"{100 * q['recall']:.0f}% of the wrong answers, and {100 * q['precision']:.0f}% of the answers "
+                    "it flagged were wrong." if q else "")
         cue = {"kind": "probably_wrong",
-               "text": f"Probably wrong: answers like this one (its score, its rivals, where its words come from) "
-                       f"were right {100 * p:.0f}% of the time on questions nobody here wrote. Check it against "
-                       "the passages."}
+               "text": f"Probably wrong: answers this unsure (confidence {100 * p:.0f}%) were mostly wrong.{measured} "
+                       "Check it against the passages."}
     return sig, p, cue

@@ -264,34 +264,24 @@ def cue_quality(res: list[dict]) -> dict:
             "not_english": sum("not_english" in x["cues"] for x in res)}
 
 
-RELIABILITY_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-
-
 def confidence_quality(res: list[dict]) -> dict:
-    """How honest each card's confidence is (rag_demo/confidence.py): the "probably wrong" cue
-    against the wrong answers (no gold answer contained): precision = P(wrong | flagged), recall =
-    P(flagged | wrong); and the reliability table, per confidence bin its answers, their mean
-    confidence and the share right (a calibrated confidence has the two equal).
+    """How honest each card's confidence is (rag_demo/confidence.py), measure/calibration.quality over
+    the answers that carry one: the "probably wrong" cue against the wrong answers (no gold answer
+    contained), its precision = P(wrong | flagged) and recall = P(flagged | wrong), AUROC, Brier, and
+    the reliability bins of equal count (mean confidence and share right per bin).
 
     >>> q = confidence_quality([{"contains": 0, "confidence": 0.1, "cues": ["probably_wrong"]},
     ...                         {"contains": 1, "confidence": 0.9, "cues": []},
     ...                         {"contains": 0, "confidence": 0.7, "cues": []},
     ...                         {"contains": 1, "confidence": 0.15, "cues": ["probably_wrong"]}])
-    >>> (q["n"], q["wrong"], q["flagged"], q["precision"], q["recall"], q["bins"][0]["n"], q["bins"][0]["right"])
-    (4, 2, 2, 0.5, 0.5, 2, 0.5)
+    >>> (q["answers"], q["wrong"], q["flagged"], q["precision"], q["recall"], q["bins"][0]["n"], q["bins"][0]["right"])
+    (4, 2, 2, 0.5, 0.5, 1, 0.0)
     """
+    from rag_demo.measure.calibration import quality
+
     res = [x for x in res if x.get("confidence") is not None]
-    wrong = [x for x in res if not x.get("contains")]
-    flagged = [x for x in res if "probably_wrong" in (x.get("cues") or [])]
-    precision, recall = precision_recall(("probably_wrong" in (x.get("cues") or []) for x in res),
-                                         (not x.get("contains") for x in res))
-    bins = []
-    for lo, hi in zip(RELIABILITY_BINS, RELIABILITY_BINS[1:]):
-        inside = [x for x in res if lo <= x["confidence"] < hi or (hi == 1.0 and x["confidence"] == 1.0)]
-        bins.append({"from": lo, "to": hi, "n": len(inside), "confidence": _mean(x["confidence"] for x in inside),
-                     "right": _mean(float(bool(x.get("contains"))) for x in inside)})
-    return {"n": len(res), "wrong": len(wrong), "flagged": len(flagged), "precision": precision, "recall": recall,
-            "bins": bins}
+    return quality((x["confidence"] for x in res), (x.get("contains") for x in res),
+                   ("probably_wrong" in (x.get("cues") or []) for x in res))
 
 
 def _mean(xs) -> float:
@@ -429,19 +419,14 @@ def format_report(report: dict) -> str:
                 lines.append(f"| {titles[g['mode']]} | {g['retriever']}{'' if name == 'all' else ', ' + name} | {c['n']} "
                              f"| {c['lacking']} | {c['flagged']} | {_pct(c['precision'])} | {_pct(c['recall'])} "
                              f"| {c['unread']} | {_pct(c['unread_wrong'])} | {c['not_english']} |")
-    judged = [g for g in gens if g.get("confidence", {}).get("n")]
+    judged = [g for g in gens if g.get("confidence", {}).get("answers")]
     if judged:
+        from rag_demo.measure.calibration import format_confidence
+
         lines += ["", "### The confidence: the \"probably wrong\" cue against the wrong answers (no gold answer "
-                  "contained), and the reliability table (per confidence bin: answers, mean confidence, share right)",
-                  "", "| mode | passages from | n | wrong | flagged | precision | recall | "
-                  + " | ".join(f"{b['from']:.1f}-{b['to']:.1f}" for b in judged[0]["confidence"]["bins"]) + " |",
-                  "|---|---|---:|---:|---:|---:|---:|" + "---|" * len(judged[0]["confidence"]["bins"])]
-        for g in judged:
-            c = g["confidence"]
-            cells = " | ".join(f"{b['n']}: {_pct(b['confidence'])} / {_pct(b['right'])}" if b["n"] else "-"
-                               for b in c["bins"])
-            lines.append(f"| {titles[g['mode']]} | {g['retriever']} | {c['n']} | {c['wrong']} | {c['flagged']} "
-                         f"| {_pct(c['precision'])} | {_pct(c['recall'])} | {cells} |")
+                  "contained), and the reliability bins (equal count; answers: mean confidence / share right)", "",
+                  format_confidence([{"label": titles[g["mode"]], "mode": g["retriever"], **g["confidence"]}
+                                     for g in judged])]
     if gens:
         types = list(gens[0]["by_type"])
         counts = {t: gens[0]["by_type"][t]["n"] for t in types}

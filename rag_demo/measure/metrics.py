@@ -98,3 +98,27 @@ def precision_recall(flagged, target) -> tuple[float, float]:
 def passage_text(p) -> str:
     """What has_answer searches: the title and the text, as the generator sees them."""
     return f"{p.title}. {p.text}"
+
+
+RELIABILITY_BINS = 4  # ~25-30 answers a bin on a split of ~110 questions: the binomial noise of a bin's accuracy is ~0.09
+
+
+def reliability_bins(confidence, right, bins: int = RELIABILITY_BINS) -> list[dict]:
+    """Answers sorted by confidence and cut into `bins` groups of (nearly) equal count; per group
+    its answers, mean confidence and share right (a calibrated confidence has the two equal), and
+    the confidence range it spans. Equal counts, not equal widths: a width-0.1 bin holding three
+    answers says nothing.
+
+    >>> [(b["n"], b["confidence"], b["right"]) for b in reliability_bins([.1, .2, .8, .9], [0, 1, 1, 1], bins=2)]
+    [(2, 0.15, 0.5), (2, 0.85, 1.0)]
+    """
+    pairs = sorted(zip((float(c) for c in confidence), (float(r) for r in right)))
+    if not isinstance(bins, int) or isinstance(bins, bool) or bins < 1:
+        raise ValueError(f"bins={bins!r} is not a bin count: pass a positive integer.")
+    n, out = len(pairs), []
+    for i in range(min(bins, n)):
+        part = pairs[i * n // min(bins, n): (i + 1) * n // min(bins, n)]
+        out.append({"n": len(part), "from": part[0][0], "to": part[-1][0],
+                    "confidence": round(sum(c for c, _ in part) / len(part), 4),
+                    "right": round(sum(r for _, r in part) / len(part), 4)})
+    return out
