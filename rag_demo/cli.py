@@ -321,7 +321,7 @@ def cmd_eval(args) -> int:
     if args.plot is not None:
         from rag_demo.measure.figures import write_figures  # altair and pandas only: no model, no torch
 
-        for path in write_figures(args.plot, args.plot_dir, args.plot_format or "png"):
+        for path in write_figures(args.plot, args.plot_dir, args.plot_format or "png", args.split):
             print(path)
         return 0
     if args.fit_confidence:

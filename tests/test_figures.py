@@ -161,9 +161,15 @@ def test_reliability_bins_the_confidence_against_answers_right(df):
     chart = fig.reliability(df)
     (diagonal, _, _), (_, rows, _) = layers(chart)
     assert diagonal == "line"
-    got = {(r["mode"], r["bin"]): (r["right"], r["n"]) for r in rows}
     # sequence: 15 wrong at 0.2 plus 1 right at 0.2; 8 right at 0.9. token: 5 of 24 right, all at 0.6.
-    assert got == {("sequence", 2): (6.25, 16), ("sequence", 9): (100.0, 8), ("token", 6): (pytest.approx(500 / 24), 24)}
+    # Four bins of equal count per mode (6 answers each), in order of confidence.
+    for mode, right in (("sequence", 9), ("token", 5)):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["bin"])
+        assert [r["n"] for r in mine] == [6, 6, 6, 6]
+        assert sum(r["right"] * r["n"] for r in mine) == pytest.approx(100 * right, abs=0.1)  # shares kept to 4 places
+        assert [r["confidence"] for r in mine] == sorted(r["confidence"] for r in mine)
+    top = max((r for r in rows if r["mode"] == "sequence"), key=lambda r: r["bin"])
+    assert (top["confidence"], top["right"]) == (pytest.approx(90.0), 100.0)  # the six surest: all at 0.9, all right
     assert "closed-book" not in {r["mode"] for r in rows}  # its confidence is null: left out
 
 

@@ -26,20 +26,24 @@ import altair as alt
 import pandas as pd
 
 from rag_demo.config import KNOBS, MODE_COLOURS, MODE_TITLES, MODES
-from rag_demo.measure.metrics import precision_recall
-from rag_demo.measure.run_rows import caption, load_meta, load_rows, questions_drawn, tidy
+from rag_demo.measure.metrics import RELIABILITY_BINS, precision_recall, reliability_bins
+from rag_demo.measure.run_rows import caption, in_split, load_meta, load_rows, questions_drawn, tidy
 
 RAG_MODES = tuple(m for m in MODES if m != "closed-book")
 METRICS = {"em": "exact match", "f1": "token F1", "contains": "gold answer contained"}
 RETRIEVERS = KNOBS["retriever"].choices  # the retriever knob's values, declared once (config.Decoding)
-RETRIEVER_TITLES = {"dense": "dense", "bm25": "BM25", "hybrid": "hybrid"}
-# Dark2's remaining hues: apart from the modes' green, purple and grey, and readable on white.
-RETRIEVER_COLOURS = {"dense": "#d95f02", "bm25": "#a6761d", "hybrid": "#e7298a"}
+TRAINED_TOWER = ", trained tower"  # a retriever read through the trained question tower (the sweep's preset rows)
+RETRIEVER_TITLES = {"dense": "dense", "bm25": "BM25", "hybrid": "hybrid", "dense" + TRAINED_TOWER: "dense, trained",
+                    "hybrid" + TRAINED_TOWER: "hybrid, trained"}
+# Dark2's remaining hues: apart from the modes' green, purple and grey, and readable on white; a
+# trained tower's line is its retriever's hue, darker (the paper's Table 6: frozen against learned)
+RETRIEVER_COLOURS = {"dense": "#d95f02", "bm25": "#a6761d", "hybrid": "#e7298a", "dense" + TRAINED_TOWER: "#7f3700",
+                     "hybrid" + TRAINED_TOWER: "#8a1650"}
 # Short on purpose: a legend at phone width holds about 40 characters a line.
-PRESET_TITLES = {"aided": "With reader aids", "paper": "Plain RAG, as in the paper"}
-PRESET_DASHES = {"aided": [1, 0], "paper": [6, 4]}
-PRESET_SHAPES = {"aided": "circle", "paper": "triangle-up"}
-PRESET_OPACITY = {"aided": 1.0, "paper": 0.45}
+PRESET_TITLES = {"aided": "With reader aids", "paper": "Plain RAG, as in the paper", "trained": "Plain RAG, trained"}
+PRESET_DASHES = {"aided": [1, 0], "paper": [6, 4], "trained": [2, 2]}
+PRESET_SHAPES = {"aided": "circle", "paper": "triangle-up", "trained": "square"}
+PRESET_OPACITY = {"aided": 1.0, "paper": 0.45, "trained": 1.0}
 YOURS = "your sweep"
 FRESH, KEPT = "first K asked", "after a smaller K (kept states: faster)"
 FIGURES = ("accuracy_vs_k", "recall_vs_k", "accuracy_given_retrieval", "plain_vs_aided", "reliability")
@@ -121,7 +125,7 @@ def _mode_colour(*tables: pd.DataFrame, legend: bool = True) -> alt.Color:
 
 def _retriever_colour(*tables: pd.DataFrame) -> alt.Color:
     present = set().union(*(set(t["retriever"]) for t in tables if t is not None))
-    names = [r for r in RETRIEVERS if r in present] + sorted(present - set(RETRIEVERS))
+    names = [r for r in RETRIEVER_TITLES if r in present] + sorted(present - set(RETRIEVER_TITLES))
     return alt.Color("retriever_title:N", title="retriever", legend=_legend("retriever"),
                      scale=alt.Scale(domain=[RETRIEVER_TITLES.get(r, r) for r in names],
                                      range=[RETRIEVER_COLOURS.get(r, "#333333") for r in names]))
@@ -228,8 +232,11 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
 # ---------------------------------------------------------------- recall against K (Figure 3, centre)
 
 def _recall_by_k(rows: pd.DataFrame) -> pd.DataFrame:
+    """Recall per retriever and K; a trained question tower's rows (those naming a preset) are a
+    line of their own beside the frozen tower's."""
     retrieval = rows[(rows["mode"] == "retrieval") & rows["k"].notna() & rows["retriever"].notna()]
-    return _mean_table(retrieval, "gold_in_top_k", ["retriever", "k"])
+    tower = [r + TRAINED_TOWER if isinstance(p, str) else r for r, p in zip(retrieval["retriever"], retrieval["preset"])]
+    return _mean_table(retrieval.assign(retriever=tower), "gold_in_top_k", ["retriever", "k"])
 
 
 def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str | None = None):
@@ -251,7 +258,10 @@ def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str 
     mine = None
     if y_recall is not None and not y_recall.empty:
         mine = _yours(y_recall, colour, x=x, y=y, tooltip=[alt.Tooltip("source:N", title="from"), *tip])
+    trained = any(r.endswith(TRAINED_TOWER) for r in recall["retriever"])
     return _finish(_layered(lines, mine), "Retrieval recall against K",
+                   "The paper's Table 6: the trained question tower (dark) against the frozen one, the passages "
+                   "and the index unchanged." if trained else
                    "A reader can only copy an answer its passages hold: each line is the ceiling on what "
                    "the RAG modes read, with that retriever.")
 
@@ -382,20 +392,19 @@ def _answered_with_confidence(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _reliability_table(rows: pd.DataFrame, bins: int) -> pd.DataFrame:
+    """Per mode, metrics.reliability_bins: `bins` groups of equal count, each its mean confidence
+    and share right (in %) and its count."""
     rated = _answered_with_confidence(rows)
-    if rated.empty:
-        return pd.DataFrame(columns=["mode", "bin", "confidence", "right", "n"])
-    rated = rated.assign(bin=[min(int(c * bins), bins - 1) for c in rated["confidence"].clip(0, 1)],
-                         right=(rated["contains"] > 0).astype("float64"))
-    table = rated.groupby(["mode", "bin"]).agg(confidence=("confidence", "mean"), right=("right", "mean"),
-                                               n=("right", "size")).reset_index()
-    return table.assign(confidence=100 * table["confidence"], right=100 * table["right"])
+    out = [{"mode": mode, "bin": i, "confidence": 100 * b["confidence"], "right": 100 * b["right"], "n": b["n"]}
+           for mode, part in rated.groupby("mode") for i, b in
+           enumerate(reliability_bins(part["confidence"], part["contains"] > 0, bins))]
+    return pd.DataFrame(out, columns=["mode", "bin", "confidence", "right", "n"])
 
 
-def reliability(df: pd.DataFrame, bins: int = 10, *, extra: pd.DataFrame | None = None, qa: str | None = None):
-    """Reliability diagram: the answers binned by their confidence, each bin's mean confidence
-    against the share of its answers that are right (the gold answer is contained), per mode,
-    with the diagonal that a calibrated confidence would follow."""
+def reliability(df: pd.DataFrame, bins: int = RELIABILITY_BINS, *, extra: pd.DataFrame | None = None, qa: str | None = None):
+    """Reliability diagram: each mode's answers sorted by confidence and cut into `bins` groups of
+    equal count, each group's mean confidence against the share of its answers that are right (the
+    gold answer is contained), with the diagonal that a calibrated confidence would follow."""
     if not isinstance(bins, int) or isinstance(bins, bool) or not 1 <= bins <= 100:
         raise ValueError(f"bins={bins!r} is not a bin count: pass an integer from 1 to 100.")
     rows, yours = _one_set(df, qa), _one_set(extra, None)
@@ -487,13 +496,17 @@ def save_figure(chart, path: str | Path, note: str, fmt: str = "png") -> Path:
     return path
 
 
-def write_figures(run: str | Path, out_dir: str | Path | None = None, fmt: str = "png") -> list[Path]:
+def write_figures(run: str | Path, out_dir: str | Path | None = None, fmt: str = "png",
+                  split: str | None = None) -> list[Path]:
     """`eval --plot RUN`: every figure of the run, captioned with its meta file, into out_dir
-    (default: RUN's stem + "_figures" beside it). Each question set in the run gets its own
+    (default: RUN's stem + "_figures" beside it); `split`: only that split's questions
+    (rag_demo/splits.py), named in each caption. Each question set in the run gets its own
     figures, prefixed with its name when there are several. Returns the paths written."""
     _check("format", fmt, FORMATS)
     run = Path(run)
     rows, meta = load_rows(run), load_meta(run)
+    if split is not None:
+        rows = in_split(rows, split)
     out = Path(out_dir) if out_dir is not None else run.with_name(run.stem + "_figures")
     out.mkdir(parents=True, exist_ok=True)
     sets = sorted(rows["qa"].dropna().unique())
@@ -502,6 +515,6 @@ def write_figures(run: str | Path, out_dir: str | Path | None = None, fmt: str =
         prefix = f"{qa}_" if len(sets) > 1 else ""
         mine = rows[rows["qa"] == qa]
         for name, chart in figures(rows, qa=qa).items():
-            note = caption(meta, questions_drawn(mine, retrieval=name.startswith("recall")))
+            note = caption(meta, questions_drawn(mine, retrieval=name.startswith("recall")), split)
             written.append(save_figure(chart, out / f"{prefix}{name}.{fmt}", note, fmt))
     return written

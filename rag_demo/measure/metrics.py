@@ -112,7 +112,8 @@ def reliability_bins(confidence, right, bins: int = RELIABILITY_BINS) -> list[di
     >>> [(b["n"], b["confidence"], b["right"]) for b in reliability_bins([.1, .2, .8, .9], [0, 1, 1, 1], bins=2)]
     [(2, 0.15, 0.5), (2, 0.85, 1.0)]
     """
-    pairs = sorted(zip((float(c) for c in confidence), (float(r) for r in right)))
+    # by confidence alone (stable): sorting ties by right would put the wrong ones first and fake a slope
+    pairs = sorted(zip((float(c) for c in confidence), (float(r) for r in right)), key=lambda pair: pair[0])
     if not isinstance(bins, int) or isinstance(bins, bool) or bins < 1:
         raise ValueError(f"bins={bins!r} is not a bin count: pass a positive integer.")
     n, out = len(pairs), []

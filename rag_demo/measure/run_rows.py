@@ -122,12 +122,22 @@ def load_meta(path: str | Path) -> dict:
     return meta
 
 
-def caption(meta: dict, questions: int | None = None) -> str:
-    """The line under every figure: the question set and its size (`questions`: those the figure
-    draws, where it knows them), the CPU, the date and the command."""
+def in_split(rows: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows whose question is in split `name` (rag_demo/splits.py, by the question's id)."""
+    from rag_demo.splits import check_split, split_of
+
+    check_split(name)
+    return rows[[split_of(str(q)) == name for q in rows["question_id"]]]
+
+
+def caption(meta: dict, questions: int | None = None, split: str | None = None) -> str:
+    """The line under every figure: the question set, its split where the figure reads one, and its
+    size (`questions`: those the figure draws, where it knows them), the CPU, the date and the command."""
     if not meta:
         return "No RUN.meta.json beside this run: the command, CPU and date that made it are unknown."
     qa, n = meta.get("qa"), meta.get("questions") if questions is None else questions
+    if split and qa:
+        qa = f"the {split} split (rag_demo/splits.py) of {qa}"
     parts = [f"{n} questions of {qa}." if qa and n is not None else
              f"Questions of {qa}." if qa else f"{n} questions." if n is not None else "Question set not recorded."]
     runs = meta.get("runs") or [meta]

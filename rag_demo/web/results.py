@@ -20,6 +20,7 @@ import pandas as pd
 
 from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
+from rag_demo.measure.curve import load_curve, training_curve
 from rag_demo.measure.qa_files import read_qa, sample_items
 from rag_demo.serving.session import Session, session_pipeline
 from rag_demo.web.answering import TYPICAL_QUESTION
@@ -31,7 +32,11 @@ RESULTS_DIR = ASSETS / "results"
 DEV_QA = ASSETS / "qa_dev.jsonl"
 # The shipped runs, by question set (the file's stem): what the tab's set picker offers
 SETS = {"qa_dev": "Dev set: 80 questions written for this demo (every one answerable from Vital Articles)",
-        "qa_train_vital": "External questions written by others (WebQuestions, CuratedTREC): a fixed sample"}
+        "qa_train_vital": "External questions written by others (WebQuestions, CuratedTREC): the report split, "
+                          "never trained or fitted on"}
+SPLIT_OF_SET = {"qa_train_vital": "report"}  # a set with splits is drawn on the one nothing was fitted on
+GIVEN_SET = "qa_train_vital"  # where retrieval both finds and misses the answer: the given-retrieval figure's set
+CURVE = ASSETS / "trained" / "curve.jsonl"  # python -m rag_demo train's loss curve
 HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence model's held-out half (eval --fit-confidence)
 SWEEP_KS = (1, 2, 3, 5, 10, 20)
 SWEEP_MAX_QUESTIONS = 20
@@ -46,6 +51,8 @@ LESSONS = {
                       "model read, against seconds per answer.",
     "reliability": "Does an answer card's confidence mean what it says? Each point: answers binned by confidence, "
                    "against how often they were right, on questions the model was not fitted on.",
+    "training_curve": "The paper trains its question tower and generator end to end (§2.4), with RAG's own loss: "
+                      "−log p(y|x) marginalised over the retrieved passages.",
 }
 
 
@@ -59,13 +66,18 @@ def shipped(name: str) -> tuple[pd.DataFrame, dict] | None:
 
 
 def _rows(name: str) -> tuple[pd.DataFrame, dict]:
+    """A shipped set's rows (only its SPLIT_OF_SET split) and meta, the split named in the meta."""
     got = shipped(name)
-    return got if got is not None else (fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {})
+    if got is None:
+        return fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {}
+    rows, meta = got
+    split = SPLIT_OF_SET.get(name)
+    return (fig.in_split(rows, split), {**meta, "split": split}) if split else (rows, meta)
 
 
 def _caption(meta: dict, rows: pd.DataFrame | None = None, retrieval: bool = False) -> str:
     n = fig.questions_drawn(rows, retrieval) if rows is not None and len(rows) else None
-    return f'<div class="rag-fig-caption">{esc(fig.caption(meta, n))}</div>'
+    return f'<div class="rag-fig-caption">{esc(fig.caption(meta, n, meta.get("split")))}</div>'
 
 
 def _mine(rows: list[dict] | None) -> pd.DataFrame | None:
@@ -85,11 +97,28 @@ def draw(name: str, metric: str, mine: list[dict] | None = None) -> tuple:
     reliability = fig.reliability(held) if held is not None else fig.reliability(rows.iloc[0:0])
     cues = (fig.cue_quality(held) if held is not None
             else pd.DataFrame(columns=["preset", "mode", "answers", "flagged", "wrong", "precision", "recall"]))
+    given, given_meta = _rows(GIVEN_SET)  # the dev set's passages always hold the answer: one group only
+    curve = load_curve(CURVE)
     return (fig.accuracy_vs_k(rows, metric, extra=extra), _caption(meta, rows),
             fig.recall_vs_k(rows, extra=extra), _caption(meta, rows, retrieval=True),
-            fig.accuracy_given_retrieval(rows, k=k), _caption(meta, rows),
+            fig.accuracy_given_retrieval(given, k=k), _caption(given_meta, given),
             fig.plain_vs_aided(rows, k=k), _caption(meta, rows),
-            reliability, _caption(held_meta), cues)
+            reliability, _caption(held_meta), training_curve(curve), _curve_caption(),
+            cues)
+
+
+def _curve_caption() -> str:
+    """Under the training curve: what trained, on what, where and how (assets/trained/meta.json)."""
+    meta_path = CURVE.with_name("meta.json")
+    if not meta_path.is_file():
+        return '<div class="rag-fig-caption">No trained weights ship with this copy: python -m rag_demo train.</div>'
+    import json
+
+    stages = json.loads(meta_path.read_text(encoding="utf-8")).get("stages", {})
+    parts = [f"{s['stage']}: {s['data']['trained_on']} questions (the train split of the external file and pairs "
+             f"made from the corpus), {s['precision']}, {s['train_seconds'] / 60:.0f} min on {s['cpu']}, "
+             f"{s['finished']}. Rerun: {s['command']}" for s in stages.values()]
+    return f'<div class="rag-fig-caption">{esc(" ".join(parts))}</div>'
 
 
 class ResultsHandlers:
@@ -253,7 +282,8 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
                                elem_id="rag-results-set", scale=3)
         c["metric"] = gr.Radio(choices=[(v, k) for k, v in fig.METRICS.items()], value="em", label="Accuracy as",
                                elem_id="rag-results-metric", scale=2)
-    names = ("accuracy_vs_k", "recall_vs_k", "accuracy_given_retrieval", "plain_vs_aided", "reliability")
+    names = ("accuracy_vs_k", "recall_vs_k", "accuracy_given_retrieval", "plain_vs_aided", "reliability",
+             "training_curve")
     plots, caps = [], []
     for i, name in enumerate(names):
         with gr.Column(elem_classes=["rag-fig"], elem_id=f"rag-fig-{name}"):
@@ -290,8 +320,7 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
 
 def wire(rh: ResultsHandlers, c: dict[str, Any], session: Any, model: dict) -> None:
     """The tab's events: redraw on a change of question set or metric; run and stop a sweep."""
-    outs = [c["plots"][0], c["captions"][0], c["plots"][1], c["captions"][1], c["plots"][2], c["captions"][2],
-            c["plots"][3], c["captions"][3], c["plots"][4], c["captions"][4], c["cues"]]
+    outs = [x for pair in zip(c["plots"], c["captions"]) for x in pair] + [c["cues"]]
     gr.on([c["set"].input, c["metric"].input], rh.draw, inputs=[c["set"], c["metric"], c["mine"]], outputs=outs,
           queue=False, show_progress="hidden", api_visibility="private")
     c["run"].click(rh.run, inputs=[c["n"], c["ks"], c["modes"], c["preset"], c["retriever"], c["metric"], c["mine"],

@@ -1,0 +1,53 @@
+"""The training curve: RAG's loss, −log p(y|x) marginalised over the retrieved passages, against
+the questions seen, on the training batches and on the held-out twentieth the run never trains on,
+per stage (the question tower alone, then the reader with it). Drawn from the rows `python -m
+rag_demo train` writes beside the trained weights (assets/trained/curve.jsonl); no model runs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+
+from rag_demo.measure.figures import _finish, _legend, _no_rows, _tooltip
+
+STAGE_TITLES = {"retriever": "question tower alone (generator frozen)", "reader": "reader and question tower"}
+LOSS_TITLES = {"train_loss": "training batches", "heldout_loss": "held-out questions"}
+CURVE_COLOURS = {"train_loss": "#1f78b4", "heldout_loss": "#e6550d"}
+
+
+def load_curve(path: str | Path) -> pd.DataFrame:
+    """The curve's rows ({stage, step, examples, train_loss, heldout_loss, seconds}), or none."""
+    path = Path(path)
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.is_file() else []
+    df = pd.DataFrame(rows, columns=["stage", "step", "examples", "train_loss", "heldout_loss", "seconds"])
+    df.attrs["source"] = str(path)
+    return df
+
+
+def training_curve(df: pd.DataFrame):
+    """Loss against questions seen, one panel per stage: the training batches' loss (the mean over
+    the optimizer step that ended there) and the held-out loss. A held-out curve that falls with the
+    training one is learning that carries to questions the run did not see."""
+    long = df.melt(id_vars=["stage", "step", "examples"], value_vars=list(LOSS_TITLES), var_name="curve",
+                   value_name="loss").dropna(subset=["loss"])
+    long = long[~((long["curve"] == "train_loss") & (long["step"] == 0))]  # no batch has run at step 0
+    if long.empty:
+        return _no_rows(df, "The training curve needs the rows python -m rag_demo train writes (curve.jsonl).")
+    long = long.assign(curve_title=[LOSS_TITLES[c] for c in long["curve"]],
+                       stage_title=[STAGE_TITLES.get(s, s) for s in long["stage"]])
+    colour = alt.Color("curve_title:N", title="loss on", legend=_legend("loss on"),
+                       scale=alt.Scale(domain=list(LOSS_TITLES.values()), range=list(CURVE_COLOURS.values())))
+    tip = _tooltip(("stage_title:N", "stage"), ("curve_title:N", "loss on"), ("examples:Q", "questions seen"),
+                   ("loss:Q", "−log p(y|x) (nats)"))
+    x = alt.X("examples:Q", title="questions seen")
+    y = alt.Y("loss:Q", title="−log p(y|x), nats", scale=alt.Scale(zero=False))
+    dash = alt.StrokeDash("stage_title:N", title="stage", legend=_legend("stage", symbolType="stroke",
+                                                                          symbolStrokeColor="#333333"))
+    chart = alt.Chart(long).mark_line(point=True, strokeWidth=2).encode(x=x, y=y, color=colour, strokeDash=dash,
+                                                                         tooltip=tip)
+    return _finish(chart, "Training with RAG's own loss",
+                   "The marginal −log p(y|x) over the retrieved passages, as training goes: on the batches it "
+                   "learns from, and on held-out questions it never trains on.")
