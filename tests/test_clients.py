@@ -188,3 +188,17 @@ def test_an_answers_score_is_one_number_on_its_card_in_its_candidates_and_in_the
     assert card.count(render.fmt_lp(-7.487)) >= 2 and render.fmt_lp(-7.806) not in card  # head and candidates
     why = passages_view._why_differ(seq, tok)
     assert f"scored {render.fmt_lp(-7.487)} against at least {render.fmt_lp(-9.1)} for “Lyon”" in why
+
+
+def test_show_the_code_names_the_retriever_that_answered_and_says_when_an_answer_was_cut():
+    from rag_demo.web.reproduce import caveat, cli_command
+
+    result = {"question": "Who painted it?", "settings": {"preset": "aided", "changed": {}, "retriever": "dense"},
+              "answers": {"token": {"retriever": "bm25 (dense index building: 40%)", "stopped": "cancelled"},
+                          "sequence": {"retriever": "bm25 (dense index building: 40%)", "stopped": "eos"},
+                          "closed-book": {"retriever": "", "stopped": "eos"}}}
+    assert cli_command(result).endswith("--preset aided --retriever bm25")
+    note = caveat("builtin", False, result)
+    assert "came from BM25" in note and "cut RAG-Token (stopped) short" in note and "RAG-Sequence" not in note
+    dense = {**result, "answers": {m: {**a, "retriever": "dense", "stopped": "eos"} for m, a in result["answers"].items()}}
+    assert "--retriever" not in cli_command(dense) and caveat("builtin", False, dense) == ""

@@ -342,7 +342,7 @@ class Handlers:
         flags = (["--corpus", corpus] if corpus != "builtin" else
                  ["--corpus-file", "YOUR_FILES"] if s.corpus == "upload" else list(self.pool.cli_flags))
         return (cli_command(raw, flags), client_code(raw, base_url(request), corpus),
-                esc(caveat(s.corpus, bool(s.edits))))
+                esc(caveat(s.corpus, bool(s.edits), raw)))
 
     @page_event
     @logs_refusals

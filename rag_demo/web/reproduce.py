@@ -10,12 +10,18 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from rag_demo.config import KNOBS
+from rag_demo.config import KNOBS, MODE_TITLES
 
 
 def _changed(result: dict) -> dict[str, Any]:
+    """The knobs that differ from the preset, and the retriever that really chose the passages: BM25
+    while the dense index was built in the background (Answer.retriever), whatever the setting said."""
     s = result.get("settings") or {}
-    return {n: v for n, v in (s.get("changed") or {}).items() if n in KNOBS}
+    out = {n: v for n, v in (s.get("changed") or {}).items() if n in KNOBS}
+    labels = [a.get("retriever") or "" for m, a in (result.get("answers") or {}).items() if m != "closed-book"]
+    if any(label.startswith("bm25") for label in labels) and s.get("retriever", "dense") != "bm25":
+        out["retriever"] = "bm25"
+    return out
 
 
 def _cli_value(v: Any) -> str:
@@ -58,9 +64,33 @@ def client_code(result: dict, url: str, corpus: str = "builtin") -> str:
     )
 
 
-def caveat(corpus: str, edited: bool) -> str:
-    """What the code cannot reproduce of the visitor's own changes (an edit, an upload), said beside
-    it ("" when it reproduces all)."""
+def caveat(corpus: str, edited: bool, result: dict | None = None) -> str:
+    """What the code cannot reproduce (said beside it; "" when it reproduces all): the visitor's own
+    changes (an edit, an upload), a retrieval by BM25 while the dense index was built, and an answer
+    the page cut short (the command runs it to its end)."""
+    notes = [n for n in (_own_changes(corpus, edited), _bm25_note(result or {}), _cut_note(result or {})) if n]
+    return " ".join(notes)
+
+
+def _bm25_note(result: dict) -> str:
+    labels = [a.get("retriever") or "" for m, a in (result.get("answers") or {}).items() if m != "closed-book"]
+    label = next((x for x in labels if x.startswith("bm25")), None)
+    if label is None or (result.get("settings") or {}).get("retriever") == "bm25":
+        return ""
+    return (f"These passages came from BM25 ({label}): the dense index was still being built, so the command "
+            "retrieves with --retriever bm25 to give the same passages.")
+
+
+def _cut_note(result: dict) -> str:
+    cut = [(m, a.get("stopped")) for m, a in (result.get("answers") or {}).items()
+           if a.get("stopped") in ("time_limit", "cancelled")]
+    if not cut:
+        return ""
+    said = ", ".join(f"{MODE_TITLES.get(m, m)} ({'stopped' if why == 'cancelled' else 'time limit'})" for m, why in cut)
+    return f"The page cut {said} short: the command runs every mode to its end, so those answers may differ."
+
+
+def _own_changes(corpus: str, edited: bool) -> str:
     if edited:
         return ("Your edited passage lives in your browser session only: this code answers from the corpus as it was "
                 "before your edit.")
