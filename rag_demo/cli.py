@@ -1,4 +1,4 @@
-"""Command line: `python -m rag_demo ask|index|eval|bench|train ...`.
+"""Command line: `python -m rag_demo ask|index|eval|bench|train|tables ...`.
 
 Owns argument parsing and plain-text rendering of an `Answer` (answer, passages, and an
 attribution table with tokens down and passages across). Progress goes to stderr, results to
@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--scale-dims", default="384,768", help="comma-separated vector widths for --scale (default 384,768)")
     add_settings(be)
     _add_common(be)
+    tb = sub.add_parser("tables", help="rewrite every table of measured numbers in README.md and docs/ from the "
+                        "result files (rag_demo/measure/tables.py)")
+    tb.add_argument("--check", action="store_true", help="only say which files' tables differ from the runs (exit 1)")
     tr = sub.add_parser("train", help="fine-tune the question tower and the generator with RAG's own loss "
                         "(paper §2.4) on pairs from the corpus and a QA file's train split")
     tr.add_argument("--retriever-only", action="store_true", help="the first stage: the generator frozen (each "
@@ -451,6 +454,16 @@ def cmd_bench(args) -> int:
     return run_bench(args, _spec(args), _progress)
 
 
+def cmd_tables(args) -> int:
+    """`tables`: the marked tables rendered from the runs; --check fails when the text differs."""
+    from rag_demo.measure.tables import update
+
+    stale = update(check=args.check)
+    for path in stale:
+        print(f"{'differs from the runs' if args.check else 'rewritten'}: {path}")
+    return 1 if args.check and stale else 0
+
+
 def cmd_train(args) -> int:
     """`train`: one stage (rag_demo/training/run.py); what ships goes to --out, checkpoints to --work."""
     from rag_demo.models.stacks import cpu_has_native_bf16
@@ -470,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"ask": cmd_ask, "index": cmd_index, "eval": cmd_eval, "bench": cmd_bench,
-                "train": cmd_train}[args.command](args)
+                "tables": cmd_tables, "train": cmd_train}[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """What a request costs, before it runs: the worst case the server's budget counts
 (`estimate`, `check_budget`) and what a card expects (`expect`), both from models/cost.py's
-CostModel at the speed the generator runs now. A part of `RagPipeline` (pipeline.py).
+CostModel at the speed the generator runs now. `RagPipeline` (pipeline.py) holds one `Pricing`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from rag_demo.reader.reading import drafts_of, passages_read, prompt, question_r
 
 
 class Pricing:
-    """RagPipeline's prices (its stack, index, cost model, speed, cost fit and estimate memo)."""
+    """A pipeline's prices: read from its stack, index, cost model, speed and cost fit, with a memo
+    of the estimates made."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self._estimates: dict[tuple, Cost] = {}
 
     def estimate(self, question: str, modes: list[str], settings: RagSettings | None = None,
                  passages: list[Passage] | None = None, **overrides) -> Cost:
@@ -26,10 +31,10 @@ class Pricing:
         `passages` (a question answered again on known passages, e.g. one taken away): priced as
         their own prompts, without the passage tokens whose keys and values are kept now."""
         q = check_question(question)
-        s = (settings or self.settings).merged(**overrides)
+        s = (settings or self.pipe.settings).merged(**overrides)
         if passages is not None:  # what is kept changes from one request to the next: not memoised
             return self._estimate(q, modes, s, passages)
-        key = (q, tuple(modes), s, id(self.cost_model), len(self.index), round(self.speed.factor, 1))
+        key = (q, tuple(modes), s, id(self.pipe.cost_model), len(self.pipe.index), round(self.pipe.speed.factor, 1))
         if key not in self._estimates:
             if len(self._estimates) > 256:  # a bounded memo: a new question seldom repeats an old one
                 self._estimates.clear()
@@ -38,11 +43,11 @@ class Pricing:
 
     def _estimate(self, q: str, modes: list[str], s: RagSettings, passages: list[Passage] | None = None) -> Cost:
         q = question_read(s.aids, q, passages or [])  # "?" added: what the generator reads
-        k = min(s.decoding.k, len(self.index)) if passages is None else len(passages)
+        k = min(s.decoding.k, len(self.pipe.index)) if passages is None else len(passages)
         seconds, peak, per_mode = 0.0, 0, {}
         longest = Passage("estimate", "Title", "word " * (4 * s.decoding.max_doc_tokens))
         lengths: dict[tuple[int, bool], tuple[int, int]] = {}  # (generator, with a passage) -> (prompt, kept) tokens
-        models = self.stack.modes_for(s.decoding.weights)
+        models = self.pipe.stack.modes_for(s.decoding.weights)
         for mode in [check_mode(m) for m in modes]:
             gen = models[mode].generator
             key = (id(gen), mode != "closed-book")
@@ -61,11 +66,11 @@ class Pricing:
             # the aids that run the model again: echo retries decode again, context contrast reads the
             # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
             contrast = (len(prompt(gen, q, None, s.decoding, s.aids)) if s.aids.context_contrast and key[1] else 0)
-            sec, byt = self.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
+            sec, byt = self.pipe.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
                                                thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
                                                cached_tokens=cached, retries=s.aids.echo_retries,
                                                contrast_tokens=contrast)
-            sec *= self.speed.factor  # at the speed the generator runs now
+            sec *= self.pipe.speed.factor  # at the speed the generator runs now
             per_mode[mode] = sec
             seconds += sec
             peak = max(peak, byt)
@@ -76,7 +81,7 @@ class Pricing:
         """The request's Cost (`heavy` set from the budget), or a ValueError that says what was
         asked, what it would cost and what to change; `passages`: answered over these (a passage
         taken away, a card answered again), priced with their own prompts."""
-        s = (settings or self.settings).merged(**overrides)
+        s = (settings or self.pipe.settings).merged(**overrides)
         cost = self.estimate(question, modes, s, passages)
         cost.heavy = cost.seconds > budget.heavy_seconds
         over = []
@@ -98,37 +103,37 @@ class Pricing:
         worst case `estimate` prices for the budget): its passages retrieved (milliseconds) and its
         prompts priced with what the generator keeps now, so a re-ask is priced as one."""
         q = check_question(question)
-        s = settings or self.settings
+        s = settings or self.pipe.settings
         out: dict[str, float] = {}
-        models = self.stack.modes_for(s.decoding.weights)
-        for group in self.modes_by_encoder(modes, s.decoding.weights):
-            r = self.retrieve(q, group[0], min(s.decoding.k, len(self.index)), s.decoding.retriever,
+        models = self.pipe.stack.modes_for(s.decoding.weights)
+        for group in self.pipe.modes_by_encoder(modes, s.decoding.weights):
+            r = self.pipe.retrieve(q, group[0], min(s.decoding.k, len(self.pipe.index)), s.decoding.retriever,
                               weights=s.decoding.weights)
             qg = question_read(s.aids, q, r.passages)
             encoder = models[group[0]].question_encoder  # priced over what it will read
-            fed = passages_read(s.aids, lambda: encoder.encode_questions([q])[0], r.passages, self.stack.ctx_encoder)[0]
+            fed = passages_read(s.aids, lambda: encoder.encode_questions([q])[0], r.passages, self.pipe.stack.ctx_encoder)[0]
             for m in group:
                 gen = models[m].generator
-                out[m] = self._expected(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
+                out[m] = self.expected_for(m, modes, [prompt(gen, qg, p, s.decoding, s.aids) for p in fed], s)
         if "closed-book" in modes:
             gen = models["closed-book"].generator
             qg = question_read(s.aids, q)
-            out["closed-book"] = self._expected("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
+            out["closed-book"] = self.expected_for("closed-book", modes, [prompt(gen, qg, None, s.decoding, s.aids)], s)
         return {m: out[m] for m in modes if m in out}
 
-    def _expected(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
+    def expected_for(self, mode: str, modes: list[str], prompts: list, s: RagSettings) -> float:
         """The seconds `mode` is expected to take over these prompts (`CostModel.expected`), at the
         speed the generator runs now, priced from what it keeps now."""
-        models = self.stack.modes_for(s.decoding.weights)
+        models = self.pipe.stack.modes_for(s.decoding.weights)
         gen = models[mode].generator
         drafts = "none"
         if mode == "token" and drafts_of(s.aids):
             shared = "sequence" in modes and models["sequence"].generator is gen
             drafts = "shared" if shared else "own"
         d = s.decoding
-        return self.speed.factor * self.cost_model.expected(
+        return self.pipe.speed.factor * self.pipe.cost_model.expected(
             model_dims(gen), mode, len(prompts), d.num_beams, d.max_new_tokens, max(len(p) for p in prompts),
-            self.cost_fit, s.preset, thorough=d.sequence_decoding == "thorough", drafts=drafts,
+            self.pipe.cost_fit, s.preset, thorough=d.sequence_decoding == "thorough", drafts=drafts,
             cached_tokens=gen.cached_tokens(prompts), prompts_kept=gen.prompts_kept(prompts))
 
 

@@ -60,7 +60,7 @@ def staged(minilm, gen, tmp_path):
                         0.0)
     corpus = corpus_from_documents("six", [(t, x, None) for t, x in DOCS])
     pipe = RagPipeline(stack, None, SETTINGS)  # type: ignore[arg-type]
-    build = pipe.index_in_background(corpus)
+    build = pipe.indexes.in_background(corpus)
     assert build is not None and pipe.index_build is build
     yield pipe, gated, corpus
     gated.go.set()
@@ -144,7 +144,7 @@ def test_a_failed_build_keeps_bm25_and_says_why(minilm, gen, tmp_path):
                         {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE) for m in ("token", "sequence", "closed-book")},
                         0.0)
     pipe = RagPipeline(stack, None, SETTINGS)  # type: ignore[arg-type]
-    build = pipe.index_in_background(corpus_from_documents("six", [(t, x, None) for t, x in DOCS]))
+    build = pipe.indexes.in_background(corpus_from_documents("six", [(t, x, None) for t, x in DOCS]))
     with pytest.raises(ValueError, match="could not be built: RuntimeError: out of memory"):
         build.wait(120)
     assert pipe.answer(QUESTION, "token").retriever == "bm25 (dense index failed)"
@@ -156,7 +156,7 @@ def test_a_cached_index_is_dense_at_once(staged, minilm, gen):
     gated.go.set()
     pipe.index_build.wait(120)
     again = RagPipeline(pipe.stack, None, SETTINGS)  # type: ignore[arg-type]
-    assert again.index_in_background(corpus) is None  # the first build's cache
+    assert again.indexes.in_background(corpus) is None  # the first build's cache
     assert again.index_info.source == "cache" and again.answer(QUESTION, "token").retriever == "dense"
 
 

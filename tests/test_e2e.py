@@ -55,7 +55,7 @@ def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe
 
 
 def test_index_is_cached_after_first_load(pipe):
-    again = RagPipeline(pipe.stack, None).build_index(pipe.index.corpus)[1]
+    again = RagPipeline(pipe.stack, None).indexes.build_index(pipe.index.corpus)[1]
     assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000
 
 

@@ -54,8 +54,29 @@ from rag_demo.measure.latency import (
     token_overhead,
     with_generator_dtype,
 )
+from rag_demo.measure.bound import rates
 from rag_demo.measure.reask import reasks
 from rag_demo.measure.reference import compare_with_transformers, reference_cases
+
+
+def bound_summary(lat: dict) -> dict:
+    """Per mode: the measured generation time (all but encode and retrieve) and the bound, p50 and
+    p95 over the questions, and the multiples measured / bound per question (p50 and p95); the time
+    to first token against the prefill's bound likewise."""
+    from rag_demo.measure.latency import percentile
+
+    out = {}
+    for mode, rec in lat.items():
+        if not rec.get("bound"):
+            continue
+        work = [t - e - r for t, e, r in zip(rec["total"], rec["encode"], rec["retrieve"])]
+        mult = [w / b for w, b in zip(work, rec["bound"]) if b > 0]
+        first = [t / b for t, b in zip(rec["ttft"], rec["bound_prefill"]) if b > 0]
+        out[mode] = {"p50": percentile(work, 50), "p95": percentile(work, 95), "bound_p50": percentile(rec["bound"], 50),
+                     "multiple_p50": percentile(mult, 50), "multiple_p95": percentile(mult, 95),
+                     "ttft_p50": percentile(rec["ttft"], 50), "prefill_bound_p50": percentile(rec["bound_prefill"], 50),
+                     "ttft_multiple_p50": percentile(first, 50), "ttft_multiple_p95": percentile(first, 95)}
+    return out
 
 
 def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: list[str], settings: RagSettings,
@@ -71,8 +92,13 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
             say(f"Loading the generator again in {dtype} ...")
             pipe = in_own_thread(load, pipe, dtype)
         r["generators"][dtype] = pipe.stack.describe()
+        say(f"This CPU's rates in {dtype} (matrix multiplies at the generator's shapes, weight reads) ...")
+        model = pipe.stack.modes["token"].generator.model
+        rate = in_own_thread(rates, model)
+        r.setdefault("rates", {})[dtype] = rate.to_dict()
         say(f"Latency, generator in {dtype} ...")
-        r["latency"][dtype] = latency(pipe, questions, modes, settings, say)
+        r["latency"][dtype] = latency(pipe, questions, modes, settings, say, rate)
+        r.setdefault("bound", {})[dtype] = bound_summary(r["latency"][dtype])
         if reask and passage_caches(pipe):
             r["reask"][dtype] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # page's order
         if i == 0 and on_first is not None:

@@ -74,6 +74,21 @@ def format_results(r: dict) -> str:
                   "|---|---|---:|---:|"]
         for mode, dtype, rec in rows:
             lines.append(f"| {titles[mode]} | {dtype} | {p50_p95(rec['ttft'])} | {streamed_ratio(rec):.3f}x |")
+    if r.get("bound"):
+        lines += ["", f"Against this CPU's own limit ({r['machine'].get('processor')}): each answer's generation time "
+                      "(all but encode and retrieve) over the least time its model calls could take at the rates "
+                      "measured here (measure/bound.py), p50 and p95 of the per-answer multiples; first token against "
+                      "the prefill's bound.", "",
+                  "| mode | generator | rates: prefill / decode GFLOP/s, read GB/s | generation p50 / p95 s "
+                  "| bound p50 s | multiple p50 / p95 | first token / prefill bound p50 / p95 |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        for dtype, modes in r["bound"].items():
+            rt = r["rates"][dtype]
+            for mode, b in modes.items():
+                lines.append(f"| {titles.get(mode, mode)} | {dtype} | {rt['prefill_gflops']:.0f} / {rt['decode_gflops']:.0f}"
+                             f", {rt['read_gbs']:.1f} | {b['p50']:.2f} / {b['p95']:.2f} | {b['bound_p50']:.2f} "
+                             f"| {b['multiple_p50']:.2f}x / {b['multiple_p95']:.2f}x "
+                             f"| {b['ttft_multiple_p50']:.2f}x / {b['ttft_multiple_p95']:.2f}x |")
     if r.get("token_overhead"):
         t = r["token_overhead"]
         lines += ["", f"RAG-Token generate / plain batched `model.generate` of the same K prompts, same number of "

@@ -11,7 +11,7 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from rag_demo.measure.figures import _finish, _legend, _no_rows, _tooltip
+from rag_demo.measure.figures import finish_chart, chart_legend, no_rows_chart, tooltips
 
 STAGE_TITLES = {"retriever": "question tower alone (generator frozen)", "reader": "reader and question tower"}
 LOSS_TITLES = {"train_loss": "training batches", "heldout_loss": "held-out questions"}
@@ -35,19 +35,19 @@ def training_curve(df: pd.DataFrame):
                    value_name="loss").dropna(subset=["loss"])
     long = long[~((long["curve"] == "train_loss") & (long["step"] == 0))]  # no batch has run at step 0
     if long.empty:
-        return _no_rows(df, "The training curve needs the rows python -m rag_demo train writes (curve.jsonl).")
+        return no_rows_chart(df, "The training curve needs the rows python -m rag_demo train writes (curve.jsonl).")
     long = long.assign(curve_title=[LOSS_TITLES[c] for c in long["curve"]],
                        stage_title=[STAGE_TITLES.get(s, s) for s in long["stage"]])
-    colour = alt.Color("curve_title:N", title="loss on", legend=_legend("loss on"),
+    colour = alt.Color("curve_title:N", title="loss on", legend=chart_legend("loss on"),
                        scale=alt.Scale(domain=list(LOSS_TITLES.values()), range=list(CURVE_COLOURS.values())))
-    tip = _tooltip(("stage_title:N", "stage"), ("curve_title:N", "loss on"), ("examples:Q", "questions seen"),
+    tip = tooltips(("stage_title:N", "stage"), ("curve_title:N", "loss on"), ("examples:Q", "questions seen"),
                    ("loss:Q", "−log p(y|x) (nats)"))
     x = alt.X("examples:Q", title="questions seen")
     y = alt.Y("loss:Q", title="−log p(y|x), nats", scale=alt.Scale(zero=False))
-    dash = alt.StrokeDash("stage_title:N", title="stage", legend=_legend("stage", symbolType="stroke",
+    dash = alt.StrokeDash("stage_title:N", title="stage", legend=chart_legend("stage", symbolType="stroke",
                                                                           symbolStrokeColor="#333333"))
     chart = alt.Chart(long).mark_line(point=True, strokeWidth=2).encode(x=x, y=y, color=colour, strokeDash=dash,
                                                                          tooltip=tip)
-    return _finish(chart, "Training with RAG's own loss",
+    return finish_chart(chart, "Training with RAG's own loss",
                    "The marginal −log p(y|x) over the retrieved passages, as training goes: on the batches it "
                    "learns from, and on held-out questions it never trains on.")

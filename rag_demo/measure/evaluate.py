@@ -116,7 +116,7 @@ def evaluate(
         raise ValueError(f"k={settings.decoding.k} is more than the {n_pass} passages of the corpus: choose k from 1 to {n_pass}.")
     if say:
         say(f"Building the BM25 index of {n_pass} passages ...")
-    pipe.bm25()  # made once here, not inside the first question's timing
+    pipe.indexes.bm25()  # made once here, not inside the first question's timing
     depth = min(max(max(RECALL_KS), settings.decoding.k), n_pass)
     rag_modes = [m for m in modes if m != "closed-book"]
     enc_mode = rag_modes[0] if rag_modes else "token"  # whose question encoder the recall of "dense" uses

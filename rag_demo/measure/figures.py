@@ -96,7 +96,7 @@ def _lines(text: str, width: int) -> list[str] | str:
     return lines if len(lines) > 1 else text
 
 
-def _finish(chart, title: str, subtitle: str):
+def finish_chart(chart, title: str, subtitle: str):
     # Legends below the plot, one under the other: side by side they overflow a phone's width.
     # (Vega's legend layout; Vega-Lite's schema admits it only as an expression.)
     return chart.properties(
@@ -105,13 +105,13 @@ def _finish(chart, title: str, subtitle: str):
         width="container", height=HEIGHT, usermeta=SVG).configure_legend(layout=alt.ExprRef(LEGENDS_STACKED))
 
 
-def _no_rows(df: pd.DataFrame, needs: str):
+def no_rows_chart(df: pd.DataFrame, needs: str):
     """The chart for a figure the run holds no rows for: what it would need, said on the chart."""
     note = alt.Chart(pd.DataFrame({"note": ["no rows"]})).mark_text(size=16, color="#6b6b6b").encode(text="note:N")
-    return _finish(note, f"no rows for this figure in {_source(df)}", needs)
+    return finish_chart(note, f"no rows for this figure in {_source(df)}", needs)
 
 
-def _legend(title: str, **more) -> alt.Legend:
+def chart_legend(title: str, **more) -> alt.Legend:
     return alt.Legend(title=title, orient="bottom", direction="horizontal", columns=2, labelLimit=220, **more)
 
 
@@ -119,14 +119,14 @@ def _mode_colour(*tables: pd.DataFrame, legend: bool = True) -> alt.Color:
     """Colour by mode, from config.MODE_COLOURS, over the modes these tables hold (in MODES order)."""
     present = set().union(*(set(t["mode"]) for t in tables if t is not None))
     modes = [m for m in MODES if m in present]
-    return alt.Color("mode_title:N", title="mode", legend=_legend("mode") if legend else None,
+    return alt.Color("mode_title:N", title="mode", legend=chart_legend("mode") if legend else None,
                      scale=alt.Scale(domain=[MODE_TITLES[m] for m in modes], range=[MODE_COLOURS[m] for m in modes]))
 
 
 def _retriever_colour(*tables: pd.DataFrame) -> alt.Color:
     present = set().union(*(set(t["retriever"]) for t in tables if t is not None))
     names = [r for r in RETRIEVER_TITLES if r in present] + sorted(present - set(RETRIEVER_TITLES))
-    return alt.Color("retriever_title:N", title="retriever", legend=_legend("retriever"),
+    return alt.Color("retriever_title:N", title="retriever", legend=chart_legend("retriever"),
                      scale=alt.Scale(domain=[RETRIEVER_TITLES.get(r, r) for r in names],
                                      range=[RETRIEVER_COLOURS.get(r, "#333333") for r in names]))
 
@@ -153,7 +153,7 @@ def _yours(table: pd.DataFrame, colour: alt.Color, **encodings):
     """The learner's own sweep: hollow diamonds on top, in the series' colours, labelled "your sweep"."""
     marks = _titled(table).assign(source=YOURS)
     return alt.Chart(marks).mark_point(filled=False, size=170, strokeWidth=2.5).encode(
-        color=colour, shape=alt.Shape("source:N", title="", legend=_legend(""),
+        color=colour, shape=alt.Shape("source:N", title="", legend=chart_legend(""),
                                       scale=alt.Scale(domain=[YOURS], range=["diamond"])),
         **encodings)
 
@@ -172,7 +172,7 @@ def _mean_table(rows: pd.DataFrame, value: str, by: list[str]) -> pd.DataFrame:
     return grouped.agg(value=lambda s: 100 * s.mean(), n="size").reset_index()
 
 
-def _tooltip(*fields: tuple[str, str]) -> list[alt.Tooltip]:
+def tooltips(*fields: tuple[str, str]) -> list[alt.Tooltip]:
     return [alt.Tooltip(f, title=t, format=".1f") if f.endswith(":Q") and t != "n" else alt.Tooltip(f, title=t)
             for f, t in fields]
 
@@ -194,18 +194,18 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
     rows, yours = _one_set(df, qa), _one_set(extra, None)
     rag, closed = _accuracy_by_k(rows, metric, retriever)
     if rag.empty:
-        return _no_rows(rows, f"Accuracy against K needs RAG-Sequence or RAG-Token rows with the {retriever} "
+        return no_rows_chart(rows, f"Accuracy against K needs RAG-Sequence or RAG-Token rows with the {retriever} "
                               f"retriever, a K and a {metric}.")
     y_rag, y_closed = (_accuracy_by_k(yours, metric, retriever) if yours is not None else (None, None))
     colour = _mode_colour(rag, closed, y_rag, y_closed)
     dash = alt.StrokeDash("preset_title:N", title="preset",
                           scale=_preset_scale(pd.concat([rag, closed]), PRESET_DASHES),
-                          legend=_legend("preset", symbolType="stroke", symbolStrokeColor="#333333"))
+                          legend=chart_legend("preset", symbolType="stroke", symbolStrokeColor="#333333"))
     ks = sorted({int(k) for k in rag["k"]} | ({int(k) for k in y_rag["k"]} if y_rag is not None else set()))
     x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domainMin=0))
-    flat_tip = _tooltip(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", "accuracy (%)"),
+    flat_tip = tooltips(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", "accuracy (%)"),
                         ("n:Q", "n"))
     tip = [*flat_tip[:2], alt.Tooltip("k:Q", title="K"), *flat_tip[2:]]
     # The points are their own layer: a line's built-in points would make the preset legend's
@@ -224,7 +224,7 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
         mine = _yours(pd.concat([y_rag, flat], ignore_index=True), colour, x=x, y=y, tooltip=[
             alt.Tooltip("source:N", title="from"), *tip])
     chart = _layered(lines, points, rule, mine)
-    return _finish(chart, f"Answer accuracy ({METRICS[metric]}) against K",
+    return finish_chart(chart, f"Answer accuracy ({METRICS[metric]}) against K",
                    f"Where a RAG line stands above closed-book's flat rule, the {retriever} retriever's "
                    "passages help; the slope is what more passages buy.")
 
@@ -245,7 +245,7 @@ def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str 
     rows, yours = _one_set(df, qa), _one_set(extra, None)
     recall = _recall_by_k(rows)
     if recall.empty:
-        return _no_rows(rows, "Recall against K needs retrieval rows (mode \"retrieval\") with a K and "
+        return no_rows_chart(rows, "Recall against K needs retrieval rows (mode \"retrieval\") with a K and "
                               "gold_in_top_k.")
     y_recall = _recall_by_k(yours) if yours is not None else None
     colour = _retriever_colour(recall, y_recall)
@@ -253,13 +253,13 @@ def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str 
     x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="questions with a gold passage (%)", scale=alt.Scale(domain=[0, 100]))
-    tip = _tooltip(("retriever_title:N", "retriever"), ("k:Q", "K"), ("value:Q", "recall (%)"), ("n:Q", "n"))
+    tip = tooltips(("retriever_title:N", "retriever"), ("k:Q", "K"), ("value:Q", "recall (%)"), ("n:Q", "n"))
     lines = alt.Chart(_titled(recall)).mark_line(point=True, strokeWidth=2).encode(x=x, y=y, color=colour, tooltip=tip)
     mine = None
     if y_recall is not None and not y_recall.empty:
         mine = _yours(y_recall, colour, x=x, y=y, tooltip=[alt.Tooltip("source:N", title="from"), *tip])
     trained = any(r.endswith(TRAINED_TOWER) for r in recall["retriever"])
-    return _finish(_layered(lines, mine), "Retrieval recall against K",
+    return finish_chart(_layered(lines, mine), "Retrieval recall against K",
                    "The paper's Table 6: the trained question tower (dark) against the frozen one, the passages "
                    "and the index unchanged." if trained else
                    "A reader can only copy an answer its passages hold: each line is the ceiling on what "
@@ -294,7 +294,7 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
     rows, yours = _one_set(df, qa), _one_set(extra, None)
     table = _given_retrieval(rows, k, retriever, metric)
     if table.empty:
-        return _no_rows(rows, f"Accuracy given retrieval needs answer rows at K={k} with the {retriever} retriever "
+        return no_rows_chart(rows, f"Accuracy given retrieval needs answer rows at K={k} with the {retriever} retriever "
                               f"(and, for closed-book, that retriever's retrieval rows at K={k}).")
     y_table = _given_retrieval(yours, k, retriever, metric) if yours is not None else None
     colour = _mode_colour(table, y_table)
@@ -305,7 +305,7 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
               axis=alt.Axis(labelAngle=0))
     offset = alt.XOffset("series:N", sort=order, scale=alt.Scale(domain=order))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domain=[0, 100]))
-    tip = _tooltip(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("retrieved:N", "passages"),
+    tip = tooltips(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("retrieved:N", "passages"),
                    ("value:Q", f"{METRICS[metric]} (%)"), ("n:Q", "n"))
 
     def with_series(t: pd.DataFrame) -> pd.DataFrame:
@@ -314,13 +314,13 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
 
     bars = alt.Chart(with_series(table)).mark_bar().encode(
         x=x, xOffset=offset, y=y, color=colour, tooltip=tip,
-        opacity=alt.Opacity("preset_title:N", title="preset", legend=_legend("preset"),
+        opacity=alt.Opacity("preset_title:N", title="preset", legend=chart_legend("preset"),
                             scale=_preset_scale(table, PRESET_OPACITY)))
     mine = None
     if y_table is not None and not y_table.empty:
         mine = _yours(with_series(y_table), colour, x=x, xOffset=offset, y=y,
                       tooltip=[alt.Tooltip("source:N", title="from"), *tip])
-    return _finish(_layered(bars, mine), f"Accuracy ({METRICS[metric]}) given retrieval, K={k}",
+    return finish_chart(_layered(bars, mine), f"Accuracy ({METRICS[metric]}) given retrieval, K={k}",
                    f"With no gold passage in the top {k}, a right answer comes from the model's own weights: "
                    "the gap between the two groups is what retrieval decides.")
 
@@ -359,27 +359,27 @@ def plain_vs_aided(df: pd.DataFrame, k: int = 5, retriever: str = "dense", metri
     rows, yours = _one_set(df, qa), _one_set(extra, None)
     table = _aids_table(rows, k, retriever, metric)
     if table.empty:
-        return _no_rows(rows, f"Plain against aided needs answer rows with a preset, a {metric} and seconds "
+        return no_rows_chart(rows, f"Plain against aided needs answer rows with a preset, a {metric} and seconds "
                               f"(order 0) at K={k} with the {retriever} retriever.")
     y_table = _aids_table(yours, k, retriever, metric) if yours is not None else None
     colour = _mode_colour(table, y_table)
     x = alt.X("seconds:Q", title="seconds per answer (median)", scale=alt.Scale(zero=True))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domainMin=0))
-    tip = _tooltip(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", f"{METRICS[metric]} (%)"),
+    tip = tooltips(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", f"{METRICS[metric]} (%)"),
                    ("seconds:Q", "seconds per answer"), ("n:Q", "n"), ("timed:Q", "answers timed"),
                    ("timing:N", "timed"))
     base = alt.Chart(_titled(table))
     link = base.mark_line(strokeWidth=1.5).encode(x=x, y=y, color=colour, detail="mode:N")
     points = base.mark_point(filled=True, size=110, opacity=1).encode(
         x=x, y=y, color=colour, tooltip=tip,
-        shape=alt.Shape("preset_title:N", title="preset", legend=_legend("preset"),
+        shape=alt.Shape("preset_title:N", title="preset", legend=chart_legend("preset"),
                         scale=_preset_scale(table, PRESET_SHAPES)))
     mine = None
     if y_table is not None and not y_table.empty:
         mine = _yours(y_table, colour, x=x, y=y, tooltip=[alt.Tooltip("source:N", title="from"), *tip])
     note = (" Some seconds are after a smaller K, with kept states: faster than a first ask."
             if (table["timing"] == KEPT).any() else "")
-    return _finish(_layered(link, points, mine), f"Plain RAG against reader aids, K={k}",
+    return finish_chart(_layered(link, points, mine), f"Plain RAG against reader aids, K={k}",
                    "Up is more right answers, right is slower: each line joins a mode's plain and aided "
                    "runs, so its slope is accuracy bought per second. A question's modes are answered in "
                    "one call, as on the page: the second RAG mode reads the prefill the first one made." + note)
@@ -410,13 +410,13 @@ def reliability(df: pd.DataFrame, bins: int = RELIABILITY_BINS, *, extra: pd.Dat
     rows, yours = _one_set(df, qa), _one_set(extra, None)
     table = _reliability_table(rows, bins)
     if table.empty:
-        return _no_rows(rows, "The reliability diagram needs answer rows with a confidence; this run's "
+        return no_rows_chart(rows, "The reliability diagram needs answer rows with a confidence; this run's "
                               "confidence is null (no confidence model yet).")
     y_table = _reliability_table(yours, bins) if yours is not None else None
     colour = _mode_colour(table, y_table)
     x = alt.X("confidence:Q", title="confidence given (%)", scale=alt.Scale(domain=[0, 100]))
     y = alt.Y("right:Q", title="answers right (%)", scale=alt.Scale(domain=[0, 100]))
-    tip = _tooltip(("mode_title:N", "mode"), ("confidence:Q", "mean confidence (%)"), ("right:Q", "right (%)"),
+    tip = tooltips(("mode_title:N", "mode"), ("confidence:Q", "mean confidence (%)"), ("right:Q", "right (%)"),
                    ("n:Q", "n"))
     diagonal = alt.Chart(pd.DataFrame({"confidence": [0, 100], "right": [0, 100]})).mark_line(
         color="#999999", strokeDash=[4, 4], strokeWidth=1).encode(x=x, y=y)
@@ -424,7 +424,7 @@ def reliability(df: pd.DataFrame, bins: int = RELIABILITY_BINS, *, extra: pd.Dat
     mine = None
     if y_table is not None and not y_table.empty:
         mine = _yours(y_table, colour, x=x, y=y, tooltip=[alt.Tooltip("source:N", title="from"), *tip])
-    return _finish(_layered(diagonal, lines, mine), "Does the confidence mean what it says?",
+    return finish_chart(_layered(diagonal, lines, mine), "Does the confidence mean what it says?",
                    "On the dashed diagonal, answers given 70% are right 70% of the time; below it the "
                    "confidence is too high, above it too low.")
 

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from rag_demo.config import GENERATOR_DTYPES, RagSettings
+from rag_demo.measure.bound import Dims, WorkCounter
 from rag_demo.models.generators import pad_rows
 
 
@@ -140,19 +141,26 @@ def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[flo
 
 
 def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
-            say: Callable[[str], None]) -> dict:
+            say: Callable[[str], None], rates=None) -> dict:
     """{mode: {stage: [seconds per question]}, "tokens": [...], "ttft": [...], "generate_streamed":
-    [...]}; one warm-up answer per mode first. Each question is answered twice in a row, quietly
-    (the stage timings) and streamed (time to first token, and the generate time with a listener:
-    the cost of streaming, paired question by question)."""
+    [...], "bound": [...], "bound_prefill": [...]}; one warm-up answer per mode first. Each question
+    is answered twice in a row, quietly (the stage timings, and with `rates` the least time its
+    model calls could take: measure/bound.py) and streamed (time to first token, and the generate
+    time with a listener: the cost of streaming, paired question by question)."""
     out = {}
     for mode in modes:
         in_own_thread(pipe.answer, questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
         rec = {s: [] for s in STAGES}
-        rec.update(tokens=[], ttft=[], generate_streamed=[])
+        rec.update(tokens=[], ttft=[], generate_streamed=[], bound=[], bound_prefill=[])
+        model = pipe.stack.modes[mode].generator.model
         for i, q in enumerate(questions, 1):
             forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
-            a = in_own_thread(pipe.answer, q, mode, settings)
+            with WorkCounter(model) as work:  # the work this answer's model calls did (measure/bound.py)
+                a = in_own_thread(pipe.answer, q, mode, settings)
+            if rates is not None:
+                total, prefill = work.bound(Dims.of(model), rates)
+                rec["bound"].append(total)
+                rec["bound_prefill"].append(prefill)
             for s in STAGES:
                 rec[s].append(a.timings.get(s, 0.0))
             rec["tokens"].append(len(a.token_ids))

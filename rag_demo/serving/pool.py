@@ -231,7 +231,7 @@ class PipelinePool:
                     index = pipe.index
                 else:
                     t0 = time.perf_counter()
-                    index, _ = pipe.build_index(load(), progress)
+                    index, _ = pipe.indexes.build_index(load(), progress)
                     _log(f"{name} index for the {stack} stack ready in {time.perf_counter() - t0:.1f} s")
                 self._indexes[(stack, key)] = index
         return self._indexes[(stack, key)]

@@ -31,14 +31,11 @@ class Example:
     pool: list[int] = field(default_factory=list)  # passage rows, the frozen retriever's top `depth`
     hit: int = 0  # rank (1-based) of the first passage in the pool holding the answer
 
-    @property
-    def heldout(self) -> bool:
-        """A twentieth of the examples, by a hash of the question, is never trained on: the
-        training's own held-out loss (as nanoGPT estimates a validation loss)."""
-        return hash_fraction("heldout|" + self.question) < HELDOUT
-
-
-HELDOUT = 0.05
+    def heldout(self, share: float) -> bool:
+        """Whether this example is in the `share` of examples, by a hash of the question, that a run
+        never trains on: its own held-out loss (as nanoGPT estimates a validation loss), and the
+        retriever stage's choice of epoch. All of them are from the train split."""
+        return hash_fraction("heldout|" + self.question) < share
 
 
 def surface(answer: str, text: str) -> str:

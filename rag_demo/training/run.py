@@ -132,6 +132,10 @@ def train_stage(settings: TrainSettings, out: Path, work: Path, qa_path: Path, c
         "finished": time.strftime("%Y-%m-%d %H:%M"),
         "heldout_loss": {"first": curve.rows[0]["heldout_loss"], "last": curve.rows[-1]["heldout_loss"]},
     }
+    if settings.stage == "retriever":  # the map that ships: the evaluation with the best held-out recall@5
+        best = max(curve.rows, key=lambda r: (r["heldout_recall@5"], -r["step"]))
+        entry["heldout_recall@5"] = {"frozen": curve.rows[0]["heldout_recall@5"], "shipped": best["heldout_recall@5"],
+                                     "shipped_step": best["step"]}
     write_meta(out, entry)
     return entry
 

@@ -1,0 +1,48 @@
+"""The bound's arithmetic counts the work a call really did (measure/bound.py): FLOPs and bytes of
+known shapes on a tiny model, so the multiple `bench` reports cannot be flattered."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_demo.measure.bound import Call, Dims, Rates, WorkCounter
+
+
+def tiny(folder):
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    return tiny_smollm_generator(folder, layers=2, kv_heads=1).model
+
+
+def test_a_calls_flops_and_bytes_are_those_of_its_shape(smollm_tokenizer_folder):
+    """hidden 16, 2 heads of 8, 1 kv head of 8, intermediate 32, 2 layers: per layer q 16x16 (256), k
+    and v 16x8 (128 each), o 16x16 (256), gate, up 16x32 and down 32x16 (512 each) = 2,304 weights;
+    4,608 in the body."""
+    model = tiny(smollm_tokenizer_folder)
+    d = Dims.of(model)
+    assert (d.body_params, d.layers, d.q_width, d.kv_width, d.hidden, d.weight_bytes) == (4608, 2, 16, 8, 16, 4)
+    body = Call("body", rows=3, queries=5, keys=7)
+    assert body.flops(d) == 2 * 4608 * 15 + 4 * 2 * 16 * 15 * 7
+    assert body.bytes(d) == 4608 * 4 + 2 * 2 * 8 * 3 * 7 * 4
+    head = Call("head", 1, 15)
+    assert head.flops(d) == 2 * d.vocab * 16 * 15 and head.bytes(d) == d.vocab * 16 * 4
+    r = Rates(prefill_flops=1e9, decode_flops=1e8, read_bytes=1e9)
+    assert body.seconds(d, r) == pytest.approx(max(body.flops(d) / 1e8, body.bytes(d) / 1e9))  # 15 tokens: decode rate
+
+
+@torch.inference_mode()
+def test_the_counter_records_each_model_call_a_prefill_then_a_step(smollm_tokenizer_folder):
+    model = tiny(smollm_tokenizer_folder)
+    ids = torch.randint(5, 100, (3, 6))
+    with WorkCounter(model) as work:
+        out = model(input_ids=ids, attention_mask=torch.ones(3, 6, dtype=torch.long), use_cache=True)
+        model(input_ids=ids[:, :1], attention_mask=torch.ones(3, 7, dtype=torch.long),
+              past_key_values=out.past_key_values, use_cache=True)
+    assert [(c.kind, c.rows, c.queries, c.keys) for c in work.calls] == [
+        ("body", 3, 6, 6), ("head", 1, 18, 0), ("body", 3, 1, 7), ("head", 1, 3, 0)]
+    d, r = Dims.of(model), Rates(1e9, 1e9, 1e9)
+    total, prefill = work.bound(d, r)
+    assert prefill == pytest.approx(sum(c.seconds(d, r) for c in work.calls[:2]))  # before the first step
+    assert total == pytest.approx(sum(c.seconds(d, r) for c in work.calls))
+    model(input_ids=ids)  # the hooks are gone
+    assert len(work.calls) == 4
