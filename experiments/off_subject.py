@@ -79,7 +79,8 @@ def table(rows: list[dict]) -> str:
         p, r = precision_recall([flag(a) for a in part], [wrong(a) for a in part])
         return "-" if p != p or r != r else f"{p:.2f} / {r:.2f}"  # NaN: nothing flagged, or nothing wrong
 
-    lines = ["| mode | split | answers | off-subject: wrong | off-subject, no cue: wrong | cue P / R | cue or off-subject P / R |",
+    lines = ["| mode | split | answers | off-subject: wrong | off-subject, no cue: wrong | cue P / R "
+             "| cue or off-subject P / R |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for mode in MODES:
         for split, fitted in (("fitted", True), ("held out", False)):

@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from rag_demo.config import GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, StackSpec, check_mode, check_question
+from rag_demo.config import (
+    GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, StackSpec, check_mode, check_question,
+)
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 DEFAULT_KS = (1, 2, 3, 5, 10, 20)  # eval --sweep's K values (measure.sweep.DEFAULT_KS: the CLI imports no torch to parse)

@@ -127,7 +127,8 @@ class Decoding(_Knobs):
     max_new_tokens: int = knob(32, lo=1, hi=256, step=1, label="Max new tokens",
                                help="The longest answer, in generated tokens.",
                                why="Factoid answers fit in 32 tokens; longer only costs time.")
-    sequence_decoding: Literal["thorough", "fast"] = knob("thorough", aided="fast", flag="--decoding", label="RAG-Sequence decoding",
+    sequence_decoding: Literal["thorough", "fast"] = knob(
+        "thorough", aided="fast", flag="--decoding", label="RAG-Sequence decoding",
         help="thorough: rescore every candidate under every passage; fast: count a candidate only under "
              "the passages whose search wrote it (paper §2.5).",
         why="The paper uses thorough decoding for short answers; fast ranked the small reader's candidates "

@@ -19,7 +19,8 @@ def load_pipeline(cls, spec: StackSpec | None = None, corpus: Corpus | None = No
                   settings: RagSettings | None = None, progress: Progress | None = None, rebuild_index: bool = False,
                   knowledge: Knowledge | None = None, background_index: bool = False,
                   build_gate: str | None = None) -> Any:
-    """A `cls` (RagPipeline) for this stack and corpus: load the stack's models, then the index for `corpus` (Vital Articles by default), or
+    """A `cls` (RagPipeline) for this stack and corpus: load the stack's models, then the index for
+    `corpus` (Vital Articles by default), or
     use `knowledge` (a loaded knowledge dataset: its vectors and FAISS index as they are).
     `background_index`: a corpus of BACKGROUND_MIN_PASSAGES or more whose index is not
     cached is answered from at once, with BM25, while its dense index is built

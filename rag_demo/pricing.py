@@ -66,7 +66,8 @@ class Pricing:
             # the aids that run the model again: echo retries decode again, context contrast reads the
             # prompt without passages beside every row (reader/retries.py, reader/contrast.py)
             contrast = (len(prompt(gen, q, None, s.decoding, s.aids)) if s.aids.context_contrast and key[1] else 0)
-            sec, byt = self.pipe.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams, s.decoding.max_new_tokens, prompt_tokens,
+            sec, byt = self.pipe.cost_model.request(model_dims(gen), mode, k, s.decoding.num_beams,
+                                                    s.decoding.max_new_tokens, prompt_tokens,
                                                thorough=s.decoding.sequence_decoding == "thorough", drafts=drafts,
                                                cached_tokens=cached, retries=s.aids.echo_retries,
                                                contrast_tokens=contrast)

@@ -13,10 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
+from test_ui import CostPipe, answer_dict, reader_pool
 
 from rag_demo.web import handlers, page, passages_view, render, validation
 from rag_demo.web.results import ResultsHandlers, fits
-from test_ui import CostPipe, answer_dict, fake_unavailable, reader_pool  # noqa: E402 - the page's fakes
 
 RAW = {"question": "Who painted it?", "settings": {"preset": "aided", "k": 2},
        "answers": {"token": answer_dict(passage_drop=[0.5, 0.1])}}
@@ -128,7 +128,7 @@ def test_a_refused_sweep_says_why_with_settings_that_fit_and_stop_answers_at_onc
 
     rh = ResultsHandlers(None, Serving(budget=Budget(max_sweep_seconds=600)))
     rh.pool = type("P", (), {"loaded": lambda self, s: Pipe()})()
-    import rag_demo.web.results as results
+    from rag_demo.web import results
 
     monkeypatch.setattr(results, "session_pipeline", lambda pool, s: (Pipe(), s))
     out = list(rh.run(10, ["5"], ["token"], "aided", "dense", "em", [], None))
@@ -155,7 +155,7 @@ def test_a_sliders_bounds_never_meet_when_only_the_minimum_is_admitted():
 
 
 def test_a_cut_answer_is_not_rated():
-    from rag_demo.confidence import Logistic, ConfidenceModel, judge
+    from rag_demo.confidence import ConfidenceModel, Logistic, judge
 
     m = ConfidenceModel({"offline|aided|token": Logistic(("logprob",), (0.0,), (1.0,), (1.0,), 0.0, 0.5)}, {})
     a = {"mode": "token", "stack": "offline", "settings": {"preset": "aided"}, "text": "Paris", "token_ids": [1],

@@ -50,3 +50,13 @@ def test_the_design_documents_every_module_and_none_is_over_600_lines():
             long.append(f"{path.relative_to(PACKAGE)}: {n} lines")
     assert not missing, f"not in docs/DESIGN.md: {missing}"
     assert not long, long
+
+
+def test_ruff_finds_nothing():
+    """ruff (ruff.toml: pyflakes and pycodestyle) is clean over the whole repository."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=PACKAGE.parent, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:]

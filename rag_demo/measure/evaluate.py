@@ -113,7 +113,8 @@ def evaluate(
         raise ValueError("no questions to evaluate: pass a QA file with at least one question.")
     n_pass = len(pipe.index)
     if settings.decoding.k > n_pass:
-        raise ValueError(f"k={settings.decoding.k} is more than the {n_pass} passages of the corpus: choose k from 1 to {n_pass}.")
+        raise ValueError(f"k={settings.decoding.k} is more than the {n_pass} passages of the corpus: "
+                         f"choose k from 1 to {n_pass}.")
     if say:
         say(f"Building the BM25 index of {n_pass} passages ...")
     pipe.indexes.bm25()  # made once here, not inside the first question's timing
@@ -182,8 +183,8 @@ def evaluate(
             part = _summarise(pipe, items[:done], modes, retrievers, settings, rows, records,
                               {r: h[:done] for r, h in hits.items()}, ret_ms, ret_names, depth)
             save_report({**part, "partial": f"{done} of {len(items)} questions"}, partial_path)
-        bar.set_postfix({k.split("|")[0][:3] + ("" if k.endswith(("|dense", "|-")) else "/" + k.split("|")[1]): f"{sum(v) / len(v):.2f}"
-                         for k, v in f1_running.items()}, refresh=False)
+        short = {k: k.split("|")[0][:3] + ("" if k.endswith(("|dense", "|-")) else "/" + k.split("|")[1]) for k in f1_running}
+        bar.set_postfix({short[k]: f"{sum(v) / len(v):.2f}" for k, v in f1_running.items()}, refresh=False)
     bar.close()
     return _summarise(pipe, items, modes, retrievers, settings, rows, records, hits, ret_ms, ret_names, depth)
 

@@ -202,7 +202,8 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
                           scale=_preset_scale(pd.concat([rag, closed]), PRESET_DASHES),
                           legend=chart_legend("preset", symbolType="stroke", symbolStrokeColor="#333333"))
     ks = sorted({int(k) for k in rag["k"]} | ({int(k) for k in y_rag["k"]} if y_rag is not None else set()))
-    x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
+    x = alt.X("k:Q", title="passages retrieved, K (log scale)",
+              scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domainMin=0))
     flat_tip = tooltips(("mode_title:N", "mode"), ("preset_title:N", "preset"), ("value:Q", "accuracy (%)"),
@@ -250,7 +251,8 @@ def recall_vs_k(df: pd.DataFrame, *, extra: pd.DataFrame | None = None, qa: str 
     y_recall = _recall_by_k(yours) if yours is not None else None
     colour = _retriever_colour(recall, y_recall)
     ks = sorted({int(k) for k in recall["k"]} | ({int(k) for k in y_recall["k"]} if y_recall is not None else set()))
-    x = alt.X("k:Q", title="passages retrieved, K (log scale)", scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
+    x = alt.X("k:Q", title="passages retrieved, K (log scale)",
+              scale=alt.Scale(type="log", domain=[min(ks), max(ks)], nice=False),
               axis=alt.Axis(values=ks, format="d"))
     y = alt.Y("value:Q", title="questions with a gold passage (%)", scale=alt.Scale(domain=[0, 100]))
     tip = tooltips(("retriever_title:N", "retriever"), ("k:Q", "K"), ("value:Q", "recall (%)"), ("n:Q", "n"))

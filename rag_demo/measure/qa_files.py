@@ -169,5 +169,6 @@ def parse_retrievers(text: str) -> list[str]:
     names = [r.strip() for r in text.split(",") if r.strip()]
     unknown = [r for r in names if r not in KNOBS["retriever"].choices]
     if unknown or not names:
-        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of {', '.join(KNOBS['retriever'].choices)}.")
+        raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of "
+                         f"{', '.join(KNOBS['retriever'].choices)}.")
     return list(dict.fromkeys(names))

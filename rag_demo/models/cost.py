@@ -61,7 +61,8 @@ def model_dims(gen) -> ModelDims:
     layers = getattr(cfg, "num_hidden_layers", None) or cfg.decoder_layers
     heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "decoder_attention_heads", None) or cfg.num_attention_heads
     hidden = cfg.hidden_size if hasattr(cfg, "hidden_size") else cfg.d_model
-    head_dim = getattr(cfg, "head_dim", None) or hidden // (getattr(cfg, "num_attention_heads", None) or cfg.decoder_attention_heads)
+    heads_q = getattr(cfg, "num_attention_heads", None) or cfg.decoder_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads_q
     dtype_bytes = next(gen.model.parameters()).element_size()
     if gen.kind == "encoder-decoder":
         layers *= 2  # self-attention and cross-attention caches

@@ -226,7 +226,8 @@ class DecoderOnlyGenerator(Generator):
         prefill runs, once for every copy of the state, when a later step reads something not kept
         (`_hidden`), and the tokens fed meanwhile run after it. Every hidden state computed is kept."""
         if not 0 <= keep_prompt_logprobs < min(len(p) for p in prompts):
-            raise ValueError(f"keep_prompt_logprobs={keep_prompt_logprobs!r} is out of range: use 0 to one less than the shortest prompt.")
+            raise ValueError(f"keep_prompt_logprobs={keep_prompt_logprobs!r} is out of range: use 0 to one less than "
+                             "the shortest prompt.")
         if not self.hidden_cache.max_bytes:
             hidden, state = self._prefill(prompts, keep_prompt_logprobs)  # (R, n+1, H)
             return self._first_step(self._logits(hidden), last_tokens(prompts, keep_prompt_logprobs), keep_prompt_logprobs, state)

@@ -52,7 +52,8 @@ class EncoderDecoderGenerator(Generator):
     def prefill(self, prompts, keep_prompt_logprobs: int = 0):
         if keep_prompt_logprobs:
             raise ValueError(
-                f"keep_prompt_logprobs={keep_prompt_logprobs!r}: an encoder-decoder generator reads its input, it does not predict it; "
+                f"keep_prompt_logprobs={keep_prompt_logprobs!r}: an encoder-decoder generator reads its input, "
+                "it does not predict it; "
                 "use keep_prompt_logprobs=0 (question_tail is None for this generator)."
             )
         ids, mask = pad_rows(prompts, self.pad_token_id)  # (R, S) right-padded

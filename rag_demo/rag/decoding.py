@@ -34,8 +34,9 @@ class Step:
 
     tokens: per group, its tokens so far (a finished group keeps its final tokens); row_lp:
     greedy only, per group, its rows' log-probs of each chosen token (G, r, t), group g's valid
-    up to len(tokens[g]) (RAG-Token: r = K docs, so the attribution so far is exact); beam search hands its current best hypothesis of
-    each group and row_lp None (its attribution comes from one pass over the winner at the end).
+    up to len(tokens[g]) (RAG-Token: r = K docs, so the attribution so far is exact); beam search
+    hands its current best hypothesis of each group and row_lp None (its attribution comes from one
+    pass over the winner at the end).
     done: per group, whether it has finished."""
 
     tokens: list[list[int]]

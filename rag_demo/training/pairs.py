@@ -54,7 +54,8 @@ _AGENT_VERBS = ("written|painted|composed|directed|founded|co-founded|discovered
                 "sculpted|assassinated|killed|defeated|succeeded|elected|appointed|conquered|translated|"
                 "illustrated|commissioned|murdered|captured|crowned|named|described|recorded|performed|sung|"
                 "portrayed|authored|devised|pioneered|popularized|popularised|synthesized|patented|drafted")
-_BY_NAME = re.compile(r"\b(?:" + _AGENT_VERBS + r")(?: [a-z]+ly)? (by) (" + _NAME + r")(?=[,.;:]|$| (?:in|on|at|for|from|with|to|and|during|after|before|while|as)\b)")
+_BY_NAME = re.compile(r"\b(?:" + _AGENT_VERBS + r")(?: [a-z]+ly)? (by) (" + _NAME + r")"
+                      r"(?=[,.;:]|$| (?:in|on|at|for|from|with|to|and|during|after|before|while|as)\b)")
 _RELATIONS = ("capital|capital city|largest city|official language|official languages|currency|national language|"
               "highest point|longest river|highest mountain|head of state|national animal|national flower|"
               "national sport|chemical symbol|atomic number|motto|national anthem|state religion")
