@@ -1,4 +1,4 @@
-"""Reader variants on BM25's top-K passages, without the dense index (docs/reader_results.md, 2026-11-22).
+"""Reader variants on BM25's top-K passages, without the dense index (experiments/README.md, 2026-11-22).
 
 Made for #11 when the Vital Articles dense index was not built and could not be built in time on
 a shared 2-core machine. p(z|x) = softmax(scale * MiniLM cosine) over the K BM25 passages, the

@@ -19,7 +19,7 @@ candidate contains a gold answer: the most any rule over these candidates can re
     python experiments/rerank_candidates.py --tiny --channel     # smoke run on a run it makes
 
 The runs must come from the Vital Articles corpus (the channel rule reads their passages by id).
-Analysis only: a rule is kept as a setting only if it helps on every file (docs/reader_results.md).
+Analysis only: a rule is kept as a setting only if it helps on every file (experiments/README.md).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class Channel:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 epilog="The rules: see the module's docstring (docs/reader_results.md has the numbers).")
+                                 epilog="The rules: see the module's docstring (experiments/README.md has the numbers).")
     ap.add_argument("runs", nargs="*", help="eval --out JSON files (Vital Articles corpus)")
     ap.add_argument("--channel", action="store_true", help="also the noisy-channel rule (runs the generator)")
     ap.add_argument("--tiny", action="store_true", help=TINY_HELP + "; with no run given, re-ranks a tiny run it makes")

@@ -188,12 +188,12 @@ class ReaderAids(_Knobs):
     question_position: Literal["after", "both"] = knob(
         "after", label="Question position",
         help="after: the passage, then the question; both: the question before the passage too.",
-        why="Off by default: it did not help the small reader (docs/reader_results.md).")
+        why="Off by default: it did not help the small reader (experiments/README.md).")
     passage_sentences: int = knob(0, lo=0, hi=20, step=1, ends=("the whole passage", ""),
                                   label="Sentences per passage",
                                   help="0 = the whole passage; n = the n sentences the retriever finds closest to "
                                        "the question.",
-                                  why="Off by default: whole passages answered as well (docs/reader_results.md).")
+                                  why="Off by default: whole passages answered as well (experiments/README.md).")
     extractive: bool = knob(False, aided=True, label="Copy the answer from a passage",
                             help="Decoding may only continue a span of the passages (each its own in RAG-Sequence); "
                                  "scores stay the model's.",
@@ -233,7 +233,7 @@ class ReaderAids(_Knobs):
                                    label="Context-aware decoding",
                                    help="Choose each token by (1 + a) log p(with passages) − a log p(without) "
                                         "(Shi et al. 2023; greedy only).",
-                                   why="Off by default: it did not help the small reader (docs/reader_results.md).")
+                                   why="Off by default: it did not help the small reader (experiments/README.md).")
 
 
 GROUPS = {"decoding": Decoding, "aids": ReaderAids}

@@ -20,7 +20,7 @@ CLOSED_BOOK_SYSTEM_PROMPT = "Answer the question with a short phrase."
 # span " X"; the answer ends at the first line end or sentence-final period (`stop_token_ids`).
 # SmolLM2-135M ignored the instruction alone ("The answer is: San Diego, California."), and
 # without the cue one worked example did not shorten its answers either; with the cue, the two
-# WORKED_EXAMPLES below do (docs/reader_results.md).
+# WORKED_EXAMPLES below do (experiments/README.md).
 # The closed-book prompt asks the same.
 SHORT_ANSWER_CUE = "The answer is:"
 SHORT_SYSTEM_PROMPT = (

@@ -7,7 +7,7 @@ handed a passage about Sherlock Holmes and asked who wrote Sherlock Holmes, ofte
 "Sherlock Holmes": the subject of its passage, which the question already named. Such an answer
 cannot be right (whatever is asked for, it is not the thing the question already says), so the
 engine decodes it again with its first token banned (engine._without_echoes). How often it
-happens, and what retrying gains: docs/reader_results.md.
+happens, and what retrying gains: experiments/README.md.
 """
 from __future__ import annotations
 

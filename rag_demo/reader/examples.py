@@ -29,7 +29,7 @@ WORKED_EXAMPLES = (
 # right, so it is retried like an echo (echo.copies_example; a passage that holds the word still
 # lends it, so a real "Tomas" read in a passage is kept). Closed-book, which reads the examples
 # without any passage, is the mode that copies them ("who painted the mona lisa" -> "Tomas
-# Reyl."; docs/reader_results.md).
+# Reyl."; experiments/README.md).
 EXAMPLE_NAMES = (
     ("Veltrania", "Port Amsel", "Ilse", "Marten", "Brennholm"),
     ("Orlan", "Vesk", "Tallinburg", "Glass Harbour"),
