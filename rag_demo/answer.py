@@ -96,6 +96,9 @@ class Answer:
     # stack, preset and mode
     confidence: float | None = None
     signals: dict = field(default_factory=dict)
+    # what the card says of its confidence model: questions fitted on (calibrate split), and on the
+    # report split the cue's precision and recall (ConfidenceModel.quoted); None with no model
+    confidence_model: dict | None = None
     # the seconds this mode was expected to take, priced before it ran from its own prompts and what
     # the generator kept then (models.cost.CostModel.expected; timings["total"] is what it took)
     expected_seconds: float | None = None

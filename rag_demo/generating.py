@@ -154,6 +154,8 @@ class Generating:
                 "doc_posterior": a.doc_posterior,
                 "docs": [{"prior": d.prior, "score": d.score, "title": d.title, "text": d.text} for d in a.docs]}
         a.signals, a.confidence, cue = judge(view, self.pipe.confidence_model)
+        model = self.pipe.confidence_model
+        a.confidence_model = None if model is None else model.quoted(a.stack, a.settings["preset"], a.mode)
         if cue is not None:
             a.cues.insert(0, cue)
 

@@ -37,7 +37,7 @@ SETS = {"qa_dev": "Dev set: 80 questions written for this demo (every one answer
 SPLIT_OF_SET = {"qa_train_vital": "report"}  # a set with splits is drawn on the one nothing was fitted on
 GIVEN_SET = "qa_train_vital"  # where retrieval both finds and misses the answer: the given-retrieval figure's set
 CURVE = ASSETS / "trained" / "curve.jsonl"  # python -m rag_demo train's loss curve
-HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence model's held-out half (eval --fit-confidence)
+HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence on the report split (eval --fit-confidence)
 SWEEP_KS = (1, 2, 3, 5, 10, 20)
 SWEEP_MAX_QUESTIONS = 20
 LESSONS = {
@@ -290,7 +290,7 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
             gr.Markdown(LESSONS[name], elem_classes=["rag-fig-lesson"])
             plots.append(gr.Plot(first[2 * i], show_label=False, elem_id=f"rag-plot-{name}"))
             caps.append(gr.HTML(first[2 * i + 1], elem_classes=["rag-fig-cap"]))
-    c["cues"] = gr.Dataframe(first[-1], label="The 'probably wrong' cue on the held-out questions: how many answers "
+    c["cues"] = gr.Dataframe(first[-1], label="The 'probably wrong' cue on the report split (questions it was never fitted on): how many answers "
                              "it flags, its precision (flagged answers that were wrong) and recall (wrong answers it "
                              "flagged)", interactive=False, elem_id="rag-results-cues")
     c["plots"], c["captions"] = plots, caps
