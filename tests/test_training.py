@@ -231,3 +231,30 @@ def test_each_rule_makes_the_question_its_docstring_says(rule, title, sentence, 
     from rag_demo.training.pairs import RULES
 
     assert RULES[rule](title, sentence, first) == made
+
+
+@pytest.mark.slow
+def test_the_trained_setting_loads_offline_and_every_card_says_which_weights_answered(vital_pipe):
+    """preset="trained" on the real offline stack with the Hub off (conftest sets HF_HUB_OFFLINE):
+    the shipped map and adapter load (hashes checked), the trained generator is a merged copy that
+    shares the base model's embeddings, and every card names its weights; the base weights' answer
+    is what it was."""
+    import os
+
+    from rag_demo.config import RagSettings
+    from rag_demo.web.render import render_answer
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    q = "Who painted The Starry Night?"
+    base = vital_pipe.answer(q, "token", RagSettings(preset="paper"))
+    trained = vital_pipe.answer(q, "token", RagSettings(preset="trained"))
+    again = vital_pipe.answer(q, "token", RagSettings(preset="paper"))
+    assert base.token_ids == again.token_ids  # loading the trained weights changed nothing of the base ones
+    models = vital_pipe.stack.modes_for("trained")["token"]
+    gen, base_gen = models.generator, vital_pipe.stack.modes["token"].generator
+    assert gen is not base_gen and gen.name.endswith("trained")
+    assert gen.model.model.embed_tokens.weight is base_gen.model.model.embed_tokens.weight
+    assert not any("lora" in n for n, _ in gen.model.named_parameters())
+    assert trained.settings["weights"] == "trained" and base.settings["weights"] == "base"
+    assert 'data-weights="trained"' in render_answer(trained.to_dict())
+    assert 'data-weights="base"' in render_answer(base.to_dict())
