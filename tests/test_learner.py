@@ -141,6 +141,9 @@ def test_the_estimate_follows_the_speed_measured_since_warm_up():
         speed.observe(1.0, 0.6)  # another job shares the CPU: twice as slow
     assert speed.factor == pytest.approx(2.0, rel=0.02)
     for _ in range(200):
+        speed.observe(1.0, 2.4)  # two processes each wanting every core: eight times as slow, priced so
+    assert speed.factor == pytest.approx(8.0, rel=0.02)
+    for _ in range(200):
         speed.observe(1.0, 100.0)
     assert speed.factor == Speed.RANGE[1]  # bounded
 

@@ -222,7 +222,10 @@ class Speed:
     kept prompt openings make real prefills cheaper): only its change since warm-up counts."""
 
     ALPHA = 0.05  # each call's weight: about the last twenty calls count
-    RANGE = (0.5, 5.0)  # a factor stays in here, whatever one odd call measured
+    # a factor stays in here, whatever one odd call measured: wide enough for a machine another job
+    # slows eightfold (two processes each wanting every core), narrow enough that one stalled call
+    # cannot price every later question out of the budget
+    RANGE = (0.25, 20.0)
 
     def __init__(self) -> None:
         self.ratio: float | None = None  # moving average of observed / modelled seconds
