@@ -326,6 +326,11 @@ def cmd_eval(args) -> int:
     if args.plot is not None:
         from rag_demo.measure.figures import write_figures  # altair and pandas only: no model, no torch
 
+        if Path(args.plot).name == "curve.jsonl":  # python -m rag_demo train's loss curve
+            from rag_demo.measure.curve import write_curve_figure
+
+            print(write_curve_figure(args.plot, args.plot_dir, args.plot_format or "png"))
+            return 0
         for path in write_figures(args.plot, args.plot_dir, args.plot_format or "png", args.split):
             print(path)
         return 0

@@ -51,3 +51,18 @@ def training_curve(df: pd.DataFrame):
     return finish_chart(chart, "Training with RAG's own loss",
                    "The marginal −log p(y|x) over the retrieved passages, as training goes: on the batches it "
                    "learns from, and on held-out questions it never trains on.")
+
+
+def write_curve_figure(path: str | Path, out_dir: str | Path | None = None, fmt: str = "png") -> Path:
+    """`eval --plot assets/trained/curve.jsonl`: the training curve, captioned with the trained
+    weights' meta (each stage's command and CPU), as training_curve.png (or .html) in out_dir."""
+    from rag_demo.measure.figures import save_figure
+
+    path = Path(path)
+    meta_path = path.with_name("meta.json")
+    stages = json.loads(meta_path.read_text(encoding="utf-8")).get("stages", {}) if meta_path.is_file() else {}
+    note = " ".join(f"{s['stage']}: {s['data']['trained_on']} questions, {s['cpu']}, {s['finished']}; rerun: "
+                    f"{s['command']}." for s in stages.values()) or "No meta.json beside the curve."
+    out = Path(out_dir) if out_dir is not None else path.with_name(path.stem + "_figures")
+    out.mkdir(parents=True, exist_ok=True)
+    return save_figure(training_curve(load_curve(path)), out / f"training_curve.{fmt}", note, fmt)

@@ -290,9 +290,9 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
             gr.Markdown(LESSONS[name], elem_classes=["rag-fig-lesson"])
             plots.append(gr.Plot(first[2 * i], show_label=False, elem_id=f"rag-plot-{name}"))
             caps.append(gr.HTML(first[2 * i + 1], elem_classes=["rag-fig-cap"]))
-    c["cues"] = gr.Dataframe(first[-1], label="The 'probably wrong' cue on the report split (questions it was never fitted on): how many answers "
-                             "it flags, its precision (flagged answers that were wrong) and recall (wrong answers it "
-                             "flagged)", interactive=False, elem_id="rag-results-cues")
+    c["cues"] = gr.Dataframe(first[-1], label="The 'probably wrong' cue on the report split (questions it was never "
+                             "fitted on): how many answers it flags, its precision (flagged answers that were wrong) "
+                             "and recall (wrong answers it flagged)", interactive=False, elem_id="rag-results-cues")
     c["plots"], c["captions"] = plots, caps
     with gr.Accordion("Run it yourself: a small sweep on the dev questions", open=True, elem_id="rag-sweep"):
         gr.Markdown("Pick a few questions and values of K and run them through the same engine: your points appear "
