@@ -12,8 +12,8 @@ it. Call an answer *off-subject* when
 This reads `eval --out` reports and prints, per RAG mode: how often off-subject answers are wrong,
 how often the confident ones (no "probably wrong" cue on their card) are, and what flagging every
 off-subject answer as well would do to the cue's precision and recall, on the questions the
-shipped confidence was fitted on and on the held-out half (calibration.held_out; a report given
-with --fit-all counts as fitted, as the dev set does in the fit). Then, as a signal instead of a
+confidence is fitted on and on the ones it is reported on (the calibrate and report splits,
+rag_demo/splits.py; a report given with --fit-all counts as fitted). Then, as a signal instead of a
 rule: the held-out AUROC of the confidence's logistic regression refitted on the fitted answers
 with and without "off-subject" among its signals.
 
@@ -44,7 +44,7 @@ def off_subject(question: str, answer: str, top_title: str) -> bool:
 
 def answers(path: str, fitted_whole: bool) -> list[dict]:
     """One dict per RAG answer of an `eval --out` report: mode, right, cued, off, fitted."""
-    from rag_demo.measure.calibration import held_out
+    from rag_demo.splits import split_of
 
     report = json.load(open(path, encoding="utf-8"))
     out = []
@@ -57,7 +57,7 @@ def answers(path: str, fitted_whole: bool) -> list[dict]:
             out.append({"mode": mode, "right": a["contains"] > 0, "cued": "probably_wrong" in a["cues"],
                         "signals": a["signals"],
                         "off": off_subject(rec["question"], a["text"], top["title"]),
-                        "fitted": fitted_whole or not held_out(str(rec.get("id")))})
+                        "fitted": fitted_whole or split_of(str(rec.get("id"))) != "report"})
     return out
 
 
@@ -123,7 +123,7 @@ def as_signal(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("reports", nargs="*", help="eval --out reports whose questions split by calibration.held_out")
+    ap.add_argument("reports", nargs="*", help="eval --out reports whose questions split by rag_demo/splits.py")
     ap.add_argument("--fit-all", nargs="*", default=[], help="reports counted as fitted whole (the dev set)")
     ap.add_argument("--tiny", action="store_true", help=TINY_HELP)
     args = ap.parse_args(argv)

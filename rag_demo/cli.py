@@ -438,7 +438,7 @@ def cmd_bench(args) -> int:
         command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] \
             else "python -m rag_demo bench --fit-cost"
         pipe = RagPipeline.load(_spec(args), progress=_load_progress)
-        about = fit_cost(pipe, args.qa, args.fit_from, ("paper", "aided"), args.cost_out, command, args.n, _progress,
+        about = fit_cost(pipe, args.qa, args.fit_from, ("paper", "aided", "trained"), args.cost_out, command, args.n, _progress,
                          rows_out=args.fit_rows_out)
         print(format_report(about))
         _progress(f"Saved {args.cost_out}")

@@ -10,9 +10,9 @@ them (the three modes in one call, the stack's warm-up and calibration first):
     factor f         median(seconds measured / seconds priced at that length), first asks
     re-ask factor    the same over the same question asked again at once (every prompt kept)
 
-fitted on half of the questions (by a hash of their id) and reported on the other half: the median
-relative error per mode, (expected − measured) / measured, of the worst-case estimate before and of
-the fitted expectation after. Writes assets/cost_fit.json (models/cost.CostFit).
+fitted on the file's calibrate questions and reported on its report questions (rag_demo/splits.py):
+the median relative error per mode, (expected − measured) / measured, of the worst-case estimate
+before and of the fitted expectation after. Writes assets/cost_fit.json (models/cost.CostFit).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from rag_demo.config import MODES, RagSettings
-from rag_demo.measure.calibration import held_out
 from rag_demo.measure.evaluate import machine_info
 from rag_demo.measure.qa_files import read_qa
+from rag_demo.splits import split_of
 
 
 def typical_tokens(run: str | Path, k: int = 5) -> dict[str, float]:
@@ -67,11 +67,12 @@ def _errors(rows: list[dict], key: str) -> dict[str, float]:
 
 def fit_cost(pipe, qa: str, run: str, presets: tuple[str, ...], out: str, command: str, limit: int | None = None,
              say: Callable[[str], None] = print, rows_out: str | None = None) -> dict:
-    """Measure, fit on one half, report on the other, save (see the module docstring); `rows_out`:
+    """Measure, fit on the calibrate questions, report on the report ones, save (see the module
+    docstring); `limit`: the first N questions of those two splits; `rows_out`:
     every answer measured (question id, preset, mode, seconds, its text) as JSON Lines too."""
     from rag_demo.models.cost import CostFit
 
-    items = read_qa(qa, limit).items
+    items = [it for it in read_qa(qa).items if split_of(str(it.meta["id"])) in ("calibrate", "report")][:limit]
     questions = [(str(it.meta["id"]), it.question) for it in items]
     pipe.cost_fit = CostFit(typical_tokens(run), {}, {})  # factors 1: what is measured is the price itself
     say("Warming up and calibrating the cost model, as the app does ...")
@@ -80,8 +81,8 @@ def fit_cost(pipe, qa: str, run: str, presets: tuple[str, ...], out: str, comman
     if rows_out:
         Path(rows_out).parent.mkdir(parents=True, exist_ok=True)
         Path(rows_out).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    fit_rows = [r for r in rows if not held_out(r["question_id"])]
-    test_rows = [r for r in rows if held_out(r["question_id"])]
+    fit_rows = [r for r in rows if split_of(r["question_id"]) == "calibrate"]
+    test_rows = [r for r in rows if split_of(r["question_id"]) == "report"]
 
     def factor(reask: bool) -> dict[str, float]:
         by: dict[str, list[float]] = {}
