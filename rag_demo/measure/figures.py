@@ -87,6 +87,16 @@ def _one_set(df: pd.DataFrame | None, qa: str | None) -> pd.DataFrame | None:
     return rows
 
 
+def _checked_rows(df: pd.DataFrame, extra: pd.DataFrame | None, qa: str | None, k: int, metric: str,
+                  retriever: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(the run's rows of one question set, the learner's), after checking K, the metric and the
+    retriever a figure at one K was asked for."""
+    _check_k(k)
+    _check("metric", metric, METRICS)
+    _check("retriever", retriever, RETRIEVERS)
+    return _one_set(df, qa), _one_set(extra, None)
+
+
 def _source(df: pd.DataFrame) -> str:
     return df.attrs.get("source", "this run")
 
@@ -290,10 +300,7 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
     """Each mode's accuracy when one of the top K passages holds a gold answer and when none
     does (bars; n per bar in the tooltip): what retrieval bounds, and what the generator knows
     without it."""
-    _check_k(k)
-    _check("metric", metric, METRICS)
-    _check("retriever", retriever, RETRIEVERS)
-    rows, yours = _one_set(df, qa), _one_set(extra, None)
+    rows, yours = _checked_rows(df, extra, qa, k, metric, retriever)
     table = _given_retrieval(rows, k, retriever, metric)
     if table.empty:
         return no_rows_chart(rows, f"Accuracy given retrieval needs answer rows at K={k} with the {retriever} retriever "
@@ -355,10 +362,7 @@ def plain_vs_aided(df: pd.DataFrame, k: int = 5, retriever: str = "dense", metri
                    extra: pd.DataFrame | None = None, qa: str | None = None):
     """Per mode, plain RAG (the paper's) and the reader aids as two points, accuracy against
     seconds per answer, joined by a line: what the aids buy and what they cost."""
-    _check_k(k)
-    _check("metric", metric, METRICS)
-    _check("retriever", retriever, RETRIEVERS)
-    rows, yours = _one_set(df, qa), _one_set(extra, None)
+    rows, yours = _checked_rows(df, extra, qa, k, metric, retriever)
     table = _aids_table(rows, k, retriever, metric)
     if table.empty:
         return no_rows_chart(rows, f"Plain against aided needs answer rows with a preset, a {metric} and seconds "

@@ -51,15 +51,13 @@ class Serving:
                 f"minute, or lower K, beams or max new tokens to make the question cheap{cheap}.")
 
     @contextmanager
-    def heavy_slot(self, cost: Any):
-        """Hold one of the `max_heavy` slots while an expensive request runs; ValueError if none is free."""
-        if cost is None or not getattr(cost, "heavy", False):
-            yield
-            return
+    def _slot(self, refused: Callable[[], str | None]):
+        """Hold one of the `max_heavy` slots while the block runs; ValueError(refused()) when
+        `refused()` names why none may be taken (it runs under the lock)."""
         with self._heavy_lock:
-            busy = self.heavy_busy()
-            if busy:
-                raise ValueError(f"This question is expensive ({cost.describe()}): {busy}")
+            why = refused()
+            if why:
+                raise ValueError(why)
             self._heavy += 1
         try:
             yield
@@ -68,21 +66,26 @@ class Serving:
                 self._heavy -= 1
 
     @contextmanager
+    def heavy_slot(self, cost: Any):
+        """Hold one of the `max_heavy` slots while an expensive request runs; ValueError if none is free."""
+        if cost is None or not getattr(cost, "heavy", False):
+            yield
+            return
+
+        def refused() -> str | None:
+            busy = self.heavy_busy()
+            return f"This question is expensive ({cost.describe()}): {busy}" if busy else None
+
+        with self._slot(refused):
+            yield
+
     def sweep_slot(self):
         """Hold one of the `max_heavy` slots for a learner's sweep (every answer of it low priority):
         a cheap question still always finds a slot and waits at most one model step of the sweep's.
         ValueError when the slots are taken."""
-        with self._heavy_lock:
-            if self._heavy >= self.max_heavy:
-                raise ValueError("Another sweep or an expensive question is running on this server, which runs "
-                                 f"{self.max_heavy} at a time so that questions never wait behind them: try again in "
-                                 "a minute.")
-            self._heavy += 1
-        try:
-            yield
-        finally:
-            with self._heavy_lock:
-                self._heavy -= 1
+        return self._slot(lambda: None if self._heavy < self.max_heavy else (
+            "Another sweep or an expensive question is running on this server, which runs "
+            f"{self.max_heavy} at a time so that questions never wait behind them: try again in a minute."))
 
     def background_run(self, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
         """The `Run` of work that must delay no visitor (a sweep's answers): low priority at the gate,
