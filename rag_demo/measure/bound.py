@@ -7,12 +7,14 @@ how fast it reads weights (the output layer applied to a decoding step's rows). 
 each model call, counted by hooks on the model's body and its output layer (`WorkCounter`): a call
 over R rows of L new tokens, attending to S positions, does
 
-    body:  FLOPs = 2·P·R·L + 4·layers·(heads·d)·R·L·S      bytes read = P·b + 2·layers·kv·R·S·b
+    body:  FLOPs = 2·P·R·L + 4·layers·(heads·d)·R·L·S      bytes read = P·b
     head:  FLOPs = 2·V·H·n  (n positions with logits)       bytes read = V·H·b
 
-(P the body's linear weights, b bytes per weight, kv the key width per layer). A call cannot be
-faster than max(FLOPs / rate, bytes / read rate); the bound is the sum over the calls, and the
-prefill bound that sum over the calls before the first decoding step (a call with L = 1).
+(P the body's linear weights, b bytes per weight). The keys and values a call reads are left out of
+its bytes: the prompts' shared opening is held once for every row (DESIGN §5), so counting it per
+row would overstate the least work, and a bound must not. A call cannot be faster than
+max(FLOPs / rate, bytes / read rate); the bound is the sum over the calls, and the prefill bound
+that sum over the calls before the first decoding step (a call with L = 1).
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ class Call:
     def bytes(self, d: Dims) -> float:
         if self.kind == "head":
             return float(d.vocab * d.hidden * d.weight_bytes)
-        return float(d.body_params * d.weight_bytes + 2 * d.layers * d.kv_width * self.rows * self.keys * d.weight_bytes)
+        return float(d.body_params * d.weight_bytes)
 
     def seconds(self, d: Dims, r: Rates) -> float:
         """The least time this call can take: max(compute at its shape's rate, reading its bytes)."""

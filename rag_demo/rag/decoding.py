@@ -122,7 +122,12 @@ class Rows:
         return (beams.unsqueeze(1) * r + torch.arange(r)).reshape(-1)  # (N*r,)
 
     def reorder(self, beams: torch.Tensor) -> None:
-        self.state = self.gen.select(self.state, self.rows_of(beams))
+        """Keep these beams (N',), in this order: their rows of the state, copied; when every beam
+        stays where it is the state is kept as it is (the search alone holds it), which spares a
+        copy of every layer's cache at most steps of a beam search."""
+        rows = self.rows_of(beams)  # (N'*r,)
+        if rows.numel() != self.state.rows or not torch.equal(rows, torch.arange(self.state.rows)):
+            self.state = self.gen.select(self.state, rows)
         for p in self.processors:
             p.reorder(beams)
 
