@@ -48,6 +48,7 @@ from rag_demo.measure.latency import (
     in_own_thread,
     latency,
     load_avg,
+    memory_parts,
     passage_caches,
     peak_rss_bytes,
     rss_bytes,
@@ -145,7 +146,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         if "token" in modes and not args.skip_reference:
             r["token_overhead"] = token_overhead(p, questions[: max(1, min(len(questions), args.reference_n))],
                                                  settings, say)
-        r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes())
+        r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes(), parts_warm=memory_parts(p))
 
     pipe = per_generator_dtype(pipe, dtypes, questions, modes, settings, r, say,
                                reask=not getattr(args, "skip_reask", False), on_first=on_first)

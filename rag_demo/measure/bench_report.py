@@ -122,6 +122,7 @@ def format_results(r: dict) -> str:
     lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
               f"| RSS after loading the stack and index | {gb(m['rss_loaded'])} |",
               f"| warm app RSS (after the latency runs) | {gb(m['rss_warm'])} |",
+              *(f"| of which {name} | {gb(n)} |" for name, n in (m.get("parts_warm") or {}).items()),
               f"| peak RSS (app) | {gb(m['peak_warm'])} |",
               f"| peak RSS (whole bench, reference models included) | {gb(m['peak_end'])} |"]
     if r.get("throughput"):
