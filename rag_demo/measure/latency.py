@@ -147,9 +147,10 @@ def with_generator_dtype(pipe, dtype: str, load_generator=None):
 
 
 def forget_passages(pipe) -> None:
-    """Empty every passage cache and every kept hidden state: the next question runs as if its
-    passages were never read."""
-    for mm in pipe.stack.modes.values():
+    """Empty every passage cache and every kept hidden state (of the base weights and, once loaded,
+    the trained ones): the next question runs as if its passages were never read."""
+    trained = getattr(pipe.stack, "_trained", None) or {}
+    for mm in [*pipe.stack.modes.values(), *trained.values()]:
         for cache in mm.generator.kept_caches().values():
             cache.clear()
 
@@ -189,7 +190,7 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
         in_own_thread(pipe.answer, questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
         rec = {s: [] for s in STAGES}
         rec.update(tokens=[], ttft=[], generate_streamed=[], bound=[], bound_prefill=[])
-        model = pipe.stack.modes[mode].generator.model
+        model = pipe.stack.modes_for(settings.decoding.weights)[mode].generator.model  # the weights that answer
         for i, q in enumerate(questions, 1):
             forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
             with WorkCounter(model) as work:  # the work this answer's model calls did (measure/bound.py)
