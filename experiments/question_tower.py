@@ -3,7 +3,7 @@ examples, its recall@1/5/20 over the whole index measured each epoch on the fift
 from the train split: no calibrate or report question is read). Reads the stage's scored pools
 (runs/train/pool_scores.pt, written by `python -m rag_demo train --retriever-only`).
 
-    python experiments/question_tower.py [--epochs 20] [--lr 1e-3] [--wd 0.0] [--rank 0] [--pool 20]
+    python experiments/question_tower.py [--epochs 20] [--lr 1e-3] [--wd 0.0] [--pool 20] [--batch 16]
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def recall(qmap, examples, qvecs, index, ks=(1, 5, 20)) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=0.0)

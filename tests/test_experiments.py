@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
          "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi",
-         "off_subject")
+         "off_subject", "question_tower")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_scripts_hold_only_what_users_run_and_experiments_are_all_tested_and_described():
     assert sorted(p.name for p in (ROOT / "scripts").iterdir() if p.name != "__pycache__") == [
-        "load.py", "screenshot.py", "setup.sh"]
+        "estimates.py", "identical.py", "load.py", "screenshot.py", "setup.sh"]
     on_disk = {p.stem for p in EXPERIMENTS.glob("*.py") if not p.name.startswith("_")}
     assert on_disk == set(NAMES)
     readme = (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
@@ -55,12 +55,30 @@ def test_each_experiment_says_how_to_run_it(name):
     assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("script", ["load.py", "screenshot.py"])
+@pytest.mark.parametrize("script", ["estimates.py", "identical.py", "load.py", "screenshot.py"])
 def test_the_scripts_still_start(script):
     r = run_script(ROOT / "scripts" / script, "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]
     if script == "load.py":
         assert "--burst N" in r.stdout
+
+
+def test_identical_counts_an_answer_as_the_same_only_when_text_tokens_and_score_agree(tmp_path):
+    """Two eval reports of the same two answers: one unchanged, one with a score moved by more
+    than the tolerance; identical.py counts 1 of 2 and lists the one that differs."""
+    def report(lp2: float) -> dict:
+        return {"questions": [{"question": "q1", "answers_by_row": {"dense/token": {"text": "a", "n_tokens": 2, "logprob": -1.0},
+                                                                     "dense/sequence": {"text": "b", "n_tokens": 3, "logprob": lp2}}}]}
+    for name, lp2 in (("old_dev_paper.json", -2.0), ("new_dev_paper.json", -2.5)):
+        (tmp_path / name).write_text(json.dumps(report(lp2)))
+    out = tmp_path / "identical.json"
+    r = run_script(ROOT / "scripts" / "identical.py", "--before", str(tmp_path / "old_{set}_{preset}.json"),
+                   "--after", str(tmp_path / "new_{set}_{preset}.json"), "--sets", "dev", "--presets", "paper",
+                   "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert [(row["answers"], row["identical"]) for row in got["rows"]] == [(2, 1)]
+    assert [d["row"] for d in got["differ"]] == ["dense/sequence"]
 
 
 def test_setup_script_parses():

@@ -166,6 +166,18 @@ def test_upload_validator_reads_the_files_before_the_queue(tmp_path):
     assert "over the limit of 20" in validation.validate_upload([str(good)] * 21, None)[0]["message"]
 
 
+def test_a_stopped_card_offers_to_answer_in_full_only_once_its_run_has_written_the_last_answers():
+    """The button reads the last answers, written with the run's final outputs: a card final while
+    the run still streams has no button yet (a click then would find no answer to continue)."""
+    from rag_demo.web.answering import partial_outputs
+
+    stopped = answer_dict(stopped="cancelled", final=True)
+    streaming = partial_outputs({"token": stopped})
+    token_card = streaming[1 + list(MODES).index("token")]
+    assert "cut: stopped" in token_card and "rag-continue-btn" not in token_card
+    assert "rag-continue-btn" in render.render_answer(stopped)
+
+
 def test_answer_card_names_its_question_and_marks_a_cut_answer():
     card = render.render_answer(answer_dict(question="Where is the <Taj> Mahal?", stopped="eos"))
     assert "Q: Where is the &lt;Taj&gt; Mahal?" in card and "rag-cut" not in card
@@ -177,11 +189,13 @@ def test_answer_card_names_its_question_and_marks_a_cut_answer():
     read = render.render_answer(answer_dict(question="who painted <b>", read_question="Who painted <b>?"))
     assert "Q: who painted &lt;b&gt; <span" in read and "(read as: Who painted &lt;b&gt;?)" in read
     assert "read as" not in render.render_answer(answer_dict(question="Who painted it?", read_question=""))
-    cands = [{"text": "Vincent van Gogh.", "logprob": -1.25}, {"text": "Gauguin.", "logprob": -3.0}]
+    cands = [{"text": "Vincent van Gogh.", "logprob": -1.25}, {"text": "Gauguin.", "logprob": -3.0, "lower_bound": True}]
     fast = render.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="fast, 2 beams"))
-    assert "Candidates ranked, each counted under the passages that wrote it (2, fast, 2 beams)" in fast
+    assert "Candidates, each scored by the passages that wrote it (≥: at least this; the chosen one's score is the card's) " \
+        "(2, fast, 2 beams)" in fast
+    assert "<code>-1.250</code> Vincent" in fast and "<code>≥ -3.000</code> Gauguin" in fast
     thorough = render.render_answer(answer_dict(mode="sequence", candidates=cands, decoding="thorough, 2 beams"))
-    assert "Candidates rescored under every passage (2, thorough, 2 beams)" in thorough and "Candidates ranked" not in thorough
+    assert "Candidates rescored under every passage (2, thorough, 2 beams)" in thorough and "each scored by" not in thorough
 
 
 def test_tokens_are_coloured_by_their_top_passage():
@@ -1148,7 +1162,8 @@ def test_k_over_the_corpus_size_is_clamped(app):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, data, message", [
-    ("big.txt", b"word " * (MAX_UPLOAD_BYTES // 5 + 1), "over the limit of 5 MB"),
+    # refused by gradio before it is sent (the upload's max_file_size), with gradio's own words
+    ("big.txt", b"word " * (MAX_UPLOAD_BYTES // 5 + 1), "exceeds the maximum file size of 5242880 bytes"),
     ("binary.txt", bytes(range(256)) * 8, "looks binary"),
     ("noise.md", b"\x01\x02\x03\x04\x05\x06 hello \x07\x08" * 50, "looks binary or is in an unknown text encoding"),
     ("empty.txt", b"", "is empty"),
@@ -1161,7 +1176,7 @@ def test_bad_uploads_get_a_message_and_the_app_keeps_serving(app, tmp_path, name
     from gradio_client.exceptions import AppError, ValidationError
 
     c = client(app[1])
-    with pytest.raises((ValidationError, AppError), match=message):  # the validator, before the queue
+    with pytest.raises((ValidationError, AppError, ValueError), match=message):  # the validator, before the queue
         upload(c, write(tmp_path, name, data))
     out = ask_session(c, "What is Mars?", k=1, max_new_tokens=2)
     assert "Test corpus" in out[0]  # still on the built-in corpus, still answering

@@ -93,10 +93,14 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
             say(f"Loading the generator again in {dtype} ...")
             pipe = in_own_thread(load, pipe, dtype)
         r["generators"][dtype] = pipe.stack.describe()
-        say(f"This CPU's rates in {dtype} (matrix multiplies at the generator's shapes, weight reads) ...")
         model = pipe.stack.modes["token"].generator.model
-        rate = in_own_thread(rates, model)
-        r.setdefault("rates", {})[dtype] = rate.to_dict()
+        rate = None
+        if getattr(model.config, "is_encoder_decoder", False):
+            say("No bound for an encoder-decoder generator: measure/bound.py counts a decoder-only model's calls.")
+        else:
+            say(f"This CPU's rates in {dtype} (matrix multiplies at the generator's shapes, weight reads) ...")
+            rate = in_own_thread(rates, model)
+            r.setdefault("rates", {})[dtype] = rate.to_dict()
         say(f"Latency, generator in {dtype} ...")
         r["latency"][dtype] = latency(pipe, questions, modes, settings, say, rate)
         r.setdefault("bound", {})[dtype] = bound_summary(r["latency"][dtype])

@@ -4,6 +4,8 @@ over plain batched generation; and the small helpers (percentiles, memory) every
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import resource
 import statistics
@@ -193,7 +195,8 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
         model = pipe.stack.modes_for(settings.decoding.weights)[mode].generator.model  # the weights that answer
         for i, q in enumerate(questions, 1):
             forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
-            with WorkCounter(model) as work:  # the work this answer's model calls did (measure/bound.py)
+            work = WorkCounter(model) if rates is not None else contextlib.nullcontext()
+            with work:  # the work this answer's model calls did (measure/bound.py)
                 a = in_own_thread(pipe.answer, q, mode, settings)
             if rates is not None:
                 total, prefill = work.bound(Dims.of(model), rates)

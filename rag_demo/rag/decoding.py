@@ -99,6 +99,7 @@ class Rows:
         self.gen, self.state, self.per_beam, self.prior = gen, state, per_beam, prior
         self.processors = sorted(processors, key=lambda p: p.stage)
         self.stopped: str | None = None  # why a search ended early ("time_limit", "cancelled"), if it did
+        self.n_rows: int | None = None  # the state's rows once a step has told us; unknown at first
 
     def pick(self, groups: list[int], tokens: list[list[int]], lp: torch.Tensor) -> torch.Tensor:
         """lp (N, V) the beams' log-probs -> what the search's choice sees (lp itself without processors)."""
@@ -126,8 +127,9 @@ class Rows:
         stays where it is the state is kept as it is (the search alone holds it), which spares a
         copy of every layer's cache at most steps of a beam search."""
         rows = self.rows_of(beams)  # (N'*r,)
-        if rows.numel() != self.state.rows or not torch.equal(rows, torch.arange(self.state.rows)):
+        if self.n_rows is None or rows.numel() != self.n_rows or not torch.equal(rows, torch.arange(self.n_rows)):
             self.state = self.gen.select(self.state, rows)
+            self.n_rows = rows.numel()
         for p in self.processors:
             p.reorder(beams)
 
@@ -136,6 +138,7 @@ class Rows:
         for p in self.processors:
             p.step(tokens)
         rows_tok = tokens.repeat_interleave(self.per_beam).unsqueeze(1)  # (N*r, 1)
+        self.n_rows = rows_tok.shape[0]
         return self.mix(self.gen.advance(self.state, rows_tok)[:, -1])  # (N, V)
 
     def chosen_row_lp(self, tokens: torch.Tensor) -> torch.Tensor:

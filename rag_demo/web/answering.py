@@ -210,9 +210,10 @@ def ask_outputs(result: dict, s: Session) -> tuple:
 
 
 def partial_outputs(latest: dict[str, dict]) -> tuple:
-    """The ask outputs while answers grow: the three cards and the Stop button, the rest as it is."""
+    """The ask outputs while answers grow: the three cards and the Stop button, the rest as it is. A
+    finished card has no "answer in full" button yet: it comes with the run's final outputs."""
     skip = gr.skip()
-    cards = (render_answer(a) if a and a.get("final") else render_partial(a, m) for m, a in
+    cards = (render_answer(a, continuable=False) if a and a.get("final") else render_partial(a, m) for m, a in
              ((m, latest.get(m)) for m in MODES))
     return (skip, *cards, skip, skip, skip, skip, skip, stop_button(True), skip)
 

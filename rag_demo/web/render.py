@@ -257,8 +257,10 @@ def can_continue(a: dict) -> bool:
     return a.get("stopped") in ("time_limit", "cancelled") or bool(a.get("fell_back"))
 
 
-def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None) -> str:
-    """One answer card: answer text, score and timings, then coloured tokens and the heatmap."""
+def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = None, continuable: bool = True) -> str:
+    """One answer card: answer text, score and timings, then coloured tokens and the heatmap.
+    `continuable`: a cut card gets its "answer in full" button (not while the run that cut it is still
+    writing the page: the button reads the last answers, which are written at the run's end)."""
     mode = a["mode"] if a else mode
     head = card_head(mode, (a or {}).get("fell_back") or "")
     if a is None:
@@ -288,7 +290,7 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
     cues = "".join(f'<div class="rag-cue" data-cue="{esc(c["kind"])}">{esc(c["text"])}</div>' for c in a.get("cues") or [])
     parts = [head, render_preset(a.get("settings")), render_retriever(a), asked, answer, render_confidence(a), cues, meta,
              render_timings(a["timings"], a.get("expected_seconds"))]
-    if can_continue(a):  # cut, or finished another way: it can be answered in full
+    if continuable and can_continue(a):  # cut, or finished another way: it can be answered in full
         parts.append(f'<button class="rag-continue-btn" type="button" data-mode="{mode}" title="answer this mode '
                      f'again from the start over the same passages, with the whole time limit for it">'
                      f'Answer this mode in full</button>')
@@ -311,8 +313,8 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
                 f"{esc(c['text'].strip() or '(empty)')}</li>"
                 for c in a["candidates"]
             )
-            how = ("Candidates ranked, each counted under the passages that wrote it (≥: its full log p(y|x) is at "
-                   "least that; the chosen answer's is its card's)"
+            how = ("Candidates, each scored by the passages that wrote it (≥: at least this; the chosen one's score "
+                   "is the card's)"
                    if a["decoding"].startswith("fast") else
                    "Candidates: its beams and each passage's drafts, ranked by RAG-Token log p(y|x) (≤ marks an "
                    "upper bound: that candidate left the race once it could no longer win)" if mode == "token"
