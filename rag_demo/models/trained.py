@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,9 @@ def merge_adapter(model32: torch.nn.Module, folder: Path) -> torch.nn.Module:
     so that a later cast to bfloat16 rounds once, as the base weights are rounded."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model32, str(Path(folder) / ADAPTER_DIR)).merge_and_unload().eval()
+    with warnings.catch_warnings():  # peft asks transformers a question transformers has renamed: noise in the log
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return PeftModel.from_pretrained(model32, str(Path(folder) / ADAPTER_DIR)).merge_and_unload().eval()
 
 
 def share_untouched(merged: torch.nn.Module, base: torch.nn.Module, targets: set[str]) -> int:
