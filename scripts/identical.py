@@ -27,22 +27,25 @@ def main() -> int:
     ap.add_argument("--after", required=True)
     ap.add_argument("--sets", default="dev,ext")
     ap.add_argument("--presets", default="paper,aided")
+    ap.add_argument("--pairs", help="set:preset pairs to compare instead of every set with every preset, "
+                    "e.g. dev:paper,dev:aided,ext:paper")
     ap.add_argument("--what", default="the session's first commit against this tree")
     ap.add_argument("--out", default="assets/results/identical.json")
     a = ap.parse_args()
     rows, differ = [], []
-    for name in a.sets.split(","):
-        for preset in a.presets.split(","):
-            old = answers(a.before.format(set=name, preset=preset))
-            new = answers(a.after.format(set=name, preset=preset))
-            keys = sorted(set(old) & set(new))
-            same = [k for k in keys if old[k]["text"] == new[k]["text"] and old[k]["n_tokens"] == new[k]["n_tokens"]
-                    and abs(old[k]["logprob"] - new[k]["logprob"]) <= LOGPROB_TOLERANCE]
-            rows.append({"questions": TITLES.get(name, name), "preset": preset, "answers": len(keys),
-                         "identical": len(same)})
-            differ += [{"set": name, "preset": preset, "question": k[0], "row": k[1], "before": old[k]["text"],
-                        "after": new[k]["text"], "logprob": [old[k]["logprob"], new[k]["logprob"]]}
-                       for k in keys if k not in set(same)]
+    pairs = ([tuple(p.split(":")) for p in a.pairs.split(",")] if a.pairs else
+             [(name, preset) for name in a.sets.split(",") for preset in a.presets.split(",")])
+    for name, preset in pairs:
+        old = answers(a.before.format(set=name, preset=preset))
+        new = answers(a.after.format(set=name, preset=preset))
+        keys = sorted(set(old) & set(new))
+        same = [k for k in keys if old[k]["text"] == new[k]["text"] and old[k]["n_tokens"] == new[k]["n_tokens"]
+                and abs(old[k]["logprob"] - new[k]["logprob"]) <= LOGPROB_TOLERANCE]
+        rows.append({"questions": TITLES.get(name, name), "preset": preset, "answers": len(keys),
+                     "identical": len(same)})
+        differ += [{"set": name, "preset": preset, "question": k[0], "row": k[1], "before": old[k]["text"],
+                    "after": new[k]["text"], "logprob": [old[k]["logprob"], new[k]["logprob"]]}
+                   for k in keys if k not in set(same)]
     out = {"what": a.what, "command": "python scripts/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
            "rule": f"identical: the same text and number of tokens, log p(y|x) within {LOGPROB_TOLERANCE}",
            "rows": rows, "differ": differ}
