@@ -127,8 +127,10 @@ class WorkCounter:
         return total, sum(c.seconds(d, r) for c in self.calls[:first])
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # the first call pays for kernel selection
+def best_of(fn, repeats: int) -> float:
+    """Best wall time of `repeats` calls of fn, after one untimed call (it pays for kernel selection
+    and first-call allocations)."""
+    fn()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -150,7 +152,7 @@ def rates(model: torch.nn.Module, repeats: int = 5) -> Rates:
     for rows in (PREFILL_ROWS, DECODE_ROWS):
         x = torch.randn(rows, in_f, dtype=dtype)
         n = max(1, int(2e9 // (2 * rows * in_f * out_f)))  # ~2 GFLOP a timing: long enough to time
-        rate[rows] = n * 2.0 * rows * in_f * out_f / _best(lambda: [lin(x) for _ in range(n)], repeats)
+        rate[rows] = n * 2.0 * rows * in_f * out_f / best_of(lambda: [lin(x) for _ in range(n)], repeats)
     x = torch.randn(DECODE_ROWS, head.weight.shape[1], dtype=dtype)
-    read = head.weight.numel() * head.weight.element_size() / _best(lambda: head(x), repeats)
+    read = head.weight.numel() * head.weight.element_size() / best_of(lambda: head(x), repeats)
     return Rates(rate[PREFILL_ROWS], rate[DECODE_ROWS], read)
