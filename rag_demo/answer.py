@@ -92,7 +92,7 @@ class Answer:
     # none were read (closed-book)
     retriever: str = ""
     # the probability that this answer is right, from its own numbers (`signals`) and the model
-    # calibrated on questions nobody here wrote (rag_demo/confidence.py); None: no model for this
+    # calibrated on one split of the questions (rag_demo/confidence.py); None: no model for this
     # stack, preset and mode
     confidence: float | None = None
     signals: dict = field(default_factory=dict)

@@ -10,7 +10,7 @@ regression over them, one per stack, preset and mode,
     P(right | answer) = sigmoid(b + Σ_j w_j · (x_j − mean_j) / scale_j)
 
 fitted by `python -m rag_demo eval --fit-confidence` (measure/calibration.py) on the calibrate
-split of questions nobody here wrote, reported on their report split, and shipped as
+split of the external questions and the dev set, reported on their report split, and shipped as
 assets/confidence.json with the command that made it. "Right" means a gold answer's words occur in
 the answer (eval's `contains`). Below the model's `threshold` a card says the answer is probably
 wrong, quoting what the cue did on the report split.
@@ -196,7 +196,7 @@ def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str
     cue = None
     if p < m.threshold:
         q = model.quoted(a.get("stack", ""), preset, a.get("mode", ""))
-        measured = (f" On {q['questions']} questions nobody here wrote and the model never saw, this cue caught "
+        measured = (f" On {q['questions']} questions the model was never fitted on, this cue caught "
                     f"{100 * q['recall']:.0f}% of the wrong answers, and {100 * q['precision']:.0f}% of the answers "
                     "it flagged were wrong." if q else "")
         cue = {"kind": "probably_wrong",

@@ -78,3 +78,9 @@ def test_auroc_and_threshold_by_hand():
     assert cal.auroc(np.array([0.9, 0.1, 0.5]), np.array([1, 0, 0])) == 1.0
     assert cal.auroc(np.array([0.5, 0.5]), np.array([1, 0])) == 0.5
     assert cal.choose_threshold(np.array([0.2, 0.8]), np.array([1, 0]), 0.8) == 0.0  # the lowest is right: never flag
+    p, right = np.array([0.1, 0.3, 0.6, 0.9]), np.array([0, 0, 0, 1])
+    assert cal.choose_threshold(p, right, 0.8, highest=1.0) == 0.75  # the three lowest are wrong
+    # a file where most answers are wrong: the cue still leaves the answers rated likely right alone
+    assert cal.choose_threshold(p, right, 0.8) == cal.HIGHEST == 0.5
+    import doctest
+    assert doctest.testmod(cal).failed == 0

@@ -105,9 +105,10 @@ def test_the_wrong_answer_lesson_cues_one_wrong_copy_misses_another_and_marks_th
     """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app.
     Basketball: both RAG cards answer another number than the passage's five, and each shows the
     "probably wrong" cue. Penicillin: both RAG cards copy the wrong name from the Fleming passage,
-    as the lesson says, the copied words are highlighted in that passage, and the confidence is
-    high with no cue, as the lesson tells the learner: a confident copy from a passage with p(z|x)
-    near 1 is a failure the fitted confidence (assets/confidence.json) cannot see (docs/results.md §8)."""
+    as the lesson says, the copied words are highlighted in that passage, and the confidence is a
+    coin toss, far above the basketball's, as the lesson tells the learner: a sure copy from a passage
+    with p(z|x) near 1 is a failure the fitted confidence (assets/confidence.json) cannot see
+    (docs/results.md §8)."""
     from playwright.sync_api import sync_playwright
     from test_browser import CHROMIUM_ARGS, SHOTS, _require_browser
 
@@ -147,8 +148,7 @@ def test_the_wrong_answer_lesson_cues_one_wrong_copy_misses_another_and_marks_th
                 text = card.locator(".rag-answer").inner_text()
                 assert "Fleming" not in text, f"{mode} answered {text!r}: the lesson's failure no longer happens"
                 shown = card.locator(".rag-confidence").get_attribute("data-confidence")
-                assert shown and float(shown) > 0.5, (mode, shown)  # confidently wrong, as the lesson says
-                assert card.locator('[data-cue="probably_wrong"]').count() == 0
+                assert shown and 0.3 < float(shown) < 0.75, (mode, shown)  # a coin toss, as the lesson says
             marks = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) mark.rag-span")
             copied = [marks.nth(i).inner_text() for i in range(marks.count())]
             answer = page.locator("#rag-answer-token .rag-answer").inner_text().strip().rstrip(".")

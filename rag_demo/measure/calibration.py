@@ -16,7 +16,8 @@ reliability bins of equal count.
 
 "Right" is `contains`: a gold answer's words occur in the answer. The cue's threshold is the largest
 that keeps its precision (flagged answers that are wrong) at PRECISION or more on the calibrate
-answers; its recall is then whatever that leaves.
+answers, and never above one half: "probably wrong" says p(right) < 1/2, so on a file where most
+answers are wrong the cue still leaves the likely-right ones alone. Its recall is whatever that leaves.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from rag_demo.measure.run_rows import load_meta, load_rows
 from rag_demo.splits import split_of
 
 PRECISION = 0.85  # the cue's target precision on the calibrate answers (0.8 is the bar it must clear on report)
+HIGHEST = 0.5  # the highest threshold: above it the cue would call answers wrong that are more likely right
 C = 1.0  # inverse L2 strength: the features are standardised
 FOLDS = 5
 # the candidate signal sets per mode, simplest first
@@ -102,13 +104,16 @@ def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION,
                     threshold=choose_threshold(p, y, precision))
 
 
-def choose_threshold(p: np.ndarray, right: np.ndarray, precision: float) -> float:
-    """The largest t such that the answers with confidence below t are wrong at least `precision`
-    of the time (the most recall at that precision); 0 (never flags) when none reaches it.
+def choose_threshold(p: np.ndarray, right: np.ndarray, precision: float, highest: float = HIGHEST) -> float:
+    """min(highest, the largest t such that the answers with confidence below t are wrong at least
+    `precision` of the time): the most recall at that precision, never flagging an answer the model
+    itself rates at `highest` or more; 0 (never flags) when no t reaches the precision.
 
     >>> p, right = np.array([.1, .2, .3, .9]), np.array([0, 0, 1, 1])
     >>> choose_threshold(p, right, 0.9), choose_threshold(p, right, 0.6)  # the two lowest: 2 of 2 wrong; three: 2 of 3
-    (0.25, 0.6)
+    (0.25, 0.5)
+    >>> choose_threshold(p, right, 0.6, highest=1.0)  # (0.3 + 0.9) / 2: the three lowest
+    0.6
     """
     order = np.argsort(p)
     best, wrong = 0.0, 0
@@ -117,7 +122,7 @@ def choose_threshold(p: np.ndarray, right: np.ndarray, precision: float) -> floa
         nxt = p[order[n]] if n < len(order) else 1.0
         if wrong / n >= precision and nxt > p[i]:  # flagging every answer up to this one
             best = float((p[i] + nxt) / 2) if n < len(order) else 1.0
-    return best
+    return min(best, highest)
 
 
 def auroc(p: np.ndarray, right: np.ndarray) -> float:

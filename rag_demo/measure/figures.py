@@ -87,6 +87,14 @@ def _one_set(df: pd.DataFrame | None, qa: str | None) -> pd.DataFrame | None:
     return rows
 
 
+def _rated_sets(df: pd.DataFrame | None, qa: str | None) -> pd.DataFrame | None:
+    """The rows of set `qa`, or with None of every set: a confidence is judged over all the answers
+    it rates, and its report split spans question files (measure/calibration.py)."""
+    if df is None or qa is not None:
+        return _one_set(df, qa)
+    return tidy(df)
+
+
 def _checked_rows(df: pd.DataFrame, extra: pd.DataFrame | None, qa: str | None, k: int, metric: str,
                   retriever: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(the run's rows of one question set, the learner's), after checking K, the metric and the
@@ -413,7 +421,7 @@ def reliability(df: pd.DataFrame, bins: int = RELIABILITY_BINS, *, extra: pd.Dat
     gold answer is contained), with the diagonal that a calibrated confidence would follow."""
     if not isinstance(bins, int) or isinstance(bins, bool) or not 1 <= bins <= 100:
         raise ValueError(f"bins={bins!r} is not a bin count: pass an integer from 1 to 100.")
-    rows, yours = _one_set(df, qa), _one_set(extra, None)
+    rows, yours = _rated_sets(df, qa), _rated_sets(extra, None)
     table = _reliability_table(rows, bins)
     if table.empty:
         return no_rows_chart(rows, "The reliability diagram needs answer rows with a confidence; this run's "
@@ -444,7 +452,7 @@ def cue_quality(df: pd.DataFrame, threshold: float | None = None, *, qa: str | N
     if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
                                   or not 0 <= threshold <= 1):
         raise ValueError(f"threshold={threshold!r} is not a probability: pass a number from 0 to 1.")
-    rated = _answered_with_confidence(_one_set(df, qa))
+    rated = _answered_with_confidence(_rated_sets(df, qa))
     rows = []
     for (preset, mode), mine in rated.groupby([rated["preset"].fillna("-"), "mode"], sort=False):
         flagged = (mine["confidence"] < threshold if threshold is not None else

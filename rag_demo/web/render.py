@@ -336,10 +336,11 @@ def render_confidence(a: dict) -> str:
     q = a.get("confidence_model") or {}
     why = ("the probability that this answer is right, from its own numbers"
            + (f" ({', '.join(q['features'])})" if q.get("features") else "")
-           + (f", by a logistic regression fitted on {q['fitted_questions']} questions written by others (the calibrate "
-              f"split); on {q['questions']} others it never saw (the report split) its 'probably wrong' cue caught "
+           + (f", by a logistic regression fitted on {q['fitted_questions']} questions (the calibrate split "
+              f"of the external file and the dev set); on {q['questions']} others it never saw (the report "
+              f"split) its 'probably wrong' cue caught "
               f"{100 * q['recall']:.0f}% of the wrong answers at {100 * q['precision']:.0f}% precision, AUROC "
-              f"{q['auroc']:.2f}" if q else ", by a logistic regression fitted on questions written by others"))
+              f"{q['auroc']:.2f}" if q else ", by a logistic regression fitted on one split of the questions"))
     if p is None:
         return ('<div class="rag-confidence" data-confidence="" title="no confidence model was fitted for this '
                 'stack, preset and mode">Confidence: not calibrated for these settings</div>')
