@@ -127,6 +127,9 @@ class WorkCounter:
         return total, sum(c.seconds(d, r) for c in self.calls[:first])
 
 
+MAX_CALLS = 256
+
+
 def best_of(fn, repeats: int) -> float:
     """Best wall time of `repeats` calls of fn, after one untimed call (it pays for kernel selection
     and first-call allocations)."""
@@ -151,7 +154,9 @@ def rates(model: torch.nn.Module, repeats: int = 5) -> Rates:
     rate = {}
     for rows in (PREFILL_ROWS, DECODE_ROWS):
         x = torch.randn(rows, in_f, dtype=dtype)
-        n = max(1, int(2e9 // (2 * rows * in_f * out_f)))  # ~2 GFLOP a timing: long enough to time
+        # ~2 GFLOP a timing, long enough to time; at most MAX_CALLS calls, so a tiny test model's
+        # timing is not a million Python calls (SmolLM2 needs about a hundred)
+        n = max(1, min(MAX_CALLS, int(2e9 // (2 * rows * in_f * out_f))))
         rate[rows] = n * 2.0 * rows * in_f * out_f / best_of(lambda: [lin(x) for _ in range(n)], repeats)
     x = torch.randn(DECODE_ROWS, head.weight.shape[1], dtype=dtype)
     read = head.weight.numel() * head.weight.element_size() / best_of(lambda: head(x), repeats)
