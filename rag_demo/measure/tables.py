@@ -124,6 +124,21 @@ def bench() -> str:
     return "\n".join(lines)
 
 
+def trained_speed() -> str:
+    """Time per answer with the trained weights against the base weights, the same plain preset, the
+    same questions and CPU (assets/results/bench_paper.json and bench_trained.json: `bench --preset`)."""
+    base, trained = (json.loads((RESULTS / f"bench_{p}.json").read_text(encoding="utf-8")) for p in ("paper", "trained"))
+    lines = ["| CPU | precision | mode | base p50 s | trained p50 s | trained / base | base p50 / bound "
+             "| trained p50 / bound |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for dtype, modes in base["bound"].items():
+        for mode, b in modes.items():
+            t = trained["bound"][dtype][mode]
+            lines.append(f"| {base['machine']['processor']} | {dtype} | {MODE_TITLES.get(mode, mode)} | {b['p50']:.2f} "
+                         f"| {t['p50']:.2f} | {t['p50'] / b['p50']:.2f} | {b['multiple_p50']:.2f} "
+                         f"| {t['multiple_p50']:.2f} |")
+    return "\n".join(lines)
+
+
 def under_load() -> str:
     """The cards' expected seconds against the measured ones, quiet and with a second process busy
     (assets/results/estimates.json, scripts/estimates.py)."""
@@ -146,7 +161,7 @@ def identical() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (answers, recall, confidence, training, pairs,
-                                                                bench, under_load, identical)}
+                                                                bench, trained_speed, under_load, identical)}
 
 
 def render(text: str) -> str:
