@@ -200,6 +200,7 @@ def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str
                     f"{100 * q['recall']:.0f}% of the wrong answers, and {100 * q['precision']:.0f}% of the answers "
                     "it flagged were wrong." if q else "")
         cue = {"kind": "probably_wrong",
-               "text": f"Probably wrong: answers this unsure (confidence {100 * p:.0f}%) were mostly wrong.{measured} "
+               "text": f"Probably wrong: its confidence, {100 * p:.0f}%, is below this cue's "
+                       f"{100 * m.threshold:.0f}%.{measured} "
                        "Check it against the passages."}
     return sig, p, cue

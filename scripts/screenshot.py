@@ -58,7 +58,7 @@ def capture(url: str, question: str, out: Path, k: int, max_new_tokens: int, dar
         page.goto(url + ("?__theme=dark" if dark else ""))
         page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
         page.locator("#rag-settings").get_by_text("Settings", exact=True).click()
-        for elem, value in (("rag-k", k), ("rag-max-new", max_new_tokens)):
+        for elem, value in (("rag-knob-k", k), ("rag-knob-max-new-tokens", max_new_tokens)):
             box = page.locator(f"#{elem} input[type=number]")
             box.fill(str(value))
             box.press("Enter")
@@ -91,6 +91,7 @@ def _save(raw: Path, out: Path) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB, {img.size[0]}x{img.size[1]})")
 
 
+STREAMED = "Who wrote War and Peace?"
 PARTIAL_JS = """() => {
     const tok = document.querySelector('#rag-answer-token .rag-card-partial');
     return !!tok && Number(tok.dataset.partial) >= 2;
@@ -106,13 +107,20 @@ def capture_views(url: str, question: str, folder: Path) -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector(".rag-status[data-stack]", timeout=600_000)
-        page.locator("#rag-question textarea, #rag-question input").first.fill(question)
+        # a question this server has not answered yet: a repeated one comes from its kept states at once
+        page.locator("#rag-question textarea, #rag-question input").first.fill(STREAMED)
         page.click("#rag-ask")
-        page.wait_for_function(PARTIAL_JS, timeout=600_000, polling=50)
+        page.wait_for_function(PARTIAL_JS, timeout=120_000, polling=50)
         cards = page.locator("#rag-cards").bounding_box()
         raw = folder / "screenshot_streaming.raw.png"
-        page.screenshot(path=str(raw), clip={"x": 0, "y": cards["y"] - 8, "width": 1280, "height": cards["height"] + 16})
+        page.screenshot(path=str(raw), full_page=True,  # the cards sit below the first screen
+                        clip={"x": 0, "y": cards["y"] - 8, "width": 1280, "height": cards["height"] + 16})
         _save(raw, folder / "screenshot_streaming.png")
+        _wait_answers(page)
+        page.locator("#rag-question textarea, #rag-question input").first.fill(question)
+        page.click("#rag-ask")
+        page.wait_for_function("(q) => [...document.querySelectorAll('[id^=rag-answer-] .rag-asked')].every("
+                               "e => e.textContent === 'Q: ' + q)", arg=question, timeout=120_000)
         _wait_answers(page)
         token = page.locator("#rag-answer-token a.rag-tok").nth(1)
         token.click()
