@@ -129,6 +129,7 @@ def test_warm_up_pauses_the_build(staged, monkeypatch):
     monkeypatch.setattr(type(pipe.cost_model), "calibrate", calibrate)
     pipe.warm_up()
     assert seen == [(6, True, True)]
+    assert pipe.speed.baseline is not None  # the speed after warm-up was measured, so estimates can follow it
     build.wait(120)
     assert pipe.retriever.label == "dense"
 
