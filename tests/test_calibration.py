@@ -82,5 +82,3 @@ def test_auroc_and_threshold_by_hand():
     assert cal.choose_threshold(p, right, 0.8, highest=1.0) == 0.75  # the three lowest are wrong
     # a file where most answers are wrong: the cue still leaves the answers rated likely right alone
     assert cal.choose_threshold(p, right, 0.8) == cal.HIGHEST == 0.5
-    import doctest
-    assert doctest.testmod(cal).failed == 0

@@ -37,6 +37,14 @@ def _rows(name: str, split: str | None) -> pd.DataFrame:
     return in_split(rows, split) if split else rows
 
 
+def _result(name: str) -> dict:
+    """A JSON result file of assets/results/ (a bench's, the estimates', the identical answers')."""
+    path = RESULTS / name
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: run the command the text beside its table names.")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.1f}"
 
@@ -114,7 +122,7 @@ def pairs() -> str:
 
 def bench() -> str:
     """Each mode's time per answer against its lower bound on this CPU (assets/results/bench.json)."""
-    r = json.loads((RESULTS / "bench.json").read_text(encoding="utf-8"))
+    r = _result("bench.json")
     lines = ["| CPU | precision | mode | p50 s | p95 s | bound s | p50 / bound | p95 / bound |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for dtype, modes in r["bound"].items():
@@ -127,7 +135,7 @@ def bench() -> str:
 def trained_speed() -> str:
     """Time per answer with the trained weights against the base weights, the same plain preset, the
     same questions and CPU (assets/results/bench_paper.json and bench_trained.json: `bench --preset`)."""
-    base, trained = (json.loads((RESULTS / f"bench_{p}.json").read_text(encoding="utf-8")) for p in ("paper", "trained"))
+    base, trained = (_result(f"bench_{p}.json") for p in ("paper", "trained"))
     lines = ["| CPU | precision | mode | base p50 s | trained p50 s | trained / base | base p50 / bound "
              "| trained p50 / bound |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for dtype, modes in base["bound"].items():
@@ -142,7 +150,7 @@ def trained_speed() -> str:
 def under_load() -> str:
     """The cards' expected seconds against the measured ones, quiet and with a second process busy
     (assets/results/estimates.json, scripts/estimates.py)."""
-    r = json.loads((RESULTS / "estimates.json").read_text(encoding="utf-8"))
+    r = _result("estimates.json")
     lines = ["| machine | mode | answers | median expected / took | within ±30% |", "|---|---|---:|---:|---:|"]
     for load, modes in r["ratios"].items():
         for mode, x in modes.items():
@@ -153,7 +161,7 @@ def under_load() -> str:
 
 def identical() -> str:
     """Answers identical token for token before and after this round's changes (assets/results/identical.json)."""
-    r = json.loads((RESULTS / "identical.json").read_text(encoding="utf-8"))
+    r = _result("identical.json")
     lines = ["| questions | preset | answers | identical |", "|---|---|---:|---:|"]
     for row in r["rows"]:
         lines.append(f"| {row['questions']} | {row['preset']} | {row['answers']} | {row['identical']} |")
