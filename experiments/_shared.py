@@ -45,7 +45,7 @@ TINY_QA = (
 
 def tiny_items(n: int | None = None) -> list:
     """TINY_QA as rag_demo.measure.evaluate.QAItem (the first n)."""
-    from rag_demo.measure.qa_files import QAItem
+    from rag_demo.questions import QAItem
 
     return [QAItem(q, list(a), {"source": "tiny"}) for q, a in TINY_QA[:n]]
 

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rag_demo.measure.latency import load_avg
     from rag_demo.measure.evaluate import machine_info
-    from rag_demo.measure.qa_files import load_qa
+    from rag_demo.questions import load_qa
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

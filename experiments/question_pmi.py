@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             ap.error("give a rows file and its QA file (or --tiny)")
         import pandas as pd
 
-        from rag_demo.measure.qa_files import load_qa
+        from rag_demo.questions import load_qa
         from rag_demo.measure.sweep import question_id
         from rag_demo.pipeline import RagPipeline
 

@@ -62,7 +62,7 @@ def main() -> int:
     from rag_demo.config import RagSettings
     from rag_demo.measure.evaluate import cpu_name
     from rag_demo.measure.latency import in_own_thread
-    from rag_demo.measure.qa_files import load_qa
+    from rag_demo.questions import load_qa
     from rag_demo.pipeline import RagPipeline
     from rag_demo.splits import in_split
 

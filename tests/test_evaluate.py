@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 
 from rag_demo.measure import evaluate as ev  # noqa: E402
 from rag_demo.measure import metrics  # noqa: E402
-from rag_demo.measure import qa_files  # noqa: E402
+from rag_demo import questions as qa_files  # noqa: E402
 from rag_demo.knowledge.corpus import corpus_from_documents  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,8 +277,8 @@ def test_evaluate_end_to_end_on_tiny_random_models(tiny_pipe, tmp_path):
     text = ev.format_report(report)
     assert "probably wrong" in text and "| Closed-book" in text.split("probably wrong")[1]
     row = next(line for line in text.split("probably wrong")[1].splitlines() if line.startswith("| RAG-Token | BM25"))
-    # 2 answers, 1 wrong, 1 flagged; precision, recall, AUROC; Brier; two bins of one; the largest gap
-    assert row.endswith("| 2 | 1 | 1 | 1.00 | 1.00 | 1.00 | 0.010 | 1: 10% / 0% | 1: 90% / 100% | 0.10 |"), row
+    # 2 answers, 1 wrong, 1 flagged; precision, recall, right ones flagged, AUROC; Brier; two bins of one; the largest gap
+    assert row.endswith("| 2 | 1 | 1 | 1.00 | 1.00 | 0.00 | 1.00 | 0.010 | 1: 10% / 0% | 1: 90% / 100% | 0.10 |"), row
     saved = ev.save_report(report, tmp_path / "r.json")
     assert json.loads(saved.read_text())["n_questions"] == 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_demo.measure.qa_files import load_qa
+from rag_demo.questions import load_qa
 from rag_demo.splits import SPLITS, hash_fraction, in_split, seen_ids, split_of
 
 
@@ -26,6 +26,21 @@ def test_the_external_file_splits_into_its_three_parts():
     assert sum(map(len, parts.values())) == len(items) == 600
     assert len(parts["report"]) >= 100 and len(parts["calibrate"]) >= 100  # enough to report on
     assert not {str(it.meta["id"]) for it in parts["report"] + parts["calibrate"]} & seen_ids()
+
+
+def test_the_split_puts_answerable_questions_in_every_part():
+    """Over both labelled external files, each split holds answerable questions: the headline
+    numbers come from the report split's (at least 50), the confidence fits on calibrate's, training
+    reads train's. (The old file's answerable questions all sit in train: earlier rounds chose on them.)"""
+    from rag_demo.questions import answerable_ids
+
+    answerable = {name: 0 for name in SPLITS}
+    for path in ("assets/qa_open_vital.jsonl", "assets/qa_train_vital.jsonl"):
+        for ident, ok in answerable_ids(path).items():
+            answerable[split_of(ident)] += ok
+    assert answerable["report"] >= 50 and answerable["calibrate"] >= 50 and answerable["train"] >= 150, answerable
+    labels = answerable_ids("assets/qa_open_vital.jsonl")
+    assert len(labels) == 1200 and sum(labels.values()) == 195  # the file's README: 195 answerable
 
 
 def test_an_unknown_split_is_refused_by_name():

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rag_demo.knowledge.corpus import corpus_from_documents  # noqa: E402
 from rag_demo.measure import sweep as sw  # noqa: E402
-from rag_demo.measure.qa_files import QAItem  # noqa: E402
+from rag_demo.questions import QAItem  # noqa: E402
 
 DOCS = [
     ("The Starry Night", "The Starry Night is an oil-on-canvas painting by the Dutch painter Vincent van Gogh.", None),

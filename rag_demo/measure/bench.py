@@ -115,7 +115,7 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
     """The `bench` command: see the module docstring for what runs, in that order."""
     from rag_demo.knowledge.bm25 import BM25Retriever
     from rag_demo.measure.evaluate import machine_info
-    from rag_demo.measure.qa_files import load_qa, parse_modes
+    from rag_demo.questions import load_qa, parse_modes
     from rag_demo.models.random_models import make_random_rag_checkpoints
     from rag_demo.models.stacks import cpu_has_native_bf16
     from rag_demo.pipeline import RagPipeline

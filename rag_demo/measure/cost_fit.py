@@ -24,7 +24,7 @@ from typing import Callable
 
 from rag_demo.config import MODES, RagSettings
 from rag_demo.measure.evaluate import machine_info
-from rag_demo.measure.qa_files import read_qa
+from rag_demo.questions import read_qa
 from rag_demo.splits import split_of
 
 

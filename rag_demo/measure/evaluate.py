@@ -43,7 +43,8 @@ from rag_demo.measure.metrics import (
     precision_recall,
     recall_at_k,
 )
-from rag_demo.measure.qa_files import QAItem
+from rag_demo.questions import QAItem
+from rag_demo.models.machine import cpu_name  # noqa: F401 - where eval's callers have always found it
 
 log = logging.getLogger(__name__)
 
@@ -67,27 +68,6 @@ def machine_info() -> dict:
     except OSError:
         pass
     return info
-
-
-def cpu_name() -> str:
-    """The CPU's model name, with its family / model numbers (one name can span CPU generations)
-    and whether it multiplies bfloat16 natively (which decides the offline models' precision)."""
-    from rag_demo.models.stacks import cpu_has_native_bf16
-
-    name, fields = platform.processor() or "?", {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not line.strip():
-                break  # the first processor's block is enough
-    except OSError:
-        pass
-    name = fields.get("model name", name)
-    if "cpu family" in fields:
-        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
-    return name + (", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16")
 
 
 def evaluate(

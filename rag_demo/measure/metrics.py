@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from rag_demo.reader.text import normalize_answer, occurs_in
+from rag_demo.questions import has_answer, passage_text  # noqa: F401 - where eval has always found them
+from rag_demo.reader.text import normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,6 @@ def f1_score(prediction: str, golds: list[str]) -> float:
     """
     p = normalize_answer(prediction).split()
     return max(token_f1(p, normalize_answer(g).split()) for g in golds)
-
-
-def has_answer(text: str, golds: list[str]) -> bool:
-    """True when some gold answer's tokens occur as a contiguous token sequence in `text`
-    (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
-    "19612", nor "art" in "party".
-
-    >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
-    (True, False)
-    """
-    return any(occurs_in(g, text) for g in golds)
 
 
 def contains_answer(prediction: str, golds: list[str]) -> float:
@@ -95,11 +85,6 @@ def precision_recall(flagged, target) -> tuple[float, float]:
     return (hits / n_flagged if n_flagged else float("nan"), hits / n_target if n_target else float("nan"))
 
 
-def passage_text(p) -> str:
-    """What has_answer searches: the title and the text, as the generator sees them."""
-    return f"{p.title}. {p.text}"
-
-
 RELIABILITY_BINS = 4  # ~25-30 answers a bin on a split of ~110 questions: the binomial noise of a bin's accuracy is ~0.09
 
 
@@ -123,3 +108,27 @@ def reliability_bins(confidence, right, bins: int = RELIABILITY_BINS) -> list[di
                     "confidence": round(sum(c for c, _ in part) / len(part), 4),
                     "right": round(sum(r for _, r in part) / len(part), 4)})
     return out
+
+
+def runs_on(answer: str) -> bool:
+    """Whether a short answer goes on past a complete sentence: a word ends with a sentence's full
+    stop and more words follow ("1948. Universal Declaration of Human Rights."). A period after an
+    initial ("J. K. Rowling"), inside an abbreviation ("U.S. dollar", "D.C.") or after a listed
+    abbreviation ("St. Louis") ends nothing.
+
+    >>> runs_on("1948."), runs_on("1948. Universal Declaration of Human Rights."), runs_on("J. K. Rowling.")
+    (False, True, False)
+    >>> runs_on("St. Louis, Missouri."), runs_on("Washington, D.C. is the capital."), runs_on("68.5 million.")
+    (False, False, False)
+    """
+    from rag_demo.models.abbreviations import ABBREVIATIONS
+
+    words = answer.split()
+    for w in words[:-1]:
+        if not w.endswith("."):
+            continue
+        stem = w.rstrip(".")
+        if (len(stem) == 1 and stem.isalpha()) or "." in stem or stem in ABBREVIATIONS:
+            continue
+        return True
+    return False

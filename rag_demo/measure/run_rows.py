@@ -122,6 +122,23 @@ def load_meta(path: str | Path) -> dict:
     return meta
 
 
+def with_answerable(rows: pd.DataFrame, folder: str | Path | None = None) -> pd.DataFrame:
+    """The rows with an `answerable` column: whether a person reading one summary would give a gold
+    answer (questions.answerable_ids), looked up in the QA file each row's `qa` names, in
+    `folder` (default assets/). A file labelled neither way (the dev set, written from passages)
+    counts as answerable."""
+    from rag_demo.questions import answerable_ids
+
+    folder = Path(folder) if folder is not None else Path(__file__).resolve().parents[2] / "assets"
+    labels: dict[str, dict[str, bool] | None] = {}
+    for qa in rows["qa"].unique():
+        path = folder / f"{qa}.jsonl"
+        labels[qa] = answerable_ids(path) if path.is_file() else None
+    answerable = [True if labels.get(qa) is None else labels[qa].get(str(q), False)
+                  for qa, q in zip(rows["qa"], rows["question_id"])]
+    return rows.assign(answerable=answerable)
+
+
 def in_split(rows: pd.DataFrame, name: str) -> pd.DataFrame:
     """The rows whose question is in split `name` (rag_demo/splits.py, by the question's id)."""
     from rag_demo.splits import check_split, split_of

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from rag_demo.config import KNOBS, MODES, PRESETS, RagSettings
 from rag_demo.knowledge.retrievers import RETRIEVERS
-from rag_demo.measure.qa_files import QAItem
+from rag_demo.questions import QAItem
 from rag_demo.measure.evaluate import machine_info
 from rag_demo.measure.metrics import contains_answer, exact_match, f1_score, first_hit, passage_text
 

@@ -28,6 +28,7 @@ from rag_demo.models.decoder_only import DecoderOnlyGenerator
 from rag_demo.models.encoder_decoder import EncoderDecoderGenerator
 from rag_demo.models.generators import Generator
 from rag_demo.models.kernels import onednn_linear
+from rag_demo.models.machine import cpu_has_native_bf16
 from rag_demo.models.trained import (
     ADAPTER_DIR, MAP_FILE, TRAINED_DIR, MappedQuestionEncoder, QuestionMap, adapter_targets, merge_adapter, read_meta,
     share_untouched,
@@ -135,12 +136,6 @@ def smollm_location(spec: StackSpec) -> tuple[str, str | None]:
         if (folder / SMOLLM_GGUF).is_file():
             return str(folder), SMOLLM_GGUF
     return SMOLLM_HUB_ID, None
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16)."""
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own probes
-    return any(bool(getattr(torch.cpu, c, lambda: False)()) for c in checks)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -287,7 +282,7 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
         gen = load_smollm(spec, progress)
         mm = ModeModels(enc, gen, MINILM_SCORE_SCALE, MINILM_DOUBT_BELOW)
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
-        return LoadedStack(spec, enc, modes, time.perf_counter() - t0)
+        return LoadedStack(spec, enc, modes, time.perf_counter() - t0, Path(spec.trained_dir or TRAINED_DIR))
     _say(progress, f"Loading context encoder {spec.ctx_encoder} ...")
     ctx = DPRPassageEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"),
                                             passage_dtype=resolve_dtype(spec.passage_dtype))

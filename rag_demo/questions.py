@@ -1,5 +1,7 @@
-"""QA files as eval reads them: one JSON object a line ({"question", "answers", "id"?}), lines that
-are not a question said by number and dropped, a deterministic sample, the answerable labels.
+"""Questions with their answers, as training and measurement both read them: QA files (one JSON object
+a line, {"question", "answers", "id"?}; lines that are not a question said by number and dropped),
+a deterministic sample, the answerable labels, and whether a text holds a gold answer (DPR's
+has_answer). Below measure/ and training/, which both read it and never each other.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag_demo.config import KNOBS, MODES
-from rag_demo.reader.text import normalize_answer
+from rag_demo.reader.text import normalize_answer, occurs_in
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,28 @@ def keep_answerable(items: list[QAItem], labels_path: str | Path) -> list[QAItem
     return kept
 
 
+def labels_path(qa_path: str | Path) -> Path:
+    """Where the answerable labels of a QA file that carries none inline are kept: beside it as
+    `<name>_labels.jsonl` (assets/qa_train_vital_labels.jsonl)."""
+    qa_path = Path(qa_path)
+    return qa_path.with_name(qa_path.stem + "_labels.jsonl")
+
+
+def answerable_ids(qa_path: str | Path) -> dict[str, bool] | None:
+    """id -> whether a person reading one summary would give a gold answer (../shared/data/README.md):
+    from the rows' own "answerable" field (qa_open_vital.jsonl), else from the labels file beside the
+    QA file (`labels_path`); None when the file is labelled neither way (the dev set: every question
+    was written from a passage, so all are answerable by construction)."""
+    rows = [json.loads(line) for line in Path(qa_path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if rows and all("answerable" in r for r in rows):
+        return {str(r["id"]): bool(r["answerable"]) for r in rows}
+    labels = labels_path(qa_path)
+    if not labels.is_file():
+        return None
+    return {str(r["id"]): bool(r["answerable"]) for r in
+            (json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines() if line.strip())}
+
+
 def load_qa(path: str | Path, limit: int | None = None) -> list[QAItem]:
     """The usable questions of a QA file (see `read_qa`)."""
     return read_qa(path, limit).items
@@ -172,3 +196,19 @@ def parse_retrievers(text: str) -> list[str]:
         raise ValueError(f"unknown retriever(s) {unknown or [text]}: use a comma-separated list of "
                          f"{', '.join(KNOBS['retriever'].choices)}.")
     return list(dict.fromkeys(names))
+
+
+def has_answer(text: str, golds: list[str]) -> bool:
+    """True when some gold answer's tokens occur as a contiguous token sequence in `text`
+    (DPR's has_answer, string mode). Token match, not substring match: "1961" is not found in
+    "19612", nor "art" in "party".
+
+    >>> has_answer("The Wall was built in 1961.", ["1961"]), has_answer("party", ["art"])
+    (True, False)
+    """
+    return any(occurs_in(g, text) for g in golds)
+
+
+def passage_text(p) -> str:
+    """What has_answer searches: the title and the text, as the generator sees them."""
+    return f"{p.title}. {p.text}"

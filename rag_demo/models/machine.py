@@ -1,0 +1,42 @@
+"""The machine a model runs on, in words: the CPU's name and whether it multiplies bfloat16
+natively (which decides the offline generator's precision), or the GPU's name. Measurement and
+training both record it beside every number they write."""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16)."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own probes
+    return any(bool(getattr(torch.cpu, c, lambda: False)()) for c in checks)
+
+
+def cpu_name() -> str:
+    """The CPU's model name, with its family / model numbers (one name can span CPU generations)
+    and whether it multiplies bfloat16 natively."""
+    name, fields = platform.processor() or "?", {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip():
+                break  # the first processor's block is enough
+    except OSError:
+        pass
+    name = fields.get("model name", name)
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name + (", native bfloat16" if cpu_has_native_bf16() else ", no native bfloat16")
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    """`cpu_name()` for the CPU, else the accelerator's own name ("NVIDIA H200")."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
