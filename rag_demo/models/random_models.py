@@ -422,15 +422,17 @@ def make_random_rag_checkpoints(root: Path, size: str = "tiny", seed: int = 0, n
 # ----------------------------------------------------------------------------- a tiny SmolLM2-shaped generator
 
 
-def tiny_smollm_generator(tokenizer_folder: Path, layers: int = 1, kv_heads: int = 2, seed: int = 0):
+def tiny_smollm_generator(tokenizer_folder: Path, layers: int = 1, kv_heads: int = 2, seed: int = 0, hidden: int = 16):
     """SmolLM2's real tokenizer and chat template (a converted-model folder) on a tiny random
-    Llama: prompts, stop tokens and spans are the real ones, decoding is cheap. For tests."""
+    Llama: prompts, stop tokens and spans are the real ones, decoding is cheap. For tests. (At
+    hidden 16 most of the 49k tokens can never be the likeliest: a random output row is seldom
+    extreme in 16 dimensions. A test that must teach it an exact answer asks for 64.)"""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from rag_demo.models.decoder_only import DecoderOnlyGenerator
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=2, num_key_value_heads=kv_heads, eos_token_id=tok.eos_token_id,
                       bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
     torch.manual_seed(seed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rag_demo.measure.metrics import has_answer, passage_text
+from rag_demo.questions import has_answer, passage_text
 from rag_demo.splits import hash_fraction
 from rag_demo.training.pairs import Pair
 
@@ -68,4 +68,56 @@ def make_examples(pairs: list[Pair], encoder, index, depth: int, qmap=None) -> l
         answer = next(a for a in pair.answers if has_answer(texts[hit], [a]))
         target = surface(answer, texts[hit]).strip().rstrip(".")
         out.append(Example(pair.question, target, pair.kind, pair.source, vec, row, hit + 1))
+    return out
+
+
+@dataclass
+class Prepared:
+    """One reader-stage example as token ids: what a training step reads, on any device, with no
+    retriever or corpus at hand (the retrieval is fixed while the generator trains).
+
+        prompts[z]  the paper preset's prompt of passage z, one of the retriever's top K    (K, S_z)
+        prior[z]    log p(z|x) = log_softmax_z (c · q(x)·d(z)) over those K                  (K,)
+        target      " {answer}." then the generator's end of turn                           (T,)"""
+
+    question: str
+    answer: str
+    kind: str
+    source: str
+    prompts: list[list[int]]
+    prior: list[float]
+    target: list[int]
+
+    def heldout(self, share: float) -> bool:
+        return hash_fraction("heldout|" + self.question) < share
+
+
+def target_ids(tokenizer, answer: str, end_of_turn: int) -> list[int]:
+    """The tokens a trained generator should write after the short-answer cue: the answer as a
+    phrase with its full stop, then the end of its turn, so it learns where an answer ends
+    (a year's "1948." is no stop by itself: models/stopping.StopRule)."""
+    return tokenizer.encode(f" {answer.strip().rstrip('.')}.", add_special_tokens=False) + [int(end_of_turn)]
+
+
+def prepare(examples: list[Example], gen, passages, embeddings: np.ndarray, k: int, scale: float,
+            end_of_turn: int, qmap=None) -> list[Prepared]:
+    """Each example's top k passages (its pool, as the retriever ranked them) as the paper preset's
+    prompts, the doc prior over them, and the target's ids ending with `end_of_turn`."""
+    from rag_demo.config import Decoding, ReaderAids
+    from rag_demo.reader.reading import prompt
+
+    out = []
+    for ex in examples:
+        q = np.asarray(ex.qvec, dtype=np.float32)  # (D,)
+        if qmap is not None:
+            import torch
+
+            with torch.no_grad():
+                q = qmap(torch.as_tensor(q)).numpy()  # (D,)
+        rows = ex.pool[:k]
+        s = scale * (np.asarray(embeddings[rows], dtype=np.float32) @ q)  # (K,)
+        prior = s - (s.max() + np.log(np.exp(s - s.max()).sum()))  # (K,) log_softmax
+        prompts = [list(prompt(gen, ex.question, passages[int(r)], Decoding(), ReaderAids())) for r in rows]
+        out.append(Prepared(ex.question, ex.target, ex.kind, ex.source, prompts, [float(x) for x in prior],
+                            target_ids(gen.tokenizer, ex.target, end_of_turn)))
     return out

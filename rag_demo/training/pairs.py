@@ -1,19 +1,22 @@
-"""Question–answer pairs to train on: made from the corpus itself, and the "train" split of a QA file.
+"""Question–answer pairs to train on: real questions first, then pairs made from the corpus itself.
 
-The external file's train split is small and noisy (a gold string in a passage does not mean the
-passage answers), so most pairs come from the corpus, as unsupervised QA does (Lewis et al. 2019,
-"Unsupervised Question Answering by Cloze Translation"): a sentence with a span blanked becomes a
-question whose answer is the span. Four rules, each a function `(title, sentence) -> (question,
-answer) | None`:
+Real questions (`labelled_pairs`): the "train" split of the external QA files, only those a person
+labelled answerable from one summary, each with the answer as that summary words it. A
+string-matched question whose gold only happens to occur in a passage teaches the generator to
+copy the wrong span. Corpus pairs, as unsupervised QA makes them (Lewis et al. 2019, "Unsupervised
+Question Answering by Cloze Translation"), are optional (`train --corpus-pairs N`): a sentence with
+a span blanked becomes a question whose answer is the span. Five rules, each a function
+`(title, sentence, first) -> (question, answer) | None`:
 
   definition  "Canberra is the capital city of Australia."  -> "What is the capital city of Australia?"  Canberra
+  relation    "Its capital is Fredville." (in Freedonia's)  -> "What is the capital of Freedonia?"        Fredville
   year        "The tower was completed in 1889."           -> "The tower was completed in what year?"  1889
   number      "Germany has 16 states."                     -> "Germany has how many states?"            16
   agent       "Hamlet was written by William Shakespeare." -> "Hamlet was written by whom?"             William Shakespeare
 
 A sentence opening with a pronoun ("He was born in ...") gets its passage's title in its place, so
 the question names what it asks about, as a visitor's does. Every pair says how it was made
-(`kind`, and the passage it came from); `make_pairs` keeps only pairs whose answer is not in the
+(`kind`, and the passage it came from); `corpus_pairs` keeps only pairs whose answer is not in the
 question. No pair is ever made from a question outside the train split (rag_demo/splits.py).
 """
 from __future__ import annotations
@@ -187,13 +190,54 @@ def corpus_pairs(passages: Iterable, kinds: Iterable[str] = tuple(RULES)) -> dic
     return out
 
 
+def labelled_pairs(qa_paths: Iterable[str | Path]) -> list[Pair]:
+    """The questions of each QA file's train split that a person labelled answerable from one summary
+    (questions.answerable_ids), in file order. The target comes first among the answers: the
+    answer as the gold summary words it (`answer_in_summary`) where the file gives it, so the
+    generator learns to copy what the passage says; then the file's gold answers."""
+    from rag_demo.questions import answerable_ids, load_qa
+    from rag_demo.splits import split_of
+
+    out: list[Pair] = []
+    for path in qa_paths:
+        labels = answerable_ids(path)
+        if labels is None:
+            raise ValueError(f"{path} has no answerable labels (inline or in {Path(path).stem}_labels.jsonl): "
+                             "train on labelled files only.")
+        for it in load_qa(path):
+            ident = str(it.meta["id"])
+            if split_of(ident) != "train" or not labels.get(ident):
+                continue
+            first = it.meta.get("answer_in_summary")
+            answers = [first] + [a for a in it.answers if a != first] if first else list(it.answers)
+            out.append(Pair(it.question, answers, "external", ident))
+    return out
+
+
+def dedupe(pairs: Iterable[Pair]) -> list[Pair]:
+    """Each question once, and no question asked with two different answers: "What is a chemical
+    element?" made from eight passages would teach eight answers to one question. Order kept."""
+    answers: dict[str, set[str]] = {}
+    for p in pairs:
+        answers.setdefault(normalize_answer(p.question), set()).add(normalize_answer(p.answers[0]))
+    seen: set[str] = set()
+    out = []
+    for p in pairs:
+        q = normalize_answer(p.question)
+        if len(answers[q]) == 1 and q not in seen:
+            seen.add(q)
+            out.append(p)
+    return out
+
+
 def sample_pairs(by_kind: dict[str, list[Pair]], counts: dict[str, int], seed: int) -> list[Pair]:
     """A deterministic sample of `counts[kind]` pairs of each kind (all of a kind with fewer),
-    at most one pair per passage and kind, in a shuffled order."""
+    at most one pair per passage and kind, no question twice or with two answers (`dedupe`), in a
+    shuffled order."""
     rng = random.Random(seed)
     picked: list[Pair] = []
     for kind, n in counts.items():
-        one_each = list({p.source: p for p in by_kind.get(kind, [])}.values())
+        one_each = dedupe({p.source: p for p in by_kind.get(kind, [])}.values())
         picked += rng.sample(one_each, min(n, len(one_each)))
     rng.shuffle(picked)
     return picked

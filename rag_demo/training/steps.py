@@ -41,6 +41,7 @@ def answer_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]], ta
     layer, so no (K, S, V) logits exist. `model` is a causal LM (a peft model is unwrapped by the
     caller or works as one: `.model` the body, `.lm_head` the head)."""
     T = len(target)
+    dev = next(model.parameters()).device
     rows = [list(p) + list(target) for p in prompts]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (K, S)
@@ -48,9 +49,9 @@ def answer_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]], ta
     for z, r in enumerate(rows):
         ids[z, : len(r)] = torch.tensor(r)
         mask[z, : len(r)] = 1
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (K, S, H)
-    at = torch.tensor([[len(p) - 1 + i for i in range(T)] for p in prompts])  # (K, T) positions predicting y_i
+    hidden = model.model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state  # (K, S, H)
+    at = torch.tensor([[len(p) - 1 + i for i in range(T)] for p in prompts], device=dev)  # (K, T) positions predicting y_i
     h = hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (K, T, H)
     logits = model.lm_head(h).float()  # (K, T, V)
-    tgt = torch.tensor(list(target)).expand(len(rows), T)  # (K, T)
+    tgt = torch.tensor(list(target), device=dev).expand(len(rows), T)  # (K, T)
     return logits.gather(2, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (K, T)
