@@ -61,8 +61,9 @@ def write_curve_figure(path: str | Path, out_dir: str | Path | None = None, fmt:
     path = Path(path)
     meta_path = path.with_name("meta.json")
     stages = json.loads(meta_path.read_text(encoding="utf-8")).get("stages", {}) if meta_path.is_file() else {}
-    note = " ".join(f"{s['stage']}: {s['data']['trained_on']} questions, {s['cpu']}, {s['finished']}; rerun: "
-                    f"{s['command']}." for s in stages.values()) or "No meta.json beside the curve."
+    note = " ".join(f"{s['stage']}: {s['data']['trained_on']} examples, {s['device']}, {s['finished']}; rerun: "
+                    + " then ".join(c for c in ((s.get("prepared_by") or {}).get("command"), s["command"]) if c) + "."
+                    for s in stages.values()) or "No meta.json beside the curve."
     out = Path(out_dir) if out_dir is not None else path.with_name(path.stem + "_figures")
     out.mkdir(parents=True, exist_ok=True)
     return save_figure(training_curve(load_curve(path)), out / f"training_curve.{fmt}", note, fmt)

@@ -9,7 +9,10 @@ nor gradio, so every renderer is testable on a hand-made dict.
 from __future__ import annotations
 
 import html
+import json
 import math
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from rag_demo.config import MODE_COLOURS, MODE_TITLES
@@ -268,6 +271,8 @@ def render_answer(a: dict | None, anchor: str = "rag-p-", mode: str | None = Non
         return f'<div class="rag-card rag-card-{mode}">{head}{wait}</div>'
     text = a["text"].strip()
     cut = CUT_REASONS.get(a.get("stopped") or "")
+    if a.get("stopped") == "time_limit" and a.get("time_share_s"):  # the modes share the server's limit
+        cut = f"this mode's share of the time limit ({a['time_share_s']:.0f} s) reached"
     mark = f'<span class="rag-cut" title="cut: {esc(cut)}">…</span>' if cut else ""
     # cut before it said anything (a busy server's time limit): say so, not "(empty answer)"
     empty = f"(no answer: {cut})" if cut else "(empty answer)"
@@ -362,6 +367,23 @@ def render_retriever(a: dict) -> str:
             "index is complete, to see retrieval by meaning.</div>")
 
 
+TRAINED_META = Path(__file__).resolve().parents[2] / "assets" / "trained" / "meta.json"
+
+
+@lru_cache(maxsize=1)
+def trained_parts(meta_path: Path = TRAINED_META) -> str:
+    """What the shipped trained weights changed, from their meta (models/trained.py writes it): "the
+    generator", or "the question map and the generator" when a map ships too."""
+    try:
+        meta = json.loads(Path(meta_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "nothing yet: python -m rag_demo train"
+    files = meta.get("files", {})
+    parts = [name for name, there in (("the question map", any(f.startswith("question_map") for f in files)),
+                                      ("the generator", any(f.startswith("adapter/") for f in files))) if there]
+    return " and ".join(parts) or "nothing yet: python -m rag_demo train"
+
+
 def render_preset(settings: dict | None) -> str:
     """Which preset produced a card (the paper's algorithm alone, with the reader aids, or trained),
     which weights answered (base or trained: said on every card), and any knob changed from the
@@ -374,7 +396,7 @@ def render_preset(settings: dict | None) -> str:
     tip = ("the paper's RAG: the retriever's own p(z|x), no reader aid" if settings["preset"] in ("paper", "trained")
            and not aids else f"reader aids on: {', '.join(aids)}" if aids else "no reader aid on")
     more = f" (changed: {', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""
-    said = ("trained weights (question tower and generator fine-tuned: python -m rag_demo train)"
+    said = (f"trained weights ({trained_parts()} fine-tuned: python -m rag_demo train)"
             if weights == "trained" else "base weights (as published)")
     return (f'<div class="rag-preset" data-preset="{esc(settings["preset"])}" data-weights="{esc(weights)}" '
             f'title="{esc(tip)}">{esc(settings["preset_title"])}{esc(more)} · <span class="rag-weights">{esc(said)}'

@@ -21,7 +21,8 @@ import pandas as pd
 from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
 from rag_demo.measure.curve import load_curve, training_curve
-from rag_demo.measure.qa_files import read_qa, sample_items
+from rag_demo.questions import read_qa, sample_items
+from rag_demo.measure.run_rows import with_answerable
 from rag_demo.serving.session import Session, session_pipeline
 from rag_demo.web.answering import TYPICAL_QUESTION
 from rag_demo.web.api import page_event
@@ -31,11 +32,15 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 RESULTS_DIR = ASSETS / "results"
 DEV_QA = ASSETS / "qa_dev.jsonl"
 # The shipped runs, by question set (the file's stem): what the tab's set picker offers
-SETS = {"qa_dev": "Dev set: 80 questions written for this demo (every one answerable from Vital Articles)",
-        "qa_train_vital": "External questions written by others (WebQuestions, CuratedTREC): the report split, "
-                          "never trained or fitted on"}
-SPLIT_OF_SET = {"qa_train_vital": "report"}  # a set with splits is drawn on the one nothing was fitted on
-GIVEN_SET = "qa_train_vital"  # where retrieval both finds and misses the answer: the given-retrieval figure's set
+SETS = {"qa_open_vital": "External questions written by others and labelled by hand (NQ-open, EfficientQA, "
+                         "WebQuestions, CuratedTREC): the report split's answerable questions, never trained or fitted on",
+        "qa_dev": "Dev set: 80 questions written for this demo, where the aids were chosen (in-sample)",
+        "qa_train_vital": "External questions written by others (WebQuestions, CuratedTREC), string-matched: the "
+                          "report split, none of it answerable from one summary"}
+# a set with splits is drawn on the one nothing was fitted on, and where labelled on its answerable questions
+SPLIT_OF_SET = {"qa_open_vital": "report", "qa_train_vital": "report"}
+ANSWERABLE_ONLY = {"qa_open_vital"}
+GIVEN_SET = "qa_open_vital"  # where retrieval both finds and misses the answer: the given-retrieval figure's set
 CURVE = ASSETS / "trained" / "curve.jsonl"  # python -m rag_demo train's loss curve
 HELDOUT = RESULTS_DIR / "confidence_heldout.jsonl"  # the confidence on the report split (eval --fit-confidence)
 SWEEP_KS = (1, 2, 3, 5, 10, 20)
@@ -51,8 +56,9 @@ LESSONS = {
                       "model read, against seconds per answer.",
     "reliability": "Does an answer card's confidence mean what it says? Each point: answers binned by confidence, "
                    "against how often they were right, on questions the model was not fitted on.",
-    "training_curve": "The paper trains its question tower and generator end to end (§2.4), with RAG's own loss: "
-                      "−log p(y|x) marginalised over the retrieved passages.",
+    "training_curve": "The paper trains its question encoder and generator end to end (§2.4), with RAG's own loss: "
+                      "−log p(y|x) marginalised over the retrieved passages. Here the generator trains on "
+                      "labelled questions; a trained question map did not find more answers and does not ship.",
 }
 
 
@@ -65,14 +71,22 @@ def shipped(name: str) -> tuple[pd.DataFrame, dict] | None:
     return fig.load_rows(path), fig.load_meta(path)
 
 
-def _rows(name: str) -> tuple[pd.DataFrame, dict]:
-    """A shipped set's rows (only its SPLIT_OF_SET split) and meta, the split named in the meta."""
+def _rows(name: str, given_set: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """A shipped set's rows (only its SPLIT_OF_SET split, and only its answerable questions where it is
+    labelled, except as `given_set`) and meta, the split named in the meta."""
     got = shipped(name)
     if got is None:
         return fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {}
     rows, meta = got
     split = SPLIT_OF_SET.get(name)
-    return (fig.in_split(rows, split), {**meta, "split": split}) if split else (rows, meta)
+    if not split:
+        return rows, meta
+    rows = fig.in_split(rows, split)
+    if name in ANSWERABLE_ONLY and name != given_set:
+        rows = with_answerable(rows)
+        rows = rows[rows["answerable"]].drop(columns="answerable")
+        split = f"{split} (its answerable questions only)"
+    return rows, {**meta, "split": split}
 
 
 def _caption(meta: dict, rows: pd.DataFrame | None = None, retrieval: bool = False) -> str:
@@ -97,7 +111,7 @@ def draw(name: str, metric: str, mine: list[dict] | None = None) -> tuple:
     reliability = fig.reliability(held) if held is not None else fig.reliability(rows.iloc[0:0])
     cues = (fig.cue_quality(held) if held is not None
             else pd.DataFrame(columns=["preset", "mode", "answers", "flagged", "wrong", "precision", "recall"]))
-    given, given_meta = _rows(GIVEN_SET)  # the dev set's passages always hold the answer: one group only
+    given, given_meta = _rows(GIVEN_SET, GIVEN_SET)  # all its report questions: retrieval finds and misses
     curve = load_curve(CURVE)
     return (fig.accuracy_vs_k(rows, metric, extra=extra), _caption(meta, rows),
             fig.recall_vs_k(rows, extra=extra), _caption(meta, rows, retrieval=True),
@@ -115,9 +129,16 @@ def _curve_caption() -> str:
     import json
 
     stages = json.loads(meta_path.read_text(encoding="utf-8")).get("stages", {})
-    parts = [f"{s['stage']}: {s['data']['trained_on']} questions (the train split of the external file and pairs "
-             f"made from the corpus), {s['precision']}, {s['train_seconds'] / 60:.0f} min on {s['cpu']}, "
-             f"{s['finished']}. Rerun: {s['command']}" for s in stages.values()]
+    parts = []
+    for s in stages.values():
+        kinds = s["data"]["examples"]
+        real = kinds.get("external", 0)
+        made = f" and {sum(kinds.values()) - real} made from the corpus" if len(kinds) > 1 else ""
+        rerun = " then ".join(c for c in ((s.get("prepared_by") or {}).get("command"), s["command"]) if c)
+        parts.append(f"{s['stage']}: {s['data']['trained_on']} examples ({real} labelled questions of the external "
+                     f"files' train split{made}), {s['precision']}, "
+                     f"{s['seconds_training_all_processes'] / 60:.0f} min on {s['device']}, {s['finished']}. "
+                     f"Rerun: {rerun}")
     return f'<div class="rag-fig-caption">{esc(" ".join(parts))}</div>'
 
 
@@ -130,7 +151,7 @@ class ResultsHandlers:
         self._lock = threading.Lock()
 
     def draw(self, name: str, metric: str, mine: list[dict] | None):
-        return draw(name if name in SETS else "qa_dev", metric if metric in fig.METRICS else "em", mine)
+        return draw(name if name in SETS else "qa_open_vital", metric if metric in fig.METRICS else "em", mine)
 
     def plan(self, pipe: Any, n: Any, ks: Any, modes: Any, preset: Any, retriever: Any) -> tuple[Any, list, float]:
         """(the grid, its questions, its estimated seconds), or a ValueError saying what to change."""
@@ -270,7 +291,7 @@ class _nothing:
 
 def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
     """The tab's layout (inside a `gr.Tab`); -> its components by name, for the wiring."""
-    first = draw("qa_dev", "em")
+    first = draw("qa_open_vital", "em")
     c: dict[str, Any] = {}
     gr.Markdown(
         "The paper teaches with numbers over many questions. These figures come from sweeps that ship with the demo "
@@ -278,7 +299,7 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
         "that reproduces it. Hover a point for its numbers. Below, run a small sweep yourself.",
         elem_id="rag-results-intro")
     with gr.Row():
-        c["set"] = gr.Dropdown(choices=[(v, k) for k, v in SETS.items()], value="qa_dev", label="Question set",
+        c["set"] = gr.Dropdown(choices=[(v, k) for k, v in SETS.items()], value="qa_open_vital", label="Question set",
                                elem_id="rag-results-set", scale=3)
         c["metric"] = gr.Radio(choices=[(v, k) for k, v in fig.METRICS.items()], value="em", label="Accuracy as",
                                elem_id="rag-results-metric", scale=2)
