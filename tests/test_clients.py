@@ -139,7 +139,9 @@ def test_a_refused_sweep_says_why_with_settings_that_fit_and_stop_answers_at_onc
     assert fits({1: 900.0, None: 5.0}, 3, 600) == ("Even one question is over it: choose one small K and one mode.")
 
 
-def test_a_sliders_bounds_never_meet_when_only_the_minimum_is_admitted():
+def test_a_sliders_range_never_moves_when_the_server_admits_less():
+    """Only the minimum admitted: each slider says so in its help and keeps its knob's own range, so
+    no value it holds can fall outside it (a maximum moved under a held value jammed the page)."""
     from rag_demo.serving.admission import Serving
     from rag_demo.serving.budget import Budget
 
@@ -148,10 +150,10 @@ def test_a_sliders_bounds_never_meet_when_only_the_minimum_is_admitted():
     serving.check = lambda p, q, s, *a: (_ for _ in ()).throw(ValueError("no")) if (
         s.decoding.k > 1 or s.decoding.num_beams > 1 or s.decoding.max_new_tokens > 1) else None
     h = handlers.Handlers(pool, serving=serving)
-    k, beams, tokens = h.reach(None)
-    assert all(s.maximum > s.minimum for s in (k, beams, tokens) if s.minimum is not None)
-    assert all(s.maximum == 2 for s in (k, beams, tokens))
-    assert "admits up to 1" in k.info
+    sliders = h.reach(None)
+    # the update names its help alone (gradio sends only a returned component's own arguments)
+    assert all(set(s._constructor_args[0]) == {"info"} for s in sliders)
+    assert all("admits up to 1 with your other settings: more is refused" in s.info for s in sliders)
 
 
 def test_a_cut_answer_is_not_rated():
@@ -165,6 +167,17 @@ def test_a_cut_answer_is_not_rated():
         sig, p, cue = judge({**a, "stopped": why}, m)
         assert p is None and cue is None and sig["ended"] == 0.0
         assert "cut, not rated" in render.render_confidence({**a, "stopped": why, "confidence": None})
+
+
+def test_a_card_cut_by_the_time_limit_names_its_own_share_of_it():
+    """The modes share the server's time limit (admission.time_shares): a card cut at 24 s on a server
+    of 60 s says it reached its share, 24 s, not "the time limit"."""
+    a = {"mode": "token", "question": "q", "text": "Paris", "tokens": ["Paris"], "token_ids": [1], "docs": [],
+         "token_doc_posteriors": [], "top_docs": [], "doc_posterior": None, "sequence_logprob": -1.0,
+         "decoding": "greedy", "timings": {"total": 24.1}, "stack": "offline", "corpus": "c", "candidates": [],
+         "stopped": "time_limit", "time_share_s": 23.9, "settings": {"preset": "aided", "preset_title": "x"}}
+    card = render.render_answer(a)
+    assert "this mode&#x27;s share of the time limit (24 s) reached" in card and "time limit reached" not in card
 
 
 def test_an_answers_score_is_one_number_on_its_card_in_its_candidates_and_in_the_text():

@@ -1133,6 +1133,31 @@ def test_a_refused_question_is_one_line_in_the_servers_log_not_a_traceback(app, 
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("streams", [False, True])
+def test_an_unforeseen_exception_shows_an_id_the_log_has_the_traceback_under(streams, caplog):
+    """A handler's bug is shown as a short message with an error id, never the exception's own text
+    (show_error is off: gradio would send it), and the log holds the traceback under that id."""
+    import gradio as gr
+
+    from rag_demo.web.validation import logs_refusals
+
+    def broken(question):
+        raise KeyError("/srv/secret/path")
+
+    def broken_stream(question):
+        yield "partial"
+        raise KeyError("/srv/secret/path")
+
+    fn = logs_refusals(broken_stream if streams else broken)
+    with caplog.at_level(logging.ERROR, logger="rag_demo.web.validation"):
+        with pytest.raises(gr.Error) as e:
+            list(fn("q")) if streams else fn("q")
+    ident = re.search(r"error ([0-9a-f]{8})", e.value.message)[1]
+    assert "secret" not in e.value.message and "KeyError" not in e.value.message
+    record = next(r for r in caplog.records if ident in r.getMessage())
+    assert record.exc_info and "secret" in str(record.exc_info[1])
+
+
 @pytest.mark.slow
 def test_question_box_does_not_cut_a_long_paste(app):
     box = next(b for b in app[0].blocks.values() if getattr(b, "elem_id", None) == "rag-question")

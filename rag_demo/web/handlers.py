@@ -171,6 +171,7 @@ class Handlers:
                 refusal = str(e)
         return render_cost(cost, refusal, self.serving.budget if self.serving else None, expected)
 
+    @logs_refusals
     def settle(self, s=None, **settings):
         """(the cost line, then each REACHED slider's reach) for these settings: one response, so
         the page settles in one update and a slider is re-rendered at most once per change (a
@@ -180,10 +181,10 @@ class Handlers:
     REACHED = ("k", "num_beams", "max_new_tokens")  # the knobs the server's budget bounds hardest
 
     def reach(self, s=None, **settings):
-        """The K, beams and max-new-tokens sliders reach only as far as this server admits now
-        with the other settings as they are (the budget at the machine's current speed), and say
-        so; nothing changes while the models load, without a budget, or when the settings are
-        invalid (the cost line says why)."""
+        """The K, beams and max-new-tokens sliders say how far this server admits them now with the
+        other settings as they are (the budget at the machine's current speed); their ranges stay
+        the knobs' own. Nothing changes while the models load, without a budget, or when the
+        settings are invalid (the cost line says why)."""
         s = self.fresh(s)
         pipe = self.pool.loaded(s.stack)
         skip = tuple(gr.skip() for _ in self.REACHED)
@@ -215,13 +216,15 @@ class Handlers:
                     mid = (a + b + 1) // 2
                     a, b = (mid, b) if admitted(mid) else (a, mid - 1)
                 top = a
-            note = "" if top == int(KNOBS[name].hi) else f" This server admits up to {top} with your other settings."
-            # a slider's bounds must never meet (gradio refuses minimum == maximum): when only the
-            # minimum is admitted the slider still reaches one step further, and asking that is refused
-            out.append(gr.Slider(maximum=max(top, lo + 1), info=spec.help + note))
+            note = "" if top == int(KNOBS[name].hi) else (
+                f" This server admits up to {top} with your other settings: more is refused, saying what to lower.")
+            # the range itself never moves: a slider whose maximum fell under the value it held
+            # made gradio refuse every later Ask until the page was reloaded
+            out.append(gr.Slider(info=spec.help + note))
         return tuple(out)
 
     @page_event
+    @logs_refusals
     def on_load(self, s: Session | None):
         """Stream the default stack's loading progress into the status line, then say what is
         live and fill the example questions."""
@@ -248,6 +251,7 @@ class Handlers:
             s,
         )
 
+    @logs_refusals
     def index_progress(self, s: Session | None):
         """The status line every few seconds while the visitor's stack answers with BM25 because its
         dense index is built in the background; -> (status, timer): the timer stops once the dense
@@ -331,6 +335,7 @@ class Handlers:
             else:
                 yield {**value[0], "done": True}
 
+    @logs_refusals
     def show_code(self, raw, s, request: gr.Request = None):
         """"Show the code" of the answers on screen: (the CLI command, the gradio_client call, what
         they cannot reproduce of what this visitor changed: an upload, an edit). Empty before the
@@ -437,6 +442,7 @@ class Handlers:
             *empty_outputs(new),
         )
 
+    @logs_refusals
     def pick_passage(self, pid, s):
         """Put the chosen passage's text and title into the edit boxes."""
         return next(((text, title) for i, title, text in self.fresh(s).last_docs if i == pid), ("", ""))

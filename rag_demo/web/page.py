@@ -231,7 +231,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                 with gr.Accordion("Show the code: rerun these answers yourself", open=False, elem_id="rag-code"):
                     gr.Markdown("The command line and the API call that give the answers above: the question, "
                                 "the corpus, the preset and every setting you changed from it.")
-                    code_cli = gr.Code(language="shell", label="Command line (after scripts/setup.sh)",
+                    code_cli = gr.Code(language="shell", label="Command line (in the checkout, after scripts/setup.sh)",
                                        interactive=False, elem_id="rag-code-cli")
                     code_py = gr.Code(language="python", label="Python, through this app's /ask endpoint",
                                       interactive=False, elem_id="rag-code-py")
@@ -377,7 +377,8 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     kwargs.setdefault("css_paths", [CSS_PATH])
     kwargs.setdefault("js", PAGE_JS)
     kwargs.setdefault("theme", theme())
-    kwargs.setdefault("show_error", True)
+    # an exception no check foresaw shows a short message with an id (validation.unexpected), never its text
+    kwargs.setdefault("show_error", False)
     # gradio refuses a larger file while it streams in, before it is written to disk
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
     # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):

@@ -17,6 +17,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,9 +55,21 @@ def user_errors():
         raise refusal(str(e)) from e
 
 
+def unexpected(name: str, e: Exception) -> gr.Error:
+    """What a visitor sees of an exception no check foresaw: a short message with an id, never the
+    exception's own text (it can hold paths or values); the log holds the traceback under that id."""
+    ident = secrets.token_hex(4)
+    log.error("/%s failed (error %s)", name, ident, exc_info=e)
+    err = gr.Error(f"Something went wrong on the server (error {ident}), not in what you sent: try again, and "
+                   "if it happens again, report the error id.")
+    err.print_exception = False
+    return err
+
+
 def logs_refusals(fn: Callable) -> Callable:
     """An endpoint (a handler method; its name is its api_name) whose refusals, any gr.Error it
-    raises, each make one line in the server's log, "/name refused: message", and no traceback.
+    raises, each make one line in the server's log, "/name refused: message", and no traceback;
+    any other exception becomes `unexpected`'s message, its traceback logged under an id.
     A generator stays a generator (gradio streams what a generator function yields)."""
     name = fn.__name__
 
@@ -72,6 +87,8 @@ def logs_refusals(fn: Callable) -> Callable:
             except gr.Error as e:
                 say(e)
                 raise
+            except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
+                raise unexpected(name, e) from None
         return streamed
 
     @functools.wraps(fn)
@@ -81,6 +98,8 @@ def logs_refusals(fn: Callable) -> Callable:
         except gr.Error as e:
             say(e)
             raise
+        except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
+            raise unexpected(name, e) from None
     return called
 
 
@@ -254,7 +273,23 @@ def check_upload(files: Any) -> Any:
         )
     names = [Path(p).name for p in paths]
     shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
-    return load_documents(paths, name=f"Your documents: {shown}")
+    key = tuple((str(p), Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in paths)
+    with _PARSED_LOCK:
+        if key in _PARSED:  # the validator parsed these very files a moment ago: the handler reuses it
+            return _PARSED.pop(key)
+    corpus = load_documents(paths, name=f"Your documents: {shown}")
+    with _PARSED_LOCK:
+        _PARSED[key] = corpus
+        while len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    return corpus
+
+
+# An upload's corpus as the validator read it, for the handler that follows: each upload is read and
+# split once. Keyed by the files' paths, sizes and times; taken (not copied) by the next reader.
+_PARSED: "OrderedDict[tuple, Any]" = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_PARSED_KEPT = 4
 
 
 def remove_uploaded(files: Any) -> None:
