@@ -174,13 +174,24 @@ class Corpus:
         return Corpus(self.name, passages)
 
 
+# An edited passage's longest text: a passage is ~100 words (~600 characters) and the generator reads
+# at most 1024 of its tokens (about 4,000 characters), so more would be embedded and tokenised for nothing.
+MAX_EDIT_CHARS = 4000
+
+
 def check_passage_text(passage_id: str, new_text: object) -> str:
     """An edited passage's text, whitespace-normalised, or a ValueError naming the problem and the fix."""
     if not isinstance(new_text, str):
         raise ValueError(f"the new text for passage {passage_id!r} must be text, got {type(new_text).__name__}.")
+    if len(new_text) > 4 * MAX_EDIT_CHARS:  # refused before any work on it
+        raise ValueError(f"the new text for passage {passage_id!r} is {len(new_text):,} characters, over the limit "
+                         f"of {MAX_EDIT_CHARS:,} (a passage is about 600): shorten it.")
     text = normalise(new_text)
     if not text:
         raise ValueError(f"the new text for passage {passage_id!r} is empty: type some text for the passage.")
+    if len(text) > MAX_EDIT_CHARS:
+        raise ValueError(f"the new text for passage {passage_id!r} is {len(text):,} characters, over the limit "
+                         f"of {MAX_EDIT_CHARS:,} (a passage is about 600): shorten it.")
     return text
 
 

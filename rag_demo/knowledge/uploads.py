@@ -19,6 +19,8 @@ from rag_demo.knowledge.corpus import Corpus, Document, corpus_from_documents
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024  # 5 MB of text is ~800k words, ~8k passages: minutes to embed on 2 cores
+# the text an upload may hold once extracted (a 5 MB PDF can hold far more text than its bytes)
+MAX_TEXT_CHARS = MAX_UPLOAD_BYTES
 TEXT_FIELDS = ("text", "content", "body", "passage", "extract")  # accepted names of the text column / field
 
 _BOMS = (  # UTF-32 first: its little-endian BOM starts with UTF-16's
@@ -85,6 +87,30 @@ def _decode(name: str, data: bytes) -> str:
             break
         return text
     raise _binary_error(name)
+
+
+def heading(text: str) -> str | None:
+    """A plain text's own title: its first non-empty line when that line reads as a heading (at most
+    12 words and 100 characters, no sentence-final full stop), else None.
+
+    >>> heading("Fact sheet: Mars\\n\\nMars is the fourth planet."), heading("Mars is red. It is small.\\nMore.")
+    ('Fact sheet: Mars', None)
+    """
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    first = first.lstrip("#").strip()
+    if not first or len(first) > 100 or len(first.split()) > 12 or first.endswith((".", ",", ";", ":")):
+        return None
+    return first
+
+
+def _titled(stem: str, text: str) -> Document:
+    """One document from a plain text: titled by its heading (which then leaves the body), else by
+    the file's name."""
+    title = heading(text)
+    if title is None:
+        return (stem, text, None)
+    body = text.split(title, 1)[1] if title in text else text
+    return (title, body.lstrip("\n"), None)
 
 
 def _markdown(stem: str, text: str) -> list[Document]:
@@ -156,10 +182,17 @@ def _pdf(name: str, stem: str, data: bytes) -> list[Document]:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise ValueError(f"{name} is password protected: upload an unprotected copy.")
-        text = "\n".join(page.extract_text() or "" for page in reader.pages)
+        pages, chars = [], 0
+        for page in reader.pages:  # page by page, so a PDF of more text than an upload may hold stops early
+            pages.append(page.extract_text() or "")
+            chars += len(pages[-1])
+            if chars > MAX_TEXT_CHARS:
+                raise ValueError(f"{name} holds over {MAX_TEXT_CHARS:,} characters of text, over the upload limit: "
+                                 "upload some of its pages.")
+        text = "\n".join(pages)
     except pypdf.errors.PyPdfError as e:
         raise ValueError(f"{name} is not a readable PDF ({e}): re-export it as PDF or upload its text as .txt.") from e
-    return [(stem, text, None)]
+    return [_titled(stem, text)]
 
 
 def _read_documents(path: Path, max_bytes: int) -> list[Document]:
@@ -178,16 +211,21 @@ def _read_documents(path: Path, max_bytes: int) -> list[Document]:
     elif ext == ".md":
         docs = _markdown(path.stem, _decode(path.name, data))
     else:
-        docs = [(path.stem, _decode(path.name, data), None)]
+        docs = [_titled(path.stem, _decode(path.name, data))]
     if not any(t.strip() for _, t, _ in docs):
         raise ValueError(f"{path.name} has no text: upload a file with text in it (a scanned PDF needs OCR first).")
     return docs
 
 
 def load_documents(paths: list[str | Path], name: str = "Your documents", max_bytes: int = MAX_UPLOAD_BYTES) -> Corpus:
-    """A corpus from uploaded files: .txt/.pdf (one document, titled by the file name), .md (titled by
-    its first heading), .csv (one document per row) and .jsonl (one per line)."""
+    """A corpus from uploaded files: .txt/.pdf (one document, titled by its first line when that is a
+    heading, else by the file name), .md (titled by its first heading), .csv (one document per row)
+    and .jsonl (one per line); refused when its text, once extracted, is over MAX_TEXT_CHARS."""
     if not paths:
         raise ValueError(f"no files given: upload at least one of {', '.join(supported_extensions())}.")
     docs = [d for p in paths for d in _read_documents(Path(p), max_bytes)]
+    chars = sum(len(text) for _, text, _ in docs)
+    if chars > MAX_TEXT_CHARS:
+        raise ValueError(f"the upload holds {chars:,} characters of text, over the limit of {MAX_TEXT_CHARS:,}: "
+                         "upload fewer or shorter files.")
     return corpus_from_documents(name, docs)
