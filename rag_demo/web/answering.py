@@ -93,6 +93,42 @@ def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, *
     return next(v for kind, v in answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
 
 
+MAX_SENT_TEXT = 4000  # an answer's text, a passage id or title as a client sends it back: longer is not ours
+
+
+def checked_raw(raw: Any) -> dict:
+    """The last answers as a client sends them back for /without_passage or /continue_mode, checked
+    before anything runs: a dict with the question, the settings and each mode's answer, at most
+    KNOBS' largest K passages an answer, each an id string, the texts bounded, every list as long
+    as the passages. Only ids, the question, the settings and the old texts are read from it: the
+    passages come from the corpus and their scores from the retriever, never from the client.
+    ValueError naming what is wrong and what to send."""
+    top = int(KNOBS["k"].hi)
+    if not isinstance(raw, dict) or not isinstance(raw.get("answers"), dict) or not isinstance(raw.get("settings"), dict):
+        raise ValueError("the last answers are not what /ask returned: send the dict of your last /ask, "
+                         "with its question, settings and answers.")
+    check_question(raw.get("question"))
+    unknown = sorted(set(raw["answers"]) - set(MODES))
+    if unknown:
+        raise ValueError(f"the last answers hold unknown modes {unknown}: send /ask's answers for {', '.join(MODES)}.")
+    for m, a in raw["answers"].items():
+        docs = a.get("docs") if isinstance(a, dict) else None
+        if not isinstance(docs, list) or len(docs) > top or not all(
+                isinstance(d, dict) and isinstance(d.get("id"), str) and len(d["id"]) <= MAX_SENT_TEXT for d in docs):
+            raise ValueError(f"the last {m} answer's passages are not /ask's: send up to {top} passages, each with "
+                             "its id, as /ask returned them.")
+        if not isinstance(a.get("text", ""), str) or len(a.get("text", "")) > MAX_SENT_TEXT:
+            raise ValueError(f"the last {m} answer's text is not /ask's: send it as /ask returned it.")
+        for name in ("doc_posterior", "passage_drop"):
+            values = a.get(name)
+            if values is not None and (not isinstance(values, list) or len(values) != len(docs) or not all(
+                    v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in values)):
+                raise ValueError(f"the last {m} answer's {name} is not /ask's: send one number per passage, as /ask "
+                                 "returned it.")
+    settings_of(raw)  # the settings: validated by their declarations
+    return raw
+
+
 def settings_of(raw: dict) -> RagSettings:
     """The settings the last answers ran with (`raw` as the page holds it)."""
     return RagSettings(preset=raw["settings"].get("preset", "aided"),
@@ -105,6 +141,8 @@ def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str],
     ValueError (shown on the page) when there is nothing to compare or the passages are gone."""
     if not raw or not raw.get("answers"):
         raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
+    raw = checked_raw(raw)
+    weights = settings_of(raw).decoding.weights
     by_ids: dict[tuple[str, ...], list[str]] = {}
     for m, a in raw["answers"].items():
         if m != "closed-book" and any(d["id"] == pid for d in a["docs"]):
@@ -121,7 +159,9 @@ def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str],
             passages = [corpus.passages[corpus.position(d["id"])] for d in keep]
         except (KeyError, ValueError):
             raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
-        plan.append((modes, passages, [d["score"] for d in keep], docs, next(i for i, d in enumerate(docs) if d["id"] == pid)))
+        # the retriever's own scores of the passages left (what the client sent is never read)
+        scores = [float(x) for x in pipe.retriever.passage_scores(raw["question"], modes[0], passages, weights)]
+        plan.append((modes, passages, scores, docs, next(i for i, d in enumerate(docs) if d["id"] == pid)))
     return plan
 
 
@@ -163,14 +203,18 @@ def stop_button(running: bool) -> Any:
 
 
 def again_passages(pipe: Any, raw: dict, mode: str) -> tuple[list, list[float]] | None:
-    """The passages and scores `mode`'s card read (None for closed-book), for answering it again."""
+    """The passages `mode`'s card read and the retriever's scores of them (None for closed-book),
+    for answering it again."""
     if mode == "closed-book":
         return None
+    raw = checked_raw(raw)
     corpus, docs = pipe.index.corpus, raw["answers"][mode]["docs"]
     try:
-        return [corpus.passages[corpus.position(d["id"])] for d in docs], [d["score"] for d in docs]
+        passages = [corpus.passages[corpus.position(d["id"])] for d in docs]
     except (KeyError, ValueError):
         raise ValueError("the corpus changed since this answer: ask again.") from None
+    weights = settings_of(raw).decoding.weights  # the retriever's own scores, never the client's
+    return passages, [float(x) for x in pipe.retriever.passage_scores(raw["question"], mode, passages, weights)]
 
 
 def answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any, serving: Serving | None = None,
