@@ -83,6 +83,17 @@ def test_the_sentence_under_the_cards_says_why_the_modes_agree_or_differ_from_th
     assert "RAG-Sequence stopped early" in ranked_fast and "differ" not in ranked_fast  # nor from another algorithm
 
 
+def test_the_explanation_names_the_passage_the_answer_came_from_when_retrieval_trusted_another():
+    """Retrieval put 1.00 on the first passage, but both answers copied the second's words and
+    RAG-Sequence's posterior moved there: the sentence says so, never "read that passage almost alone"."""
+    priors = [("Victoria Falls", 0.998), ("Niagara Falls is a group of waterfalls", 0.002)]
+    why = explain_modes({"sequence": _answer("sequence", "Niagara Falls.", priors, [0.054, 0.946]),
+                         "token": _answer("token", "Niagara Falls.", priors)})
+    assert "almost alone" not in why and "agree" in why
+    assert "yet the answer comes from [2] Niagara Falls is a group of waterfalls whose text holds" in why
+    assert "posterior p(z|x,y) puts 0.95 on it" in why and "1.00 on [1] Victoria Falls" in why
+
+
 def test_the_passage_table_shows_the_retrievers_own_prior_beside_the_reweighted_one():
     plain = _answer("token", "x", [("A", 0.6), ("B", 0.4)])
     assert "retriever<br>p(z|x)" not in render_passages({"token": plain})  # the paper's prior: one column

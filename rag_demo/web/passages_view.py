@@ -136,8 +136,14 @@ def explain_modes(answers: dict[str, dict]) -> str:
     order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
     top = docs[order[0]]
     name = lambda d: f"[{d['rank']}] {d['title']}"  # noqa: E731
+    src = _read_from(seq, docs)  # the passage RAG-Sequence's answer leans on, by its posterior p(z|x,y)
     if not _same(seq["text"], tok["text"]):  # the reason is in the scores, not the prior: say the prior plainly
         prior = f"p(z|x) puts {top['prior']:.2f} on {name(top)}"
+    elif src is not None and src != order[0]:  # the answer came from another passage than the one retrieval trusted
+        s_post = seq["doc_posterior"][src]
+        held = " whose text holds the answer's words" if _holds(docs[src], seq["text"]) else ""
+        prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, yet the answer comes from {name(docs[src])}"
+                 f"{held}: once the answer is read, RAG-Sequence's posterior p(z|x,y) puts {s_post:.2f} on it")
     elif top["prior"] >= 0.9:
         prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, so both models read that passage almost alone: "
                  "RAG-Token's mixture is then its next-token distribution, RAG-Sequence's best answer its favourite")
@@ -157,6 +163,20 @@ def explain_modes(answers: dict[str, dict]) -> str:
                   f" Closed-book, from its weights alone, said “{cb['text'].strip()}”.")
     return (f'<div class="rag-why"><b>Why the two RAG answers {"agree" if _same(seq["text"], tok["text"]) else "differ"}'
             f":</b> {esc(prior + verdict + closed)}</div>")
+
+
+def _read_from(a: dict, docs: list[dict]) -> int | None:
+    """The passage an answer leans on most: the argmax of its posterior p(z|x,y) (None without one)."""
+    post = a.get("doc_posterior") or []
+    if len(post) != len(docs) or not post:
+        return None
+    return max(range(len(post)), key=post.__getitem__)
+
+
+def _holds(d: dict, answer: str) -> bool:
+    """Whether a passage's title or text holds the answer's words (case aside)."""
+    words = answer.strip().rstrip(".").casefold()
+    return bool(words) and words in f"{d.get('title', '')} {d.get('text', '')}".casefold()
 
 
 def _score_of(text: str, candidates: list[dict]) -> str | None:
