@@ -102,6 +102,9 @@ class Answer:
     # the seconds this mode was expected to take, priced before it ran from its own prompts and what
     # the generator kept then (models.cost.CostModel.expected; timings["total"] is what it took)
     expected_seconds: float | None = None
+    # this mode's own share of the server's time limit (runs.Run.seconds; serving.admission.time_shares),
+    # what "time limit reached" on a cut card refers to; None when no limit applied
+    time_share_s: float | None = None
     # the passages the retriever ranked just after the K read (K+1 ..): [{"rank", "id", "title",
     # "text", "url", "score"}], what a larger K would have added; [] for closed-book and given passages
     near_misses: list = field(default_factory=list)

@@ -97,6 +97,7 @@ class Generating:
                 t["focus"] = focus_s
             answer = self.make_answer(q, mode, gen, g, docs, t, s, qg, cues(q, mm, scores))
             answer.retriever, answer.expected_seconds = retrieved_by, expected[mode]
+            answer.time_share_s = run.seconds.get(mode)
             yield AnswerEvent(mode, True, answer)
 
     def closed_book(self, q: str, s: RagSettings, run: Run, listen: Listen | None) -> Answer:
@@ -111,6 +112,7 @@ class Generating:
         g = run_closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
         answer = self.make_answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
         answer.expected_seconds = expected
+        answer.time_share_s = run.seconds.get("closed-book")
         return answer
 
     def make_answer(self, q, mode, gen, g: Generation, docs: list[RetrievedDoc], timings: dict, s: RagSettings,

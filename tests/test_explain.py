@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import html
 import shlex
+import subprocess
+from pathlib import Path
 
 from rag_demo.web import passages_view, render, reproduce
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_answer_spans_find_the_copied_words_as_eval_compares_them():
@@ -81,8 +85,13 @@ def test_the_code_names_the_preset_and_every_changed_knob():
               "settings": {"preset": "paper", "changed": {"k": 3, "retriever": "hybrid", "extractive": True}},
               "answers": {}}
     cli = reproduce.cli_command(result, ["--corpus", "factbook"])
-    assert shlex.split(cli) == ["python", "-m", "rag_demo", "ask", "Who wrote Hamlet?", "--preset", "paper", "--corpus",
-                                "factbook", "--k", "3", "--retriever", "hybrid", "--extractive", "true"]
+    assert shlex.split(cli) == [".venv/bin/python", "-m", "rag_demo", "ask", "Who wrote Hamlet?", "--preset", "paper",
+                                "--corpus", "factbook", "--k", "3", "--retriever", "hybrid", "--extractive", "true"]
+    # as printed, from the checkout: its interpreter is the one scripts/setup.sh made, with torch and the app
+    ran = subprocess.run([shlex.split(cli)[0], "-c", "import torch, rag_demo.pipeline, rag_demo.cli as c; "
+                          "c.build_parser().parse_args(__import__('sys').argv[1:])", *shlex.split(cli)[3:]],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
     code = reproduce.client_code(result, "http://127.0.0.1:7860/", "factbook")
     assert ("client.predict('Who wrote Hamlet?', preset='paper', corpus='factbook', k=3, retriever='hybrid', "
             "extractive=True, api_name=\"/ask\")") in code

@@ -1,8 +1,9 @@
 """"Show the code": the command line and the gradio_client call that reproduce the answers on screen.
 
 From an /ask result dict (the question, the stack, the settings that ran), the CLI command
-`python -m rag_demo ask ...` and a Python snippet calling the app's /ask endpoint, each naming the
-preset and every knob that differs from it, so that a learner can rerun exactly what they saw.
+`.venv/bin/python -m rag_demo ask ...` (run in the checkout) and a Python snippet calling the app's
+/ask endpoint, each naming the preset and every knob that differs from it, so that a learner can
+rerun exactly what they saw.
 Pure: dicts in, text out (no torch, no gradio).
 """
 from __future__ import annotations
@@ -33,11 +34,12 @@ def _cli_value(v: Any) -> str:
 
 
 def cli_command(result: dict, corpus_flags: list[str] = ()) -> str:
-    """`python -m rag_demo ask QUESTION --preset P [--stack paper] [corpus flags] [--knob value ...]`:
+    """`.venv/bin/python -m rag_demo ask QUESTION --preset P [--stack paper] [corpus flags] [--knob value ...]`:
     the three answers of `result` on the command line (`corpus_flags`: how the server got its corpus,
     e.g. ["--corpus", "factbook"] or ["--corpus-file", "notes.md"])."""
     s = result.get("settings") or {}
-    args = ["python", "-m", "rag_demo", "ask", result["question"], "--preset", s.get("preset", "aided")]
+    # the checkout's own interpreter (scripts/setup.sh makes .venv): a plain `python` has no torch
+    args = [".venv/bin/python", "-m", "rag_demo", "ask", result["question"], "--preset", s.get("preset", "aided")]
     if result.get("stack", "offline") != "offline":
         args += ["--stack", result["stack"]]
     args += list(corpus_flags)
