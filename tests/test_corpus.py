@@ -183,6 +183,28 @@ def test_upload_txt():
     assert c.passages[0].text.startswith("Georges Seurat was a French post-Impressionist artist. He devised")
 
 
+def test_upload_txt_is_titled_by_its_heading_and_its_extracted_text_is_bounded(tmp_path: Path, monkeypatch):
+    from rag_demo.knowledge import uploads
+
+    f = tmp_path / "fact.txt"
+    f.write_text("Mars fact sheet\n\nMars is the fourth planet from the Sun. It has two moons.")
+    (p,) = load_documents([f]).passages
+    assert p.title == "Mars fact sheet" and p.text.startswith("Mars is the fourth planet")  # not "fact"
+    monkeypatch.setattr(uploads, "MAX_TEXT_CHARS", 40)  # a PDF's text can far exceed its bytes
+    with pytest.raises(ValueError, match="characters of text, over the limit of 40: upload fewer or shorter"):
+        load_documents([f])
+
+
+def test_an_edited_passage_is_bounded_before_any_work_on_it():
+    from rag_demo.knowledge.corpus import MAX_EDIT_CHARS
+
+    c = corpus_from_documents("c", [("A", "Alpha text.", None)])
+    assert c.with_passage_text("A#0", "x" * MAX_EDIT_CHARS).passages[0].text == "x" * MAX_EDIT_CHARS
+    for n in (MAX_EDIT_CHARS + 1, 100_000):
+        with pytest.raises(ValueError, match=f"is {n:,} characters, over the limit of {MAX_EDIT_CHARS:,}"):
+            c.with_passage_text("A#0", "x" * n)
+
+
 def test_upload_md_uses_first_heading_as_title():
     (p,) = load_documents([FIXTURES / "rag_notes.md"]).passages
     assert p.title == "Retrieval-Augmented Generation"

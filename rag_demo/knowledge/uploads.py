@@ -90,15 +90,21 @@ def _decode(name: str, data: bytes) -> str:
 
 
 def heading(text: str) -> str | None:
-    """A plain text's own title: its first non-empty line when that line reads as a heading (at most
-    12 words and 100 characters, no sentence-final full stop), else None.
+    """A plain text's own title: its first line when that reads as a heading, a paragraph of its own
+    (a blank line or the end after it) of at most 12 words and 100 characters with no sentence's
+    full stop; else None.
 
-    >>> heading("Fact sheet: Mars\\n\\nMars is the fourth planet."), heading("Mars is red. It is small.\\nMore.")
+    >>> heading("Fact sheet: Mars\\n\\nMars is the fourth planet."), heading("Mars is red. It is small.\\n\\nMore.")
     ('Fact sheet: Mars', None)
+    >>> heading("Georges Seurat was a French painter who\\ndevised pointillism.")  # a sentence wrapped, not a title
     """
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    first = first.lstrip("#").strip()
-    if not first or len(first) > 100 or len(first.split()) > 12 or first.endswith((".", ",", ";", ":")):
+    lines = text.strip().splitlines()
+    if not lines:
+        return None
+    first = lines[0].strip().lstrip("#").strip()
+    alone = len(lines) == 1 or not lines[1].strip()
+    if (not alone or not first or len(first) > 100 or len(first.split()) > 12 or ". " in first
+            or first.endswith((".", ",", ";", ":"))):
         return None
     return first
 
