@@ -79,6 +79,8 @@ def test_auroc_and_threshold_by_hand():
     assert cal.auroc(np.array([0.5, 0.5]), np.array([1, 0])) == 0.5
     assert cal.choose_threshold(np.array([0.2, 0.8]), np.array([1, 0]), 0.8) == 0.0  # the lowest is right: never flag
     p, right = np.array([0.1, 0.3, 0.6, 0.9]), np.array([0, 0, 0, 1])
-    assert cal.choose_threshold(p, right, 0.8, highest=1.0) == 0.75  # the three lowest are wrong
-    # a file where most answers are wrong: the cue still leaves the answers rated likely right alone
-    assert cal.choose_threshold(p, right, 0.8) == cal.HIGHEST == 0.5
+    assert cal.choose_threshold(p, right, 0.8) == 0.75  # the three lowest are wrong, no right one flagged
+    # most answers wrong, two right ones among the unsure: flagging the first would flag half the right ones
+    p, right = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.6]), np.array([0, 0, 0, 1, 0, 0, 1, 1])
+    assert cal.choose_threshold(p, right, 0.8, right_flagged=0.25) == 0.175
+    assert cal.choose_threshold(p, right, 0.8, right_flagged=0.34) == pytest.approx(0.325)  # 5 of 6 flagged wrong
