@@ -1,6 +1,6 @@
 """The training curve: RAG's loss, −log p(y|x) marginalised over the retrieved passages, against
-the questions seen, on the training batches and on the held-out twentieth the run never trains on,
-per stage (the question tower alone, then the reader with it). Drawn from the rows `python -m
+the examples seen (each epoch sees every example again), on the training batches and on the
+held-out twentieth the run never trains on, per stage that ran. Drawn from the rows `python -m
 rag_demo train` writes beside the trained weights (assets/trained/curve.jsonl); no model runs.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 
 from rag_demo.measure.figures import finish_chart, chart_legend, no_rows_chart, tooltips
 
-STAGE_TITLES = {"retriever": "question tower alone (generator frozen)", "reader": "reader and question tower"}
+STAGE_TITLES = {"retriever": "question map alone (generator frozen)", "reader": "the generator"}
 LOSS_TITLES = {"train_loss": "training batches", "heldout_loss": "held-out questions"}
 CURVE_COLOURS = {"train_loss": "#1f78b4", "heldout_loss": "#e6550d"}
 
@@ -38,16 +38,19 @@ def training_curve(df: pd.DataFrame):
         return no_rows_chart(df, "The training curve needs the rows python -m rag_demo train writes (curve.jsonl).")
     long = long.assign(curve_title=[LOSS_TITLES[c] for c in long["curve"]],
                        stage_title=[STAGE_TITLES.get(s, s) for s in long["stage"]])
-    colour = alt.Color("curve_title:N", title="loss on", legend=chart_legend("loss on"),
+    # the legends draw a line sample, as the marks are lines
+    colour = alt.Color("curve_title:N", title="loss on", legend=chart_legend("loss on", symbolType="stroke",
+                                                                          symbolStrokeWidth=2),
                        scale=alt.Scale(domain=list(LOSS_TITLES.values()), range=list(CURVE_COLOURS.values())))
-    tip = tooltips(("stage_title:N", "stage"), ("curve_title:N", "loss on"), ("examples:Q", "questions seen"),
+    tip = tooltips(("stage_title:N", "stage"), ("curve_title:N", "loss on"), ("examples:Q", "examples seen"),
                    ("loss:Q", "−log p(y|x) (nats)"))
-    x = alt.X("examples:Q", title="questions seen")
+    x = alt.X("examples:Q", title="examples seen (each epoch sees every example again)")
     y = alt.Y("loss:Q", title="−log p(y|x), nats", scale=alt.Scale(zero=False))
-    dash = alt.StrokeDash("stage_title:N", title="stage", legend=chart_legend("stage", symbolType="stroke",
-                                                                          symbolStrokeColor="#333333"))
-    chart = alt.Chart(long).mark_line(point=True, strokeWidth=2).encode(x=x, y=y, color=colour, strokeDash=dash,
-                                                                         tooltip=tip)
+    encoding = {"x": x, "y": y, "color": colour, "tooltip": tip}
+    if long["stage"].nunique() > 1:  # one dash a stage, when more than one ran
+        encoding["strokeDash"] = alt.StrokeDash("stage_title:N", title="stage", legend=chart_legend(
+            "stage", symbolType="stroke", symbolStrokeColor="#333333"))
+    chart = alt.Chart(long).mark_line(point=True, strokeWidth=2).encode(**encoding)
     return finish_chart(chart, "Training with RAG's own loss",
                    "The marginal −log p(y|x) over the retrieved passages, as training goes: on the batches it "
                    "learns from, and on held-out questions it never trains on.")

@@ -109,16 +109,36 @@ def _source(df: pd.DataFrame) -> str:
     return df.attrs.get("source", "this run")
 
 
+PHRASE_BREAKS = (" against ", " given ", ": ", " (")  # where a title may turn to a second line
+
+
 def _lines(text: str, width: int) -> list[str] | str:
     lines = textwrap.wrap(text, width)
     return lines if len(lines) > 1 else text
+
+
+def _title_lines(text: str, width: int) -> list[str] | str:
+    """A title on one line, or broken before a phrase ("Answer accuracy (exact match)" / "against K"),
+    never inside one ("... against" / "K"); plain wrapping only where no phrase break fits.
+
+    >>> _title_lines("Answer accuracy (exact match) against K", 38)
+    ['Answer accuracy (exact match)', 'against K']
+    """
+    if len(text) <= width:
+        return text
+    for word in PHRASE_BREAKS:
+        at = text.rfind(word, 0, width + 1)
+        if at > 0:
+            rest = text[at:].strip()
+            return [text[:at], *([rest] if len(rest) <= width else textwrap.wrap(rest, width))]
+    return _lines(text, width)
 
 
 def finish_chart(chart, title: str, subtitle: str):
     # Legends below the plot, one under the other: side by side they overflow a phone's width.
     # (Vega's legend layout; Vega-Lite's schema admits it only as an expression.)
     return chart.properties(
-        title=alt.TitleParams(_lines(title, TITLE_CHARS), subtitle=_lines(subtitle, SUBTITLE_CHARS), anchor="start",
+        title=alt.TitleParams(_title_lines(title, TITLE_CHARS), subtitle=_lines(subtitle, SUBTITLE_CHARS), anchor="start",
                               subtitleColor="#444"),
         width="container", height=HEIGHT, usermeta=SVG).configure_legend(layout=alt.ExprRef(LEGENDS_STACKED))
 
@@ -331,7 +351,9 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
 
     bars = alt.Chart(with_series(table)).mark_bar().encode(
         x=x, xOffset=offset, y=y, color=colour, tooltip=tip,
-        opacity=alt.Opacity("preset_title:N", title="preset", legend=chart_legend("preset"),
+        # the preset's shade, drawn in a mode's colour as the bars are (a grey swatch matched no bar)
+        opacity=alt.Opacity("preset_title:N", title="preset", legend=chart_legend(
+            "preset", symbolType="square", symbolFillColor=MODE_COLOURS["token"], symbolStrokeWidth=0),
                             scale=_preset_scale(table, PRESET_OPACITY)))
     mine = None
     if y_table is not None and not y_table.empty:
