@@ -139,7 +139,7 @@ class Decoding(_Knobs):
                                  help="Beam search ranks finished answers by summed log-prob / length^L.",
                                  why="The paper's score has no length normalisation; 1 (transformers' default) "
                                      "favoured copied sentences.")
-    prior_temperature: float = knob(1.0, lo=0.05, hi=20.0, step=0.25, ends=("sharper", "flatter"),
+    prior_temperature: float = knob(1.0, lo=0.05, hi=20.0, step=0.05, ends=("sharper", "flatter"),
                                     label="Retrieval temperature",
                                     help="p(z|x) = softmax(score / T): above 1 spreads the answer over more "
                                          "passages, below 1 leans on the top one.",

@@ -443,6 +443,36 @@ def test_upload_a_document_and_ask_what_only_it_answers(page, server, tmp_path):
     shot(page, "04-upload-answer")
 
 
+def test_a_6_mb_file_and_a_bad_type_each_get_a_message_and_the_next_upload_works(page, server, tmp_path):
+    """On the upload box: the limit said for a 6 MB file, the accepted types for an .exe, never a
+    bare "Error" nor gradio's toast; then a good file is uploaded and used."""
+    big, exe, good = tmp_path / "big.txt", tmp_path / "program.exe", tmp_path / "zorblax.txt"
+    big.write_bytes(b"word " * (6 * 2**20 // 5))
+    exe.write_bytes(b"MZ\x90\x00" * 64)
+    good.write_text("The Zorblax Festival is held every spring in the mountain town of Quillmere.")
+    wait_ready(page, server)
+    page.locator("#rag-upload-acc").get_by_text("Upload your own documents").click()
+    files = page.locator("#rag-files input[type=file]")
+    for path, message in ((big, "over the limit of 5 MB in all"), (exe, "unsupported type .exe: upload one of")):
+        files.set_input_files(str(path))
+        page.locator("#rag-files").get_by_text(path.stem).first.wait_for(timeout=60_000)
+        page.click("#rag-upload")
+        page.get_by_text(message, exact=False).first.wait_for(timeout=60_000)
+        shot(page, f"04c-upload-refused-{path.suffix.lstrip('.')}")
+        errors = page.locator(".error, .toast-body").all_inner_texts()
+        assert not any(t.strip() in ("Error", "") for t in errors), errors
+        assert not page.get_by_text("exceeds the maximum file size").count()
+        assert page.locator(".rag-status").get_attribute("data-corpus") == "Demo documents"  # nothing lost
+        page.locator("#rag-files .validation-error button[aria-label='Clear']").click()  # the message read
+        page.locator("#rag-files").hover()  # then the box's own Clear, shown on hover, empties it
+        page.locator("#rag-files .top-panel button[aria-label='Clear']").click()
+        page.locator("#rag-files").get_by_text(path.stem).first.wait_for(state="detached", timeout=10_000)
+    files.set_input_files(str(good))
+    page.locator("#rag-files").get_by_text("zorblax").first.wait_for(timeout=30_000)
+    page.click("#rag-upload")
+    page.wait_for_selector(".rag-status[data-corpus^='Your documents']", timeout=ANSWER_TIMEOUT_MS)
+
+
 def test_an_edit_of_an_upload_then_a_switch_never_shows_the_uploads_answers_again(page, server, tmp_path):
     """Upload, ask, "save edit and ask again", switch to the built-in corpus while that runs, ask
     there: from the switch on, neither the cards nor the status line show the upload's answers."""
@@ -541,6 +571,57 @@ def test_a_typed_value_outside_a_sliders_range_gets_a_message(page, server):
     box.fill("2")
     box.press("Enter")
     knob.locator(".rag-range-msg").wait_for(state="detached", timeout=10_000)  # a good value clears it
+
+
+SLIDER_KNOBS_JS = """() => [...document.querySelectorAll('[id^=rag-knob-]')]
+    .filter(e => e.querySelector('input[type=range]') && e.querySelector('input[type=number]')).map(e => e.id)"""
+
+
+def set_to_end(pg, knob: str, end: str) -> str:
+    """Type a slider's own minimum or maximum ("min" / "max") into its number box; -> the value."""
+    rng = pg.locator(f"#{knob} input[type=range]")
+    value, box = rng.get_attribute(end), pg.locator(f"#{knob} input[type=number]")
+    for _ in range(5):  # as fill_kept: an accordion's mount can reset a box just filled
+        box.fill(value)
+        box.press("Enter")
+        pg.wait_for_timeout(300)
+        if float(rng.input_value()) == float(value):
+            return value
+    raise AssertionError(f"{knob} did not keep its {end}imum {value} (shows {rng.input_value()})")
+
+
+def test_every_slider_at_its_maximum_then_its_minimum_never_jams_the_page(page, server):
+    """Every slider's box at its maximum, Ask: answered, or refused on the question box saying what
+    to lower; never a bare "Error" nor a toast naming a value range. Then every box at its minimum,
+    Ask again: answered, without a reload, and no slider's range moved under its value."""
+    wait_ready(page, server)
+    page.locator("#rag-settings").get_by_text("Settings").click()
+    page.locator("#rag-aids").get_by_text("Reader aids").click()
+    wait_settled(page)
+    knobs = page.evaluate(SLIDER_KNOBS_JS)
+    assert len(knobs) >= 8, knobs
+    ranges = {k: [page.locator(f"#{k} input[type=range]").get_attribute(a) for a in ("min", "max")] for k in knobs}
+    question = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
+    for end in ("max", "min"):
+        for knob in knobs:
+            set_to_end(page, knob, end)
+        page.locator("#rag-question textarea, #rag-question input").first.fill(question)
+        page.click("#rag-ask")
+        page.wait_for_function(  # answered, every card final; or refused on the question box
+            """(q) => [...document.querySelectorAll('[id^=rag-answer-]')].every(c => c.querySelector('.rag-total')
+                && (c.querySelector('.rag-asked') || {}).textContent === 'Q: ' + q)
+                || /lower|refused|over this server/i.test(document.querySelector('#rag-question').innerText)""",
+            arg=question, timeout=ANSWER_TIMEOUT_MS, polling=200)
+        shot(page, f"09-every-slider-at-its-{end}")
+        said = page.locator("body").inner_text()
+        assert not re.search(r"greater than maximum|less than minimum|Value \S+ is", said), said[-500:]
+        errors = page.locator(".error, .toast-body").all_inner_texts()
+        assert not any(t.strip() in ("Error", "") for t in errors), errors  # no bare badge
+        assert {k: [page.locator(f"#{k} input[type=range]").get_attribute(a) for a in ("min", "max")]
+                for k in knobs} == ranges  # no range moved under its value
+    wait_answered(page, question)  # at the minimum every setting is cheap: answered, no reload
+    for mode in ("sequence", "token", "closed-book"):
+        assert page.locator(f"#rag-answer-{mode} .rag-answer").inner_text().strip()
 
 
 RECORD_JS = """() => {  // every text the cards and the status line show from now on

@@ -72,11 +72,11 @@ def test_only_http_links_become_links():
 
 @pytest.mark.slow
 def test_an_oversized_upload_is_refused_before_it_is_written(free_port, tmp_path):
-    """launch() caps an upload's size: gradio refuses a larger file while it streams in, so nothing
-    of it is left in the upload cache."""
+    """launch() caps what an upload may send: gradio refuses a far larger file while it streams in,
+    so nothing of it is left in the upload cache."""
     import httpx
 
-    from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES
+    from rag_demo.knowledge.uploads import TRANSFER_LIMIT_BYTES
 
     os.environ["GRADIO_TEMP_DIR"] = str(tmp_path)
     _, pool = reader_pool()
@@ -84,7 +84,7 @@ def test_an_oversized_upload_is_refused_before_it_is_written(free_port, tmp_path
     port = free_port()
     page.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
-        big = b"word " * (MAX_UPLOAD_BYTES // 5 + 1000)
+        big = b"word " * (TRANSFER_LIMIT_BYTES // 5 + 1000)
         r = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": ("big.txt", big)}, timeout=60)
         assert r.status_code == 413, (r.status_code, r.text[:200])
         assert "exceeded maximum allowed size" in r.text

@@ -19,6 +19,16 @@ def _inside(spec, preset="paper"):
     return spec.hi if default != spec.hi else spec.lo
 
 
+@pytest.mark.parametrize("name", [n for n, s in KNOBS.items() if s.step])
+def test_a_sliders_ends_and_defaults_lie_on_its_steps(name):
+    """A slider reaches only lo + n * step: its maximum and every preset's default must be such a
+    value, or the page could never be set to them (the browser snaps to the nearest step)."""
+    spec = KNOBS[name]
+    for v in (spec.hi, spec.paper, spec.aided, getattr(spec, "trained", spec.paper)):
+        n = (v - spec.lo) / spec.step
+        assert abs(n - round(n)) < 1e-9, (name, v, spec.lo, spec.step)
+
+
 @pytest.mark.parametrize("name", list(KNOBS))
 def test_each_knob_takes_its_range_and_refuses_the_rest_by_name(name):
     spec = KNOBS[name]

@@ -1187,8 +1187,8 @@ def test_k_over_the_corpus_size_is_clamped(app):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, data, message", [
-    # refused by gradio before it is sent (the upload's max_file_size), with gradio's own words
-    ("big.txt", b"word " * (MAX_UPLOAD_BYTES // 5 + 1), "exceeds the maximum file size of 5242880 bytes"),
+    # over the limit: the app's own message (gradio takes in up to TRANSFER_LIMIT_BYTES)
+    ("big.txt", b"word " * (MAX_UPLOAD_BYTES // 5 + 1), "over the limit of 5 MB in all: upload smaller"),
     ("binary.txt", bytes(range(256)) * 8, "looks binary"),
     ("noise.md", b"\x01\x02\x03\x04\x05\x06 hello \x07\x08" * 50, "looks binary or is in an unknown text encoding"),
     ("empty.txt", b"", "is empty"),

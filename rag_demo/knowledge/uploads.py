@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024  # 5 MB of text is ~800k words, ~8k passages: minutes to embed on 2 cores
 # the text an upload may hold once extracted (a 5 MB PDF can hold far more text than its bytes)
 MAX_TEXT_CHARS = MAX_UPLOAD_BYTES
+# what the server takes in over the wire: a file a little over the limit reaches the app's own check,
+# which says the limit on the upload box; only a far larger one is cut off while it streams in
+TRANSFER_LIMIT_BYTES = 4 * MAX_UPLOAD_BYTES
 TEXT_FIELDS = ("text", "content", "body", "passage", "extract")  # accepted names of the text column / field
 
 _BOMS = (  # UTF-32 first: its little-endian BOM starts with UTF-16's

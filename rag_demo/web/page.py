@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from rag_demo.config import MAX_QUESTION_CHARS, MODES, RagSettings
-from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, supported_extensions
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, TRANSFER_LIMIT_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
@@ -379,8 +379,9 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     kwargs.setdefault("theme", theme())
     # an exception no check foresaw shows a short message with an id (validation.unexpected), never its text
     kwargs.setdefault("show_error", False)
-    # gradio refuses a larger file while it streams in, before it is written to disk
-    kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
+    # gradio refuses a far larger file while it streams in, before it is written to disk (with its own
+    # toast and a bare "Error" on the box); one a little over the limit gets check_upload's message
+    kwargs.setdefault("max_file_size", TRANSFER_LIMIT_BYTES)
     # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
     # an agent calls `ask` with the question and gets /ask's dict
     kwargs.setdefault("mcp_server", True)

@@ -22,7 +22,7 @@ from rag_demo.config import KNOBS, MODE_TITLES, MODES, PRESETS
 from rag_demo.measure import figures as fig
 from rag_demo.measure.curve import load_curve, training_curve
 from rag_demo.questions import read_qa, sample_items
-from rag_demo.measure.run_rows import with_answerable
+from rag_demo.measure.run_rows import REQUIRED, tidy, with_answerable
 from rag_demo.serving.session import Session, session_pipeline
 from rag_demo.web.answering import TYPICAL_QUESTION
 from rag_demo.web.api import page_event
@@ -76,7 +76,7 @@ def _rows(name: str, given_set: str | None = None) -> tuple[pd.DataFrame, dict]:
     labelled, except as `given_set`) and meta, the split named in the meta."""
     got = shipped(name)
     if got is None:
-        return fig.tidy(pd.DataFrame(columns=list(fig.REQUIRED))), {}
+        return tidy(pd.DataFrame(columns=list(REQUIRED))), {}
     rows, meta = got
     split = SPLIT_OF_SET.get(name)
     if not split:
