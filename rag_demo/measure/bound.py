@@ -18,10 +18,11 @@ that sum over the calls before the first decoding step (a call with L = 1).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
+
+from rag_demo.models.machine import best_of
 
 PREFILL_ROWS, DECODE_ROWS = 1024, 10  # the shapes rates() measures at: a K = 5 prefill's rows, a step's rows
 
@@ -128,18 +129,6 @@ class WorkCounter:
 
 
 MAX_CALLS = 256
-
-
-def best_of(fn, repeats: int) -> float:
-    """Best wall time of `repeats` calls of fn, after one untimed call (it pays for kernel selection
-    and first-call allocations)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 @torch.inference_mode()

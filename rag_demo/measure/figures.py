@@ -105,6 +105,14 @@ def _checked_rows(df: pd.DataFrame, extra: pd.DataFrame | None, qa: str | None, 
     return _one_set(df, qa), _one_set(extra, None)
 
 
+def _at_one_k(df: pd.DataFrame, extra: pd.DataFrame | None, qa: str | None, k: int, metric: str, retriever: str,
+              make) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """What every chart at one K starts from: (the run's rows, their table, the learner's table or
+    None), each table `make(rows, k, retriever, metric)`."""
+    rows, yours = _checked_rows(df, extra, qa, k, metric, retriever)
+    return rows, make(rows, k, retriever, metric), make(yours, k, retriever, metric) if yours is not None else None
+
+
 def _source(df: pd.DataFrame) -> str:
     return df.attrs.get("source", "this run")
 
@@ -328,12 +336,10 @@ def accuracy_given_retrieval(df: pd.DataFrame, k: int = 5, retriever: str = "den
     """Each mode's accuracy when one of the top K passages holds a gold answer and when none
     does (bars; n per bar in the tooltip): what retrieval bounds, and what the generator knows
     without it."""
-    rows, yours = _checked_rows(df, extra, qa, k, metric, retriever)
-    table = _given_retrieval(rows, k, retriever, metric)
+    rows, table, y_table = _at_one_k(df, extra, qa, k, metric, retriever, _given_retrieval)
     if table.empty:
         return no_rows_chart(rows, f"Accuracy given retrieval needs answer rows at K={k} with the {retriever} retriever "
                               f"(and, for closed-book, that retriever's retrieval rows at K={k}).")
-    y_table = _given_retrieval(yours, k, retriever, metric) if yours is not None else None
     colour = _mode_colour(table, y_table)
     series = pd.concat([table, y_table]) if y_table is not None else table
     order = [f"{MODE_TITLES[m]}, {PRESET_TITLES[p]}" for m in MODES for p in PRESET_TITLES
@@ -392,12 +398,10 @@ def plain_vs_aided(df: pd.DataFrame, k: int = 5, retriever: str = "dense", metri
                    extra: pd.DataFrame | None = None, qa: str | None = None):
     """Per mode, plain RAG (the paper's) and the reader aids as two points, accuracy against
     seconds per answer, joined by a line: what the aids buy and what they cost."""
-    rows, yours = _checked_rows(df, extra, qa, k, metric, retriever)
-    table = _aids_table(rows, k, retriever, metric)
+    rows, table, y_table = _at_one_k(df, extra, qa, k, metric, retriever, _aids_table)
     if table.empty:
         return no_rows_chart(rows, f"Plain against aided needs answer rows with a preset, a {metric} and seconds "
                               f"(order 0) at K={k} with the {retriever} retriever.")
-    y_table = _aids_table(yours, k, retriever, metric) if yours is not None else None
     colour = _mode_colour(table, y_table)
     x = alt.X("seconds:Q", title="seconds per answer (median)", scale=alt.Scale(zero=True))
     y = alt.Y("value:Q", title="accuracy (%)", scale=alt.Scale(domainMin=0))

@@ -1,9 +1,11 @@
 """The machine a model runs on, in words: the CPU's name and whether it multiplies bfloat16
 natively (which decides the offline generator's precision), or the GPU's name. Measurement and
-training both record it beside every number they write."""
+training both record it beside every number they write. And how to time it: `best_of`, the one
+timer of the cost model's calibration and of the bounds bench."""
 from __future__ import annotations
 
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -40,3 +42,17 @@ def device_name(device: str | torch.device = "cpu") -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
+
+
+def best_of(fn, repeats: int, warm: bool = True) -> float:
+    """min over `repeats` calls of fn's wall time: a busy neighbour only ever slows a call down, so
+    the fastest is the machine's own. `warm`: one untimed call first (it pays for kernel selection
+    and first-call allocations)."""
+    if warm:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
