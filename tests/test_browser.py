@@ -808,6 +808,23 @@ def test_on_a_phone_asking_scrolls_to_the_answer_cards(browser, server):
         ctx.close()
 
 
+def test_at_1400_by_1000_asking_with_the_settings_open_brings_the_streaming_cards_into_view(page, server):
+    """The settings open push the cards far below a 1400 x 1000 screen: Ask scrolls them into view
+    while they stream (waiting, streaming or final: not the empty placeholder)."""
+    wait_ready(page, server)
+    small_settings(page, k=1, max_new=4)
+    fill_kept(page, page.locator("#rag-question textarea, #rag-question input").first, "What is Mars?")
+    page.locator("#rag-ask").scroll_into_view_if_needed()
+    assert page.evaluate("() => document.querySelector('#rag-cards').getBoundingClientRect().top") > 1000
+    page.click("#rag-ask")
+    page.wait_for_function(
+        """() => { const box = document.querySelector('#rag-cards').getBoundingClientRect();
+            const busy = document.querySelector('#rag-cards .rag-card-partial, #rag-cards .rag-total');
+            return box.top >= 0 && box.top < window.innerHeight - 100 && busy; }""", timeout=60_000, polling=100)
+    shot(page, "11-desktop-asked")
+    wait_answered(page, "What is Mars?")
+
+
 FINAL_ORDER_JS = """() => {  // the order in which the answer cards first become final
     window.__finalOrder = [];
     const look = () => document.querySelectorAll('[id^=rag-answer-]').forEach((box) => {

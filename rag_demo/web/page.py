@@ -57,23 +57,27 @@ def _diagram() -> str:
     return f'<div class="rag-diagram">{svg}</div>'
 
 
-# Screens narrower than this (CSS pixels) are phones: the answer cards sit below the question,
-# the corpus and the settings, off the screen, so asking scrolls to them (PAGE_JS).
+# Screens narrower than this (CSS pixels) are phones: the answer cards sit below the question, the
+# corpus and the settings, so asking scrolls their top to the top of the screen; a wider screen
+# scrolls only as far as brings them into view (PAGE_JS).
 PHONE_MAX_PX = 700
 
 # Runs once when the page loads (launch(js=...)): a click on an answer token opens that token's
 # inspector panel in its card (render_inspector) instead of jumping to its passage; a second
-# click, or "close", hides it. On a phone, Ask (or Enter in the question box) scrolls to the cards.
+# click, or "close", hides it. Ask (or Enter in the question box) brings the cards into view.
 PAGE_JS = """() => {
-    // On a phone the cards are off the screen when Ask is pressed: bring them into view, where
-    // they show at once that the answers are coming. Not for an empty or over-long question,
-    // whose message shows on the question box.
+    // Below the lessons, an open accordion or on a phone, the cards are off the screen when Ask is
+    // pressed: bring them into view, where they show at once that the answers are coming. Not for
+    // an empty or over-long question, whose message shows on the question box.
     const toCards = () => {
         const q = document.querySelector('#rag-question textarea, #rag-question input');
         const n = [...((q && q.value) || '').trim()].length;
         const cards = document.querySelector('#rag-cards');
-        if (window.innerWidth >= %(phone)d || n === 0 || n > %(max_chars)d || !cards) return;
-        cards.scrollIntoView({block: 'start', behavior: 'smooth'});
+        if (n === 0 || n > %(max_chars)d || !cards) return;
+        const box = cards.getBoundingClientRect();
+        const phone = window.innerWidth < %(phone)d;
+        if (!phone && box.top >= 0 && box.top + Math.min(box.height, 240) <= window.innerHeight) return;  // in view
+        cards.scrollIntoView({block: phone ? 'start' : 'nearest', behavior: 'smooth'});
     };
     document.addEventListener('keydown', (ev) => {
         if (ev.key === 'Enter' && !ev.shiftKey && ev.target.closest && ev.target.closest('#rag-question')) toCards();
