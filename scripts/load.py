@@ -16,11 +16,13 @@ First one burst of cheap questions only (every client asks with the default sett
 `--bursts` bursts of `--clients` clients at once, `--expensive` of them asking with K=20, 4 beams,
 128 new tokens, thorough RAG-Sequence (sent first, so they are running or queued when the cheap
 ones arrive). Each client is its own gradio_client.Client on /ask (loopback only). Prints per
-burst: answered / refused / failed, cheap latency p50 / p95, the server's RSS after the burst and
+burst: answered / refused / failed (and each mixed burst's `--edits` visitors who edit a passage and
+ask again and `--uploads` who upload a ~200 KB document and ask it), cheap latency p50 / p95, the server's RSS after the burst and
 the most its generator kept for later questions (passages' keys and values, hidden states: from
 each answer's `kept`) against their bounds;
 then the acceptance lines (cheap p95 with expensive queued <= 2x cheap p95 alone; RSS after the
-bursts within 15% of RSS after warm-up) and the load average. Numbers, not a test: the CPU may be
+bursts within 15% of RSS after warm-up; the peak RSS within the budget's promise: what the app held
+after warm-up, the kept caches' bounds and two requests at their byte limit) and the load average. Numbers, not a test: the CPU may be
 shared, so each line says the load average it was measured under.
 
 Bounded: at most --bursts x --clients requests, each burst given at most --burst-timeout seconds,
@@ -51,6 +53,10 @@ CHEAP = {n: getattr(RagSettings(preset="aided").decoding, n) for n in ("k", "num
 EXPENSIVE = {"k": 20, "num_beams": 4, "max_new_tokens": 128, "sequence_decoding": "thorough"}
 EXPENSIVE_QUESTION = "Tell me everything about the history of the Roman Empire."
 BURST_QUESTIONS = VITAL_EXAMPLES + ("What is Mars?", "Who devised pointillism?")  # the app's examples + 2
+EDIT_QUESTION = "Who painted The Starry Night?"
+EDIT_TEXT = ("The Starry Night is an oil-on-canvas painting by Claude Monet, painted in June 1889. " * 60)[:3900]
+UPLOAD_TEXT = " ".join(f"The Zorblax Festival number {i} is held every spring in the mountain town of Quillmere."
+                       for i in range(2500))  # ~200 KB: a few hundred passages to embed
 REFUSAL_WORDS = ("would take", "over the limit", "over this server", "expensive", "refuse", "budget", "busy",
                  "at a time")
 
@@ -146,8 +152,43 @@ def one(url: str, question: str, s: dict, start: threading.Event, out: dict, del
                    latency=time.perf_counter() - t0 if "t0" in locals() else float("nan"))
 
 
-def burst(url: str, n_cheap: int, n_expensive: int, timeout: float) -> list[dict]:
-    """n_expensive expensive requests, then (0.5 s later) n_cheap cheap ones, all concurrent."""
+def edit_or_upload(url: str, kind: str, start: threading.Event, out: dict, timeout: float) -> None:
+    """A visitor's own work: "edit" asks, then replaces the top passage with EDIT_CHARS characters and
+    asks again (/edit_passage); "upload" uploads a text of UPLOAD_BYTES and asks it (/upload,
+    /ask_session). One gradio_client.Client, so one session, each."""
+    import tempfile
+
+    from gradio_client import Client, handle_file
+
+    s = CHEAP
+    try:
+        client = Client(url, verbose=False)
+        start.wait(timeout)
+        t0 = time.perf_counter()
+        if kind == "edit":
+            first = client.predict(EDIT_QUESTION, s["k"], s["num_beams"], s["max_new_tokens"], s["sequence_decoding"],
+                                   api_name="/ask_session")
+            pid = first[6]["value"] if isinstance(first[6], dict) else first[6]
+            client.predict(pid, EDIT_TEXT, EDIT_QUESTION, s["k"], s["num_beams"], s["max_new_tokens"],
+                           s["sequence_decoding"], api_name="/edit_passage")
+        else:
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(UPLOAD_TEXT)
+            client.predict([handle_file(f.name)], api_name="/upload")
+            client.predict("Where is the Zorblax Festival held?", s["k"], s["num_beams"], s["max_new_tokens"],
+                           s["sequence_decoding"], api_name="/ask_session")
+            os.unlink(f.name)
+        out.update(ok=True, latency=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - counted per request
+        refused = any(w in str(e).lower() for w in REFUSAL_WORDS)
+        out.update(ok=False, refused=refused, error=f"{type(e).__name__}: {e}"[:300],
+                   latency=time.perf_counter() - t0 if "t0" in locals() else float("nan"))
+
+
+def burst(url: str, n_cheap: int, n_expensive: int, timeout: float, n_edits: int = 0,
+          n_uploads: int = 0) -> list[dict]:
+    """n_expensive expensive requests, then (0.5 s later) n_cheap cheap ones, all concurrent; beside
+    them n_edits visitors editing a passage and n_uploads uploading a document (`edit_or_upload`)."""
     start = threading.Event()
     results, threads = [], []
     for i in range(n_expensive + n_cheap):
@@ -156,6 +197,12 @@ def burst(url: str, n_cheap: int, n_expensive: int, timeout: float) -> list[dict
         q = EXPENSIVE_QUESTION if heavy else VITAL_EXAMPLES[i % len(VITAL_EXAMPLES)]
         t = threading.Thread(target=one, args=(url, q, EXPENSIVE if heavy else CHEAP, start, r,
                                                0.0 if heavy else 0.5, timeout), daemon=True)
+        results.append(r)
+        threads.append(t)
+        t.start()
+    for kind in ["edit"] * n_edits + ["upload"] * n_uploads:
+        r = {"kind": kind}
+        t = threading.Thread(target=edit_or_upload, args=(url, kind, start, r, timeout), daemon=True)
         results.append(r)
         threads.append(t)
         t.start()
@@ -221,7 +268,7 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
                      sum(1 for r in results if r["kind"] == kind and not r.get("ok") and r.get("refused")),
                      sum(1 for r in results if r["kind"] == kind and not r.get("ok") and not r.get("refused")),
                      sum(1 for r in results if r["kind"] == kind))
-              for kind in ("cheap", "expensive")}
+              for kind in ("cheap", "expensive", "edit", "upload")}
     cuts = [sum(v in ("time_limit", "cancelled") for v in (r.get("stopped") or {}).values())
             for r in results if r.get("ok")]
     cut, cards, answered = sum(c > 0 for c in cuts), sum(cuts), len(cuts)
@@ -236,7 +283,10 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
                           f"({'within' if b <= bound else 'OVER'} the bound)" for what, (b, bound) in kept.items())
     line = (f"{name:>12}: cheap {counts['cheap'][0]}/{counts['cheap'][3]} answered, {counts['cheap'][1]} refused, "
             f"{counts['cheap'][2]} failed; expensive {counts['expensive'][0]}/{counts['expensive'][3]} answered, "
-            f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; {cut} answered with a mode "
+            f"{counts['expensive'][1]} refused, {counts['expensive'][2]} failed; "
+            + "".join(f"{kind}s {counts[kind][0]}/{counts[kind][3]} done, {counts[kind][1]} refused, "
+                      f"{counts[kind][2]} failed; " for kind in ("edit", "upload") if counts[kind][3])
+            + f"{cut} answered with a mode "
             f"cut ({cards} of {3 * answered} cards); "
             f"cheap latency p50 {pct(cheap, 50):.1f} s p95 {pct(cheap, 95):.1f} s; RSS {gb(rss)}; "
             f"{kept_line + '; ' if kept_line else ''}load avg {load_avg()}")
@@ -245,6 +295,21 @@ def summary(name: str, results: list[dict], pid: int | None) -> dict:
         if not r.get("ok"):
             print(f"              {r['kind']}: {r.get('error')}", flush=True)
     return {"cheap": cheap, "rss": rss, "counts": counts, "kept": kept}
+
+
+MODEL_LANES = 2  # requests the model lane runs at once (app.py --model-concurrency's default)
+
+
+def budget_promise(rss_after_warmup: int) -> int:
+    """The most the budget lets the app hold (serving/budget.Budget's docstring): what it holds after
+    warm-up, the bounds of what its generator keeps for later questions, and MODEL_LANES requests
+    at their byte limit."""
+    from rag_demo.config import StackSpec
+    from rag_demo.serving.budget import Budget
+
+    spec = StackSpec()
+    kept = (spec.passage_cache_mb + spec.hidden_cache_mb) * 2**20
+    return rss_after_warmup + kept + MODEL_LANES * Budget().max_request_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                    "budget; something just under the budget, e.g. 10,2,48,fast on a quiet CPU (about 17 s with the "
                    "uncalibrated constants), is admitted as expensive and exercises the step gate; on a busy CPU "
                    "the calibrated estimate of that was 75 s, refused)")
+    p.add_argument("--edits", type=int, default=2, help="visitors editing a passage per mixed burst (default 2)")
+    p.add_argument("--uploads", type=int, default=1, help="visitors uploading a document per mixed burst (default 1)")
     p.add_argument("--burst-timeout", type=float, default=300.0)
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--burst", type=int, metavar="N",
@@ -302,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stopping: --max-minutes {args.max_minutes} reached after {b} mixed bursts", flush=True)
                 break
             n_exp = min(args.expensive, args.clients)
-            res = summary(f"mixed {b + 1}", burst(url, args.clients - n_exp, n_exp, args.burst_timeout), pid)
+            res = summary(f"mixed {b + 1}", burst(url, args.clients - n_exp, n_exp, args.burst_timeout, args.edits,
+                                                   args.uploads), pid)
             mixed_cheap += res["cheap"]
             rss_last = res["rss"]
             refused += res["counts"]["expensive"][1] + res["counts"]["cheap"][1]
@@ -314,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
             drift = rss_last / rss0 - 1
             print(f"RSS after warm-up {gb(rss0)}, after the bursts {gb(rss_last)} ({100 * drift:+.1f}%; acceptance "
                   f"within 15%: {'met' if abs(drift) <= 0.15 else 'NOT met'}); peak {gb(peak_rss_bytes(pid))}")
+            promise = budget_promise(rss0)
+            print(f"peak RSS {gb(peak_rss_bytes(pid))} against the budget's promise {gb(promise)} (the app after "
+                  f"warm-up, the kept caches' bounds, {MODEL_LANES} requests in flight at their byte limit): "
+                  f"{'within' if (peak_rss_bytes(pid) or 0) <= promise else 'OVER'}")
         print(f"refused in all: {refused}; load avg at the end {load_avg()} ({os.cpu_count()} CPUs)")
     finally:
         if proc is not None:

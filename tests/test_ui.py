@@ -1347,6 +1347,19 @@ def test_burst_of_ten_concurrent_questions_all_get_answers(app):
     assert load.report_burst(results, 1.0) == 0  # --burst's exit status: every request answered
 
 
+@pytest.mark.slow
+def test_a_load_burst_mixes_in_an_edit_and_an_upload_and_each_is_done(app):
+    """scripts/load.py's mixed burst with a visitor who edits a passage and asks again and one who
+    uploads a document and asks it, beside a cheap question: every one answered."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import load
+
+    results = load.burst(app[1], 1, 0, 300, n_edits=1, n_uploads=1)
+    assert sorted(r["kind"] for r in results) == ["cheap", "edit", "upload"]
+    assert all(r["ok"] for r in results), results
+    assert load.budget_promise(10**9) > 10**9 + 2 * 3 * 2**30  # the app, its caches' bounds, two requests
+
+
 def noprogress(*args, **kwargs):
     return None
 
