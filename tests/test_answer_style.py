@@ -29,6 +29,24 @@ def smol_tiny(smollm_tokenizer_folder):
     return tiny_smollm_generator(smollm_tokenizer_folder, layers=1, kv_heads=2)
 
 
+def test_the_chat_format_needs_only_a_tokenizer(smollm_tokenizer_folder):
+    """chat_format.ChatFormat on SmolLM2's tokenizer, no model: the prompt opens with the short
+    style's cue, its passage tokens decode to the passage, and the stop rule ends at a period."""
+    from transformers import AutoTokenizer
+
+    from rag_demo.models.chat_format import ChatFormat
+    from rag_demo.models.prompts import SHORT_ANSWER_CUE
+
+    tok = AutoTokenizer.from_pretrained(smollm_tokenizer_folder)
+    fmt = ChatFormat(tok, [tok.eos_token_id])
+    p = fmt.prompt(Q, DOC, 192, "short")
+    assert tok.decode(p).endswith(SHORT_ANSWER_CUE)
+    a, b = p.passage
+    assert tok.decode(p[a:b]).strip() == f"{DOC.title}: {DOC.text}"
+    period = tok.encode(" Amsel.", add_special_tokens=False)
+    assert fmt.stop_token_ids("short").ends_at(period, len(period) - 1)
+
+
 def test_short_style_changes_the_prompt(smol_tiny):
     from rag_demo.models import prompts as P
 

@@ -1,7 +1,7 @@
 """A chat LM (SmolLM2-135M-Instruct, the offline stack) as a `Generator` (models/generators.py):
-one chat prompt per passage holding the passage and the question, left-padded; the prompts'
-shared opening run once, passages' keys and values and answers' hidden states kept for later
-questions (models/passage_kv.py).
+one chat prompt per passage holding the passage and the question (their format: chat_format.py),
+left-padded; the prompts' shared opening run once, passages' keys and values and answers' hidden
+states kept for later questions (models/passage_kv.py).
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from typing import Sequence
 import torch
 
 from rag_demo.models import Doc
-from rag_demo.models.abbreviations import NOT_ANSWER_ENDS
+from rag_demo.models.chat_format import ChatFormat
 from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
 from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, chain, digest
-from rag_demo.models.stopping import StopRule
 from rag_demo.models.generators import (
     DECODER_ONLY, GenState, Generator, LazyPrefill, last_tokens, log_softmax_f32, pad_rows, stacked_layers,
 )
@@ -23,10 +22,7 @@ from rag_demo.models.kv_cache import (
     MIN_SHARED_PREFIX, GrowingCache, GrowingLayer, SharedPrefixLayer, select_cache, shared_prefix,
     use_shared_prefix_attention,
 )
-from rag_demo.models.prompts import (
-    CLOSED_BOOK_SYSTEM_PROMPT, SHORT_ANSWER_CUE, SHORT_CLOSED_BOOK_SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT,
-    SYSTEM_PROMPT, Prompt, Span,
-)
+from rag_demo.models.prompts import Span
 
 
 _MODEL_KEYS = itertools.count()  # each generator's own number in its passage cache's keys
@@ -47,6 +43,7 @@ class DecoderOnlyGenerator(Generator):
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.format = ChatFormat(tokenizer, self.eos_token_ids)  # the prompts, the stop rule, the spans
         self._kept: list[tuple[tuple[int, ...], GrowingCache]] = []  # recent prefixes' KV (`_prefix_kv`)
         self._kept_lock = threading.Lock()
         self.prefix_tokens_run = 0  # prefix tokens the model actually ran (tests read it)
@@ -63,124 +60,27 @@ class DecoderOnlyGenerator(Generator):
     def kept_caches(self) -> dict[str, PassageKVCache]:
         return {"passages": self.passage_cache, "hidden_states": self.hidden_cache}
 
+    # -- the prompt format (chat_format.ChatFormat) --------------------------------------
     def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
-        """The chat turns for one doc (None: closed-book). question_position "both" puts the
-        question before the passage as well as after it (RagSettings.question_position);
-        `examples` (title, passage, question, short answer, sentence answer): worked examples that come
-        first as earlier turns (rag_demo.reader.examples), each asked
-        and answered the way the real question is (closed-book: without their passages)."""
-        short = style == "short"
-        if doc is None:
-            system = SHORT_CLOSED_BOOK_SYSTEM_PROMPT if short else CLOSED_BOOK_SYSTEM_PROMPT
-            user = lambda q, title, text: f"Question: {q}"  # noqa: E731
-        else:
-            system = SHORT_SYSTEM_PROMPT if short else SYSTEM_PROMPT
-            ask = "" if short else "\nAnswer in a few words."
+        return self.format.messages(question, doc, max_doc_tokens, style, question_position, examples)
 
-            def user(q, title, text):
-                before = f"Question: {q}\n\n" if question_position == "both" else ""
-                return f"{before}{title}: {text}\n\nQuestion: {q}{ask}"
-
-        turns = [{"role": "system", "content": system}]
-        for title, text, q, span, sentence in examples:
-            answer = f"{SHORT_ANSWER_CUE} {span}." if short else sentence
-            turns += [{"role": "user", "content": user(q, title, text)}, {"role": "assistant", "content": answer}]
-        text = None if doc is None else self._doc_text(doc, max_doc_tokens)
-        turns.append({"role": "user", "content": user(question, None if doc is None else doc.title, text)})
-        return turns
-
-    def stop_token_ids(self, style: str = "sentence") -> list[int]:
-        """short: EOS, every token that ends a line (its text holds a newline with only
-        whitespace after it) and every sentence-final period token ("." alone, or followed by
-        whitespace only), so an answer is one phrase; except a period right after an initial or
-        a title's abbreviation ("U.S. dollar", "J. K. Rowling", "St. Louis": decoding.StopRule),
-        which looks one token back, or after a digit ("68.5 million": a decimal point; a year's
-        final period then leaves the end to the model's end of turn or newline). A period after
-        any other abbreviation ("Inc.") still ends it."""
-        if style != "short":
-            return self.eos_token_ids
-        if not hasattr(self, "_short_rule"):
-            vocab = self.tokenizer.get_vocab()
-            ids = sorted(vocab.values())
-            texts = self.tokenizer.batch_decode([[i] for i in ids])
-            periods = [i for i, t in zip(ids, texts) if t.strip() == "."]
-            line_ends = [i for i, t in zip(ids, texts) if "\n" in t and not t.split("\n", 1)[1].strip()]
-            initials = [i for i, t in zip(ids, texts)
-                        if (len(t.strip()) == 1 and t.strip().isupper()) or t.strip() in NOT_ANSWER_ENDS
-                        or (t.strip().isdigit() and t.strip().isascii())]
-            self._short_rule = StopRule([*self.eos_token_ids, *line_ends, *periods], soft=periods, after=initials)
-        return self._short_rule
+    def stop_token_ids(self, style: str = "sentence"):
+        return self.format.stop_token_ids(style)
 
     def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after", examples=()):
-        """A `Prompt`: the chat template's token ids, with where the passage's tokens lie."""
-        turns = self.messages(question, doc, max_doc_tokens, style, question_position, examples)
-        ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        ids = list(ids)
-        passage = None
-        if doc is not None:
-            before = f"Question: {question}\n\n" if question_position == "both" else ""
-            passage = self._passage_tokens(turns, ids, before, f"{doc.title}: {self._doc_text(doc, max_doc_tokens)}")
-        if style == "short":  # open the answer with the cue; the model writes the span after it
-            ids += self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
-        return Prompt(ids, passage)
-
-    def _passage_tokens(self, turns: list[dict], ids: list[int], before: str, passage: str) -> tuple[int, int] | None:
-        """[start, end): the tokens of `ids` (the chat template's tokens of `turns`) lying wholly
-        inside `passage`, which the last turn holds right after `before`. A token that straddles
-        either edge (a passage ending in a space merges it with the newline after it) is left
-        out, so the same passage gives the same tokens in any prompt. None where the template's
-        text cannot be matched to its tokens (a tokenizer without character offsets)."""
-        if not getattr(self.tokenizer, "is_fast", False):
-            return None
-        content = turns[-1]["content"]
-        if not content.startswith(before + passage):
-            return None
-        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        at = text.rfind(content)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if at < 0 or list(enc["input_ids"]) != ids:  # the template tokenised its text otherwise
-            return None
-        a = at + len(before)
-        b = a + len(passage)
-        offsets = enc["offset_mapping"]
-        start = next((j for j, (x, _) in enumerate(offsets) if x >= a), len(ids))
-        end = next((j for j in range(start, len(ids)) if offsets[j][1] > b), len(ids))
-        return (start, end) if start < end else None
+        return self.format.prompt(question, doc, max_doc_tokens, style, question_position, examples)
 
     def title_answer_ids(self, title: str) -> list[int]:
-        """A passage's title as a short answer, " Title.", tokenized the way an answer after the cue
-        starts (a space, then words) and ends (the sentence-final period: the short style's stop)."""
-        return self.tokenizer.encode(f" {title.strip().rstrip('.')}.", add_special_tokens=False)
+        return self.format.title_answer_ids(title)
 
     def span_ids(self, doc: Doc, max_doc_tokens: int) -> Span:
-        """The token ids an extractive answer may copy from `doc`: " title: text" (the text cut as
-        in the prompt), tokenized as words after a space, the way an answer after the cue starts;
-        with where words start and end (from the tokenizer's character offsets) so a copy takes
-        whole words and whole numbers (a slow tokenizer has no offsets: any token then)."""
-        text = f" {doc.title}: {self._doc_text(doc, max_doc_tokens)}"
-        if not getattr(self.tokenizer, "is_fast", False):
-            return Span(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return Span.from_offsets(enc["input_ids"], text, enc["offset_mapping"])
-
-    def _doc_text(self, doc: Doc, max_doc_tokens: int) -> str:
-        """The passage text the prompt holds: whole, or cut to its first max_doc_tokens tokens."""
-        text_ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
-        return doc.text if len(text_ids) <= max_doc_tokens else self.tokenizer.decode(text_ids[:max_doc_tokens])
+        return self.format.span_ids(doc, max_doc_tokens)
 
     def question_tail(self, prompt, question):
-        """The last run of the question's tokens (tokenized as " question", as it follows
-        "Question:" in `messages`) in the prompt, counted from the end."""
-        q = self.tokenizer(f" {question}", add_special_tokens=False)["input_ids"]
-        ids, n = list(prompt), len(q)
-        for start in range(len(ids) - n - 1, -1, -1):  # at least one token after it (the turn's end)
-            if ids[start:start + n] == q:
-                return n, len(ids) - start - n
-        return None
+        return self.format.question_tail(prompt, question)
 
+    # -- the KV runtime ----------------------------------------------------------------
     # How many recent prefixes' KV caches `_prefix_kv` keeps (0: none). One question's prefix is
     # ~400 tokens with 4 worked examples (~19 MB of float32 KV for SmolLM2-135M); four cover the
     # RAG and closed-book prompts of two settings without thrashing.
