@@ -112,6 +112,10 @@ class RagPipeline:
         """Steps 1-2 (indexes.Indexes.retrieve)."""
         return self.indexes.retrieve(question, mode, k, retriever, extra, weights)
 
+    def passage_scores(self, question: str, mode: str, passages: list, weights: str = "base") -> Any:
+        """The retriever's scores q(x)·d(z) of given passages (indexes.Indexes.passage_scores)."""
+        return self.indexes.passage_scores(question, mode, passages, weights)
+
     # -- what a request costs (pricing.py) -------------------------------------
     @property
     def estimate(self):

@@ -17,13 +17,14 @@ First one burst of cheap questions only (every client asks with the default sett
 128 new tokens, thorough RAG-Sequence (sent first, so they are running or queued when the cheap
 ones arrive). Each client is its own gradio_client.Client on /ask (loopback only). Prints per
 burst: answered / refused / failed (and each mixed burst's `--edits` visitors who edit a passage and
-ask again and `--uploads` who upload a ~200 KB document and ask it), cheap latency p50 / p95, the server's RSS after the burst and
+ask again and `--uploads` who upload a ~200 KB document and ask it), cheap latency p50 / p95, the
+server's RSS after the burst and
 the most its generator kept for later questions (passages' keys and values, hidden states: from
 each answer's `kept`) against their bounds;
 then the acceptance lines (cheap p95 with expensive queued <= 2x cheap p95 alone; RSS after the
 bursts within 15% of RSS after warm-up; the peak RSS within the budget's promise: what the app held
-after warm-up, the kept caches' bounds and two requests at their byte limit) and the load average. Numbers, not a test: the CPU may be
-shared, so each line says the load average it was measured under.
+after warm-up, the kept caches' bounds and two requests at their byte limit) and the load average.
+Numbers, not a test: the CPU may be shared, so each line says the load average it was measured under.
 
 Bounded: at most --bursts x --clients requests, each burst given at most --burst-timeout seconds,
 the whole run at most --max-minutes.

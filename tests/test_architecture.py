@@ -58,6 +58,14 @@ def test_plain_data_importing_torch_breaks_the_contracts(tmp_path):
     assert out.returncode != 0 and "BROKEN" in out.stdout and "Plain data" in out.stdout
 
 
+def test_a_handler_part_importing_another_breaks_the_contracts(tmp_path):
+    work = _copy(tmp_path)
+    part = work / "rag_demo" / "web" / "ask_events.py"
+    part.write_text(part.read_text() + "\nimport rag_demo.web.pricing_events  # noqa\n")
+    out = lint(work)
+    assert out.returncode != 0 and "BROKEN" in out.stdout and "handler parts" in out.stdout
+
+
 def _copy(tmp_path: Path) -> Path:
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "rag_demo", work / "rag_demo", ignore=shutil.ignore_patterns("__pycache__"))

@@ -51,6 +51,8 @@ def test_without_passage_and_continue_mode_are_priced_and_admitted_as_a_question
     pipe.estimate = lambda q, modes, s, passages=None: Cost(100.0 if passages else 1.0, 2**20, {})
     pipe.index.corpus.position = lambda pid: 0
     pipe.index.corpus.passages = ["the one passage"]
+    # the passages' scores come from the server's retriever, never from the client's answer
+    pipe.passage_scores = lambda q, mode, passages, weights: [0.0] * len(passages)
     serving = Serving(budget=Budget())
     with pytest.raises(ValueError, match="over budget"):
         answer_again(pipe, copy.deepcopy(RAW), "token", validation.settings_from_inputs(preset="aided"), None,
@@ -109,11 +111,11 @@ def test_uploaded_files_and_a_visitors_run_numbers_go_with_the_visitor(tmp_path)
 
     _, pool = reader_pool()
     h = handlers.Handlers(pool)
-    h.begin_run(Req())
-    h.stop_run(Req())
-    assert "tab-1" in h._runs and "tab-1" in h._stopped
-    h.forget(Req())
-    assert "tab-1" not in h._runs and "tab-1" not in h._stopped
+    h.turns.begin_run(Req())
+    h.turns.stop_run(Req())
+    assert "tab-1" in h.turns._runs and "tab-1" in h.turns._stopped
+    h.turns.forget(Req())
+    assert "tab-1" not in h.turns._runs and "tab-1" not in h.turns._stopped
 
 
 def test_a_refused_sweep_says_why_with_settings_that_fit_and_stop_answers_at_once(monkeypatch):
@@ -150,7 +152,7 @@ def test_a_sliders_range_never_moves_when_the_server_admits_less():
     serving.check = lambda p, q, s, *a: (_ for _ in ()).throw(ValueError("no")) if (
         s.decoding.k > 1 or s.decoding.num_beams > 1 or s.decoding.max_new_tokens > 1) else None
     h = handlers.Handlers(pool, serving=serving)
-    sliders = h.reach(None)
+    sliders = h.pricing.reach(None)
     # the update names its help alone (gradio sends only a returned component's own arguments)
     assert all(set(s._constructor_args[0]) == {"info"} for s in sliders)
     assert all("admits up to 1 with your other settings: more is refused" in s.info for s in sliders)

@@ -246,12 +246,12 @@ def test_the_page_says_which_retriever_and_how_far_the_build_is(staged):
     status = render_status(pool, Session())
     assert 'data-retriever="bm25"' in status and "0 of 6 passages embedded (0%)" in status
     h = Handlers(pool)
-    shown, timer = h.index_progress(None)
+    shown, timer = h.corpus.index_progress(None)
     assert shown == status and timer == {"__type__": "update"}  # keeps ticking
 
     gated.go.set()
     pipe.index_build.wait(120)
-    shown, timer = h.index_progress(None)
+    shown, timer = h.corpus.index_progress(None)
     assert 'data-retriever="dense"' in shown and "being built" not in shown
     assert timer.active is False
     b = pipe.answer(QUESTION, "token")

@@ -113,7 +113,7 @@ def test_passage_drop_is_the_answers_log_prob_lost_without_each_passage(pipe, mo
 
 
 def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe):
-    """The page's "answer without it" (Handlers.without_passage, as the page and /without_passage
+    """The page's "answer without it" (AskEvents.without_passage, as the page and /without_passage
     call it): the new answers are those of the remaining passages, the change is
     Answer.passage_drop's; a bad request gets the page's error naming what is wrong."""
     import gradio as gr
@@ -125,7 +125,7 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     h = handlers.Handlers(PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=lambda s: None))
 
     def without(raw, pid):
-        return h.without_passage(pid, raw, Session(stack="offline"), progress=lambda *a, **k: None)[0]
+        return h.answers.without_passage(pid, raw, Session(stack="offline"), progress=lambda *a, **k: None)[0]
 
     out = pipe.answers(Q, ["sequence", "token", "closed-book"])
     raw = {"question": Q, "settings": pipe.settings.to_dict(),

@@ -375,7 +375,7 @@ def test_page_load_streams_loading_progress_then_says_what_is_live():
 
     pool = PipelinePool(factory, unavailable=fake_unavailable)
     steps = []
-    for step in handlers.Handlers(pool).on_load(None):
+    for step in handlers.Handlers(pool).corpus.on_load(None):
         steps.append(step)
         for i, said in enumerate(shown):
             if f"step {i}" in step[0]:
@@ -432,7 +432,7 @@ class AnsweringPipe(FakePipe):
 def ask_all(h, *args, **kwargs):
     """ask_session streams: the outputs it yields last are the final ones."""
     out = None
-    for out in h.ask_session(*args, **kwargs):
+    for out in h.answers.ask_session(*args, **kwargs):
         pass
     return out
 
@@ -459,7 +459,7 @@ def test_the_three_cards_come_from_one_call_each_shown_when_done():
     pipe = AnsweringPipe()
     pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
     finals = []
-    for out in handlers.Handlers(pool).ask_session("What is Mars?", None, progress=noprogress, k=1):
+    for out in handlers.Handlers(pool).answers.ask_session("What is Mars?", None, progress=noprogress, k=1):
         cards = out[1:1 + len(MODES)]
         done = [m for m, c in zip(MODES, cards) if isinstance(c, str) and "rag-total" in c]
         if done and (not finals or finals[-1][0] != done):
@@ -474,7 +474,7 @@ def test_unavailable_stack_is_said_once_in_the_status_line(monkeypatch):
         monkeypatch.setattr(gr, kind, lambda msg, *a, **k: popups.append(msg))
     pipe = AnsweringPipe()
     pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
-    out = handlers.Handlers(pool).choose_stack("paper", None, progress=noprogress)
+    out = handlers.Handlers(pool).corpus.choose_stack("paper", None, progress=noprogress)
     assert popups == []
     assert out[0].count("unavailable here: HF_HUB_OFFLINE is set") == 1 and 'data-stack="offline"' in out[0]
 
@@ -639,10 +639,10 @@ def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
     h = handlers.Handlers(pool)
     out = ask_all(h, "What is Mars?", None, progress=noprogress, **page)
     assert out[5]["settings"][name] == expected  # the raw answers say what they ran with
-    h.edit_passage("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
+    h.answers.edit_passage("a#0", "Mars is blue.", "What is Mars?", out[-1], progress=noprogress, new_title="Mars", **page)
     assert pipe.edited == [("a#0", "Mars is blue.", "Mars")]
-    h.ask("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
-    h.ask("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
+    h.api.ask("What is Mars?", **{name: expected})  # the API takes RagSettings' own values
+    h.api.ask("What is Mars?", 1, 1, 8, "fast", "offline")  # a caller from before the reader settings
     runs = [pipe.settings_seen[i:i + 3] for i in range(0, len(pipe.settings_seen), 3)]  # three modes a question
     old = OLD_CALL.get(name, DEFAULTS.knobs()[name])  # the old caller set the first four
     assert [[st.knobs()[name] for st in run] for run in runs] == [[expected] * 3] * 3 + [[old] * 3]
@@ -650,10 +650,10 @@ def test_each_reader_control_changes_the_settings_built(name, monkeypatch):
     from rag_demo.serving.budget import Budget
 
     cost_pipe, pool = reader_pool(CostPipe())
-    html = handlers.Handlers(pool).estimate(None, **page)  # the cost model alone
+    html = handlers.Handlers(pool).pricing.estimate(None, **page)  # the cost model alone
     assert 'class="rag-cost"' in html and "rag-over" not in html
     assert [st.knobs()[name] for st in cost_pipe.estimated] == [expected] and cost_pipe.budgeted == []
-    html = handlers.Handlers(pool, serving=admission.Serving(budget=Budget())).estimate(None, **page)  # and the budget
+    html = handlers.Handlers(pool, serving=admission.Serving(budget=Budget())).pricing.estimate(None, **page)  # and the budget
     assert 'class="rag-cost"' in html and [st.knobs()[name] for st in cost_pipe.budgeted] == [expected]
 
 
@@ -677,9 +677,9 @@ def test_bad_reader_settings_get_the_library_message(name, value, message):
     with pytest.raises(gr.Error, match=re.escape(message)):
         ask_all(h, "What is Mars?", None, progress=noprogress, **{**ALL, name: value})
     with pytest.raises(gr.Error, match=re.escape(message)):
-        h.ask("What is Mars?", **{name: value})
+        h.api.ask("What is Mars?", **{name: value})
     assert pipe.calls == []  # nothing ran
-    est = h.estimate(None, **{name: value})
+    est = h.pricing.estimate(None, **{name: value})
     assert "rag-over" in est and message in html.unescape(est) and pipe.estimated == []
 
 
@@ -1382,9 +1382,9 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     pool = PipelinePool(factory, preloaded={"offline": small_pipe}, unavailable=lambda s: None)
     h = handlers.Handlers(pool)
     doc = write(tmp_path, "zorblax.txt", "The Zorblax Festival is held every spring in the town of Quillmere.")
-    s = h.upload([doc], None, progress=noprogress)[-1]
+    s = h.corpus.upload([doc], None, progress=noprogress)[-1]
     assert s.corpus == "upload" and s.upload_stack == "offline" and calls == []
-    out = h.choose_stack("paper", s, progress=noprogress)
+    out = h.corpus.choose_stack("paper", s, progress=noprogress)
     s2 = out[-1]
     assert calls == ["paper"] and s2.stack == "paper" and s2.upload_stack == "paper"
     assert s2.upload_index is not s.upload_index  # re-embedded with the new stack's passage encoder
@@ -1392,7 +1392,7 @@ def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_p
     r = ask_all(h, "Where is the Zorblax Festival held?", s2, progress=noprogress, k=1, max_new_tokens=2,
                          sequence_decoding="fast")
     assert r[5]["stack"] == "paper" and r[5]["answers"]["token"]["docs"][0]["title"] == "zorblax"
-    back = h.choose_stack("offline", r[-1], progress=noprogress)
+    back = h.corpus.choose_stack("offline", r[-1], progress=noprogress)
     assert calls == ["paper"] and back[-1].stack == "offline"  # loaded once, kept
     assert set(pool.loaded_stacks()) == {"offline", "paper"}
 
@@ -1420,13 +1420,13 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     h = handlers.Handlers(pool)
     assert session_view.corpus_choices(pool, Session()) == [("Test corpus (built in)", "builtin"),
                                                      (f"{FACTBOOK_NAME} (built in)", "factbook")]
-    out = h.choose_corpus("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
+    out = h.corpus.choose_corpus("factbook", None, progress=lambda frac, desc=None, **k: bar.append((frac, desc)))
     s = out[-1]
     assert f'data-corpus="{FACTBOOK_NAME}"' in out[0] and out[1].value == "factbook"
     assert all(q in out[2] for q in session_view.FACTBOOK_EXAMPLES)
     assert loads == [1] and (1.0, f"Embedding passages of {FACTBOOK_NAME}: 31/31") in bar  # built, with a bar
     assert s.corpus == "factbook" and s.named_index is pool.corpus_index("offline", "factbook")
-    other = h.choose_corpus("factbook", None, progress=noprogress)[-1]
+    other = h.corpus.choose_corpus("factbook", None, progress=noprogress)[-1]
     assert other.named_index is s.named_index and loads == [1]  # shared, built once
     r = ask_all(h, "What is the capital of Algeria?", s, progress=noprogress, k=2, max_new_tokens=4,
                 sequence_decoding="fast")
@@ -1434,21 +1434,24 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     assert r[5]["corpus"] == FACTBOOK_NAME and "Algeria: Government" in [d["title"] for d in docs]
     assert all(d["url"].startswith("https://www.cia.gov/the-world-factbook/countries/") for d in docs)
     assert "Capital: Algiers" in _text(r[4])  # the passages shown are the Factbook's
-    back = h.choose_corpus("builtin", r[-1], progress=noprogress)
+    back = h.corpus.choose_corpus("builtin", r[-1], progress=noprogress)
     assert 'data-corpus="Test corpus"' in back[0] and back[-1].corpus == "builtin"
     again = ask_all(h, "Who painted The Starry Night?", back[-1], progress=noprogress, k=1, max_new_tokens=2,
                     sequence_decoding="fast")
     assert again[5]["answers"]["token"]["docs"][0]["title"] in {d[0] for d in DOCS}
     with pytest.raises(gr.Error, match="corpus 'nope' is unknown: choose one of builtin, factbook, upload"):
-        h.choose_corpus("nope", s, progress=noprogress)
+        h.corpus.choose_corpus("nope", s, progress=noprogress)
 
 
 def test_build_app_takes_a_pool_and_the_wiring_names_handler_methods():
     with pytest.raises(ValueError, match="build_app takes a PipelinePool, not AnsweringPipe"):
         page.build_app(AnsweringPipe())
     demo = page.build_app(reader_pool()[1])
-    wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers
-    assert handlers.Handlers.ask_session in wired and handlers.Handlers.ask in wired and handlers.Handlers.without_passage in wired
+    wired = {getattr(fn.fn, "__func__", None) for fn in demo.fns.values()}  # bound methods of one Handlers' parts
+    from rag_demo.web.api_events import ApiEvents
+    from rag_demo.web.ask_events import AskEvents
+
+    assert AskEvents.ask_session in wired and ApiEvents.ask in wired and AskEvents.without_passage in wired
 
 
 def test_answer_without_it_shows_its_progress_on_the_comparison_it_is_drawn_into():
@@ -1467,15 +1470,15 @@ def test_ask_stream_declares_the_arguments_of_ask():
     from gradio.utils import get_function_params
 
     h = handlers.Handlers(reader_pool()[1])
-    params = get_function_params(h.ask_stream)
-    assert params == get_function_params(h.ask) and [p[0] for p in params][:3] == ["question", "k", "num_beams"]
-    assert inspect.isgeneratorfunction(h.ask_stream)  # gradio streams only a generator function
+    params = get_function_params(h.api.ask_stream)
+    assert params == get_function_params(h.api.ask) and [p[0] for p in params][:3] == ["question", "k", "num_beams"]
+    assert inspect.isgeneratorfunction(h.api.ask_stream)  # gradio streams only a generator function
     with pytest.raises(gr.Error, match="stack='nope' is unknown"):
-        next(h.ask_stream("Who painted it?", 2, 1, 8, "thorough", "nope"))
+        next(h.api.ask_stream("Who painted it?", 2, 1, 8, "thorough", "nope"))
     with pytest.raises(gr.Error, match="stack='nope' is unknown"):
-        next(h.ask_stream("Who painted it?", stack="nope"))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
-        next(h.ask_stream("Who painted it?", colour="red"))
+        next(h.api.ask_stream("Who painted it?", stack="nope"))
+    with pytest.raises(gr.Error, match="unexpected keyword argument 'colour': /ask takes question, k, num_beams"):
+        next(h.api.ask_stream("Who painted it?", colour="red"))  # a refusal naming it, not "something went wrong"
 
 
 def test_a_second_question_from_the_same_visitor_stops_the_first_which_writes_nothing_more():
@@ -1488,20 +1491,20 @@ def test_a_second_question_from_the_same_visitor_stops_the_first_which_writes_no
     pool = PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=fake_unavailable)
     h = handlers.Handlers(pool)
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
-    first = h.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
-    theirs = h.ask_session("What is Mars?", None, progress=noprogress, request=other, k=1)
+    first = h.answers.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
+    theirs = h.answers.ask_session("What is Mars?", None, progress=noprogress, request=other, k=1)
     next(first), next(theirs)  # both started: their cards cleared
-    second = list(h.ask_session("What is Venus?", None, progress=noprogress, request=me, k=1))
+    second = list(h.answers.ask_session("What is Venus?", None, progress=noprogress, request=me, k=1))
     assert "Q: What is Venus?" in second[-1][1]  # the new question's answers
     assert list(first) == []  # the old one writes nothing more
     assert "Q: What is Mars?" in list(theirs)[-1][1]  # the other visitor's question still answers
-    third = h.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
+    third = h.answers.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
     next(third)
-    h.choose_corpus("builtin", None, progress=noprogress, request=me)  # a switch stops it too
+    h.corpus.choose_corpus("builtin", None, progress=noprogress, request=me)  # a switch stops it too
     assert list(third) == []
-    fourth = h.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
+    fourth = h.answers.ask_session("What is Mars?", None, progress=noprogress, request=me, k=1)
     next(fourth)
-    status, stop = h.stop_run(me)  # Stop: the run ends at once but still shows what it has
+    status, stop = h.turns.stop_run(me)  # Stop: the run ends at once but still shows what it has
     assert "Stopped" in status and stop.visible is False
     cards = list(fourth)[-1][1:4]
     assert all("cut: stopped" in c and "rag-continue-btn" in c for c in cards)
@@ -1527,7 +1530,7 @@ def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, pres
     try:
         result = client(url).predict("Who painted The Starry Night?", preset=preset, k=2, max_new_tokens=8,
                                      sequence_decoding="fast", api_name="/ask")
-        cli, code, note = handlers.Handlers(pool, "offline").show_code(
+        cli, code, note = handlers.Handlers(pool, "offline").answers.show_code(
             result, Session(), SimpleNamespace(headers={"host": url.split("//")[1].rstrip("/")}))
     finally:
         pool.cli_flags = []

@@ -160,7 +160,7 @@ def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str],
         except (KeyError, ValueError):
             raise ValueError("the corpus changed since this answer: ask again, then take a passage away.") from None
         # the retriever's own scores of the passages left (what the client sent is never read)
-        scores = [float(x) for x in pipe.retriever.passage_scores(raw["question"], modes[0], passages, weights)]
+        scores = [float(x) for x in pipe.passage_scores(raw["question"], modes[0], passages, weights)]
         plan.append((modes, passages, scores, docs, next(i for i, d in enumerate(docs) if d["id"] == pid)))
     return plan
 
@@ -214,7 +214,7 @@ def again_passages(pipe: Any, raw: dict, mode: str) -> tuple[list, list[float]] 
     except (KeyError, ValueError):
         raise ValueError("the corpus changed since this answer: ask again.") from None
     weights = settings_of(raw).decoding.weights  # the retriever's own scores, never the client's
-    return passages, [float(x) for x in pipe.retriever.passage_scores(raw["question"], mode, passages, weights)]
+    return passages, [float(x) for x in pipe.passage_scores(raw["question"], mode, passages, weights)]
 
 
 def answer_again(pipe: Any, raw: dict, mode: str, settings: RagSettings, run: Any, serving: Serving | None = None,

@@ -183,12 +183,12 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
     rh = ResultsHandlers(pool, serving, default_stack)
     settings0 = RagSettings.for_stack(default_stack)
 
-    # an uploaded file is read into the visitor's corpus and deleted at once (Handlers.upload); what a
+    # an uploaded file is read into the visitor's corpus and deleted at once (CorpusEvents.upload); what a
     # failed or abandoned upload leaves in gradio's cache goes within UPLOAD_CACHE_S
     with gr.Blocks(title="RAG demo: retrieve, then generate", delete_cache=(UPLOAD_CACHE_S, UPLOAD_CACHE_S)) as demo:
         app["demo"] = demo
         session = gr.State(None, time_to_live=STATE_TTL_S)
-        demo.unload(h.forget)  # the visitor's run numbers go with their tab
+        demo.unload(h.turns.forget)  # the visitor's run numbers go with their tab
         gr.HTML(INTRO)
         status = gr.HTML(render_status(pool, Session(stack=default_stack)), elem_id="rag-status")
         with gr.Tabs():
@@ -229,7 +229,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                             upload_btn = gr.Button("Split, embed and use these documents", elem_id="rag-upload")
                         with gr.Accordion("Settings", open=False, elem_id="rag-settings"):
                             knobs = settings_controls(settings0)
-                            cost_box = gr.HTML(h.estimate(None), elem_id="rag-cost")
+                            cost_box = gr.HTML(h.pricing.estimate(None), elem_id="rag-cost")
                 with gr.Row(equal_height=True, elem_id="rag-cards"):
                     cards = [gr.HTML(render_answer(None, mode=m), elem_id=f"rag-answer-{m}") for m in MODES]
                 with gr.Accordion("Show the code: rerun these answers yourself", open=False, elem_id="rag-code"):
@@ -292,72 +292,72 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         model = {"concurrency_id": "model", "concurrency_limit": model_concurrency}
         # what a change of settings updates, in one response: the cost line, and the sliders the
         # budget bounds reaching only as far as the server admits now
-        settled = [cost_box, *(knobs[n] for n in h.REACHED)]
+        settled = [cost_box, *(knobs[n] for n in h.pricing.REACHED)]
         demo.load(
-            h.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
+            h.corpus.on_load, inputs=[session], outputs=[status, examples, corpus_dd, stack_dd, session],
             api_name="status", concurrency_limit=None, show_progress="hidden",
-        ).then(h.settle, inputs=[session], inputs_kwargs=settings_in, outputs=settled, queue=False,
+        ).then(h.pricing.settle, inputs=[session], inputs_kwargs=settings_in, outputs=settled, queue=False,
                show_progress="hidden", api_visibility="private")
-        # while the dense index is built in the background the status line shows how far (Handlers.index_progress)
+        # while the dense index is built in the background the status line shows how far (CorpusEvents.index_progress)
         timer = gr.Timer(2.0)
-        timer.tick(h.index_progress, inputs=[session], outputs=[status, timer], queue=False, show_progress="hidden",
+        timer.tick(h.corpus.index_progress, inputs=[session], outputs=[status, timer], queue=False, show_progress="hidden",
                    api_visibility="private")
         # cheap, not queued: the cost model only, no model runs
         # the preset switch sets every knob to the preset's value (then each change re-estimates the cost)
         preset.input(lambda p: preset_values(p), inputs=[preset], outputs=list(knobs.values()), queue=False,
                      show_progress="hidden", api_visibility="private")
-        gr.on([c.change for c in settings_in.values()], h.settle, inputs=[session], inputs_kwargs=settings_in,
+        gr.on([c.change for c in settings_in.values()], h.pricing.settle, inputs=[session], inputs_kwargs=settings_in,
               outputs=settled, queue=False, show_progress="hidden", api_visibility="private")
         question.change(None, inputs=[question], outputs=[counter], js=COUNTER_JS, queue=False,
                         show_progress="hidden", api_visibility="private")  # in the browser only
         # asking again while a question runs starts the new one ("multiple"): the handler stops the old
-        # one, which writes nothing more to the page (Handlers.begin_run)
+        # one, which writes nothing more to the page (Turns.begin_run)
         gr.on(
-            [ask_btn.click, question.submit], h.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
-            outputs=[status, *answer_out], api_name="ask_session", validator=h.validate_ask, trigger_mode="multiple",
+            [ask_btn.click, question.submit], h.answers.ask_session, inputs=[question, session], inputs_kwargs=settings_in,
+            outputs=[status, *answer_out], api_name="ask_session", validator=h.pricing.validate_ask, trigger_mode="multiple",
             **model,
         )
-        stop_btn.click(h.stop_run, outputs=[status, stop_btn], queue=False,
+        stop_btn.click(h.turns.stop_run, outputs=[status, stop_btn], queue=False,
                        api_visibility="private")
         upload_btn.click(
-            h.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
+            h.corpus.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="upload", show_progress_on=status, validator=validate_upload, **model,
         )
         corpus_dd.input(
-            h.choose_corpus, inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
+            h.corpus.choose_corpus, inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],
             api_name="choose_corpus", show_progress_on=status, **model,
         )
         stack_dd.input(  # not in the model group: a first load takes minutes and must not block questions
-            h.choose_stack, inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
+            h.corpus.choose_stack, inputs=[stack_dd, session], outputs=[status, stack_dd, examples, *answer_out],
             api_name="choose_stack", show_progress_on=status, concurrency_limit=None,
         )
-        edit_pick.input(h.pick_passage, inputs=[edit_pick, session], outputs=[edit_text, edit_title],
+        edit_pick.input(h.answers.pick_passage, inputs=[edit_pick, session], outputs=[edit_text, edit_title],
                         api_visibility="private", queue=False)
         edit_btn.click(
-            h.edit_passage, inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
-            outputs=[status, *answer_out], api_name="edit_passage", validator=h.validate_edit, **model,
+            h.answers.edit_passage, inputs=[edit_pick, edit_text, question, session], inputs_kwargs=edit_in,
+            outputs=[status, *answer_out], api_name="edit_passage", validator=h.pricing.validate_edit, **model,
         )
         gr.on([ask_btn.click, question.submit], lambda: render_without(None), outputs=[without], queue=False,
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
         # its output is hidden data: the progress shows on the comparison it is drawn into, so the
         # visitor sees the second run going rather than a page that seems to ignore the click
-        without_btn.click(h.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
+        without_btn.click(h.answers.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
                           api_name="without_passage", show_progress_on=[without], **model
                           ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
                                  show_progress="hidden", api_visibility="private")
-        continue_btn.click(h.continue_mode, inputs=[continue_mode, raw, session],
+        continue_btn.click(h.answers.continue_mode, inputs=[continue_mode, raw, session],
                            outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
-        reset_btn.click(h.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
+        reset_btn.click(h.corpus.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
         wire_results(rh, results, session, model)
         # "show the code" follows the answers on screen, whichever event put them there
-        raw.change(h.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
+        raw.change(h.answers.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
                    show_progress="hidden", api_visibility="private")
         # MCP tools first (gradio names a tool after its function and keeps the first of a name):
         # `ask` and `ask_stream` answer an agent in JSON text; /ask and /ask_stream answer the API in dicts
-        for fn, name in ((h.ask, "ask"), (h.ask_stream, "ask_stream")):
+        for fn, name in ((h.api.ask, "ask"), (h.api.ask_stream, "ask_stream")):
             describe_api(gr.api(json_tool(fn, name), api_name=f"{name}_json", **model), demo)
-        for fn, name in ((h.ask, "ask"), (h.ask_stream, "ask_stream")):
+        for fn, name in ((h.api.ask, "ask"), (h.api.ask_stream, "ask_stream")):
             describe_api(gr.api(fn, api_name=name, **model), demo)
 
     demo.queue(default_concurrency_limit=QUEUE_CONCURRENCY, max_size=QUEUE_MAX_SIZE)
