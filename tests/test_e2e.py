@@ -106,6 +106,26 @@ def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path,
     assert not said and again.prompt("Who wrote Hamlet?", doc, 192) == second.prompt("Who wrote Hamlet?", doc, 192)
 
 
+def test_a_gguf_conversion_parses_the_file_once_and_puts_gguf_back():
+    """gguf_read_once: inside, the same file gives the same parsed reader (transformers asks three
+    times) and one tensor-name table per architecture; outside, gguf is as it was. (The converted
+    weights are bitwise those of a conversion without it: docs/results.md §3.2.)"""
+    import gguf
+
+    from rag_demo.config import StackSpec
+    from rag_demo.models.stacks import gguf_read_once, smollm_location
+
+    where, name = smollm_location(StackSpec())
+    path = str(Path(where) / name)
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    with gguf_read_once():
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, names)
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
+
+
 def test_left_padding_does_not_change_a_rows_next_token_distribution(pipe):
     """SmolLM2 prompts are left-padded: a short prompt alone and batched with a longer one give
     the same next-token distribution at prefill and after decoding steps (KL < 0.02 nats:

@@ -10,6 +10,8 @@ Without the Hub they fail fast with a message, never a hang.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -218,12 +220,30 @@ def smollm_weights(spec: StackSpec, progress: Progress | None = None):
     folder = converted_smollm_dir(spec, Path(where) / gguf)
     loaded = _load_converted(folder)
     if loaded is None:
-        _say(progress, "Converting SmolLM2's GGUF file once (about 20 s; cached for the next start) ...")
-        tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
-        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)
+        _say(progress, "Converting SmolLM2's GGUF file once (cached for the next start) ...")
+        with gguf_read_once():
+            tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
+            model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)
         _save_converted(model, tok, folder)
         return tok, model
     return loaded
+
+
+@contextlib.contextmanager
+def gguf_read_once():
+    """While a GGUF file is converted, each of its parses is made once: transformers reads the file
+    three times (tokenizer, config, weights), each parse of SmolLM2's 49k-token vocabulary taking
+    seconds, and builds gguf's tensor-name table again for every module, hundreds of times; a cold
+    start waited for all of it (docs/results.md §3.2). gguf's own reader and table, memoised; put
+    back on exit."""
+    import gguf
+
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(maxsize=2)(reader), functools.lru_cache(8)(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
 
 
 def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
