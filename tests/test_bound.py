@@ -46,3 +46,27 @@ def test_the_counter_records_each_model_call_a_prefill_then_a_step(smollm_tokeni
     assert total == pytest.approx(sum(c.seconds(d, r) for c in work.calls))
     model(input_ids=ids)  # the hooks are gone
     assert len(work.calls) == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_machine_peak_is_a_real_rate_that_prices_a_call(dtype, smollm_tokenizer_folder):
+    """The machine's own peak in each precision: a positive FLOP rate and read rate, the same FLOP
+    rate at both shapes; a call's least time at those rates is positive and finite."""
+    from rag_demo.measure.bound import Dims, WorkCounter, machine_peak
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    peak = machine_peak(dtype, repeats=1)
+    assert peak.prefill_flops == peak.decode_flops > 1e8 and peak.read_bytes > 1e8
+    gen = tiny_smollm_generator(smollm_tokenizer_folder, layers=1, kv_heads=2)
+    with WorkCounter(gen.model) as work:
+        gen.prefill([[1, 2, 3, 4]])
+    total, _ = work.bound(Dims.of(gen.model), peak)
+    assert 0 < total < 1
+
+
+def test_the_cpu_flags_are_this_machines():
+    from rag_demo.models.machine import cpu_flags
+
+    flags = cpu_flags()
+    text = open("/proc/cpuinfo").read()
+    assert all(f" {f}" in text for f in flags) and ("avx2" in flags) == (" avx2" in text)

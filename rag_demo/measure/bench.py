@@ -55,7 +55,7 @@ from rag_demo.measure.latency import (
     token_overhead,
     with_generator_dtype,
 )
-from rag_demo.measure.bound import rates
+from rag_demo.measure.bound import PEAK_SIDE, machine_peak, rates
 from rag_demo.measure.reask import reasks
 from rag_demo.measure.reference import compare_with_transformers, reference_cases
 
@@ -72,11 +72,15 @@ def bound_summary(lat: dict) -> dict:
             continue
         work = [t - e - r for t, e, r in zip(rec["total"], rec["encode"], rec["retrieve"])]
         mult = [w / b for w, b in zip(work, rec["bound"]) if b > 0]
+        peak = [w / b for w, b in zip(work, rec.get("bound_peak") or []) if b > 0]
         first = [t / b for t, b in zip(rec["ttft"], rec["bound_prefill"]) if b > 0]
         out[mode] = {"p50": percentile(work, 50), "p95": percentile(work, 95), "bound_p50": percentile(rec["bound"], 50),
                      "multiple_p50": percentile(mult, 50), "multiple_p95": percentile(mult, 95),
                      "ttft_p50": percentile(rec["ttft"], 50), "prefill_bound_p50": percentile(rec["bound_prefill"], 50),
                      "ttft_multiple_p50": percentile(first, 50), "ttft_multiple_p95": percentile(first, 95)}
+        if peak:  # the same times against the machine's own peak (bound.machine_peak)
+            out[mode].update(peak_bound_p50=percentile(rec["bound_peak"], 50), peak_multiple_p50=percentile(peak, 50),
+                             peak_multiple_p95=percentile(peak, 95))
     return out
 
 
@@ -94,15 +98,18 @@ def per_generator_dtype(pipe, dtypes: list[str], questions: list[str], modes: li
             pipe = in_own_thread(load, pipe, dtype)
         r["generators"][dtype] = pipe.stack.describe()
         model = pipe.stack.modes["token"].generator.model
-        rate = None
+        rate = peak = None
         if getattr(model.config, "is_encoder_decoder", False):
             say("No bound for an encoder-decoder generator: measure/bound.py counts a decoder-only model's calls.")
         else:
             say(f"This CPU's rates in {dtype} (matrix multiplies at the generator's shapes, weight reads) ...")
             rate = in_own_thread(rates, model)
             r.setdefault("rates", {})[dtype] = rate.to_dict()
+            say(f"The machine's own peak in {dtype} (a {PEAK_SIDE}-square matrix product, a streaming read) ...")
+            peak = in_own_thread(machine_peak, next(model.parameters()).dtype)
+            r.setdefault("peak", {})[dtype] = peak.to_dict()
         say(f"Latency, generator in {dtype} ...")
-        r["latency"][dtype] = latency(pipe, questions, modes, settings, say, rate)
+        r["latency"][dtype] = latency(pipe, questions, modes, settings, say, rate, peak)
         r.setdefault("bound", {})[dtype] = bound_summary(r["latency"][dtype])
         if reask and passage_caches(pipe):
             r["reask"][dtype] = reasks(pipe, questions, [m for m in MODES if m in modes], settings, say)  # page's order

@@ -129,6 +129,8 @@ class WorkCounter:
 
 
 MAX_CALLS = 256
+PEAK_SIDE = 2048  # the square matrix product the machine's peak is measured on: large enough to run at full rate
+PEAK_READ_BYTES = 256 * 2**20  # the array the peak read streams through: far beyond any cache
 
 
 @torch.inference_mode()
@@ -150,3 +152,18 @@ def rates(model: torch.nn.Module, repeats: int = 5) -> Rates:
     x = torch.randn(DECODE_ROWS, head.weight.shape[1], dtype=dtype)
     read = head.weight.numel() * head.weight.element_size() / best_of(lambda: head(x), repeats)
     return Rates(rate[PREFILL_ROWS], rate[DECODE_ROWS], read)
+
+
+@torch.inference_mode()
+def machine_peak(dtype: torch.dtype, repeats: int = 5) -> Rates:
+    """The machine's own best in `dtype`, apart from any model: the sustained FLOP/s of a
+    PEAK_SIDE-square matrix product (as both the prefill and the decoding rate) and the bytes/s of
+    streaming once through a PEAK_READ_BYTES array (a sum reads every byte once). A second bound:
+    the model-shape bound (`rates`) says what torch's kernels reach at the generator's shapes, this
+    one what the machine could do at best."""
+    a = torch.randn(PEAK_SIDE, PEAK_SIDE).to(dtype)
+    b = torch.randn(PEAK_SIDE, PEAK_SIDE).to(dtype)
+    flops = 2.0 * PEAK_SIDE ** 3 / best_of(lambda: torch.mm(a, b), repeats)
+    x = torch.ones(PEAK_READ_BYTES // torch.finfo(dtype).bits * 8, dtype=dtype)
+    read = x.numel() * x.element_size() / best_of(lambda: x.sum(), repeats)
+    return Rates(flops, flops, read)

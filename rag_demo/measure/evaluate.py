@@ -44,7 +44,7 @@ from rag_demo.measure.metrics import (
     recall_at_k,
 )
 from rag_demo.questions import QAItem
-from rag_demo.models.machine import cpu_name  # noqa: F401 - where eval's callers have always found it
+from rag_demo.models.machine import cpu_flags, cpu_name  # noqa: F401 - cpu_name: where eval's callers have always found it
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def machine_info() -> dict:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": cpu_name()}
+            "cpus": os.cpu_count(), "platform": platform.platform(), "processor": cpu_name(), "cpu_flags": cpu_flags()}
     try:
         info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:

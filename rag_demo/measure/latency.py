@@ -181,17 +181,18 @@ def streamed(pipe, question: str, mode: str, settings: RagSettings) -> tuple[flo
 
 
 def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
-            say: Callable[[str], None], rates=None) -> dict:
+            say: Callable[[str], None], rates=None, peak=None) -> dict:
     """{mode: {stage: [seconds per question]}, "tokens": [...], "ttft": [...], "generate_streamed":
     [...], "bound": [...], "bound_prefill": [...]}; one warm-up answer per mode first. Each question
     is answered twice in a row, quietly (the stage timings, and with `rates` the least time its
-    model calls could take: measure/bound.py) and streamed (time to first token, and the generate
-    time with a listener: the cost of streaming, paired question by question)."""
+    model calls could take: measure/bound.py; with `peak` too, that least time at the machine's own
+    peak rates, "bound_peak") and streamed (time to first token, and the generate time with a
+    listener: the cost of streaming, paired question by question)."""
     out = {}
     for mode in modes:
         in_own_thread(pipe.answer, questions[0], mode, settings)  # warm-up: first-call allocations, lazy inits
         rec = {s: [] for s in STAGES}
-        rec.update(tokens=[], ttft=[], generate_streamed=[], bound=[], bound_prefill=[])
+        rec.update(tokens=[], ttft=[], generate_streamed=[], bound=[], bound_prefill=[], bound_peak=[])
         model = pipe.stack.modes_for(settings.decoding.weights)[mode].generator.model  # the weights that answer
         for i, q in enumerate(questions, 1):
             forget_passages(pipe)  # a question whose passages were never read (7 times re-asks)
@@ -202,6 +203,8 @@ def latency(pipe, questions: list[str], modes: list[str], settings: RagSettings,
                 total, prefill = work.bound(Dims.of(model), rates)
                 rec["bound"].append(total)
                 rec["bound_prefill"].append(prefill)
+                if peak is not None:
+                    rec["bound_peak"].append(work.bound(Dims.of(model), peak)[0])
             for s in STAGES:
                 rec[s].append(a.timings.get(s, 0.0))
             rec["tokens"].append(len(a.token_ids))

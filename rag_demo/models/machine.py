@@ -44,6 +44,19 @@ def device_name(device: str | torch.device = "cpu") -> str:
     return cpu_name()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags that decide its kernels (vector widths, bfloat16 and matrix units),
+    from /proc/cpuinfo; [] where it is not readable: two CPUs' results compare by these."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "neon", "sve")
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    have = set(line.split(":", 1)[-1].split())
+    return [f for f in wanted if f in have]
+
+
 def best_of(fn, repeats: int, warm: bool = True) -> float:
     """min over `repeats` calls of fn's wall time: a busy neighbour only ever slows a call down, so
     the fastest is the machine's own. `warm`: one untimed call first (it pays for kernel selection
