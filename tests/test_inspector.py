@@ -6,6 +6,7 @@ greedy choice must be the mixture's top token, and the tables greedy records whi
 must equal a separate teacher-forced pass over the finished answer."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -154,6 +155,18 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     one = {**raw, "answers": {"token": pipe.answer(Q, "token", k=1).to_dict()}}
     with pytest.raises(gr.Error, match="only one passage"):
         without(one, one["answers"]["token"]["docs"][0]["id"])
+    # a client's own scores, priors and posteriors, and 1,000-item token lists, change nothing: the
+    # passages come from the corpus and their scores from the server's retriever
+    forged = copy.deepcopy(raw)
+    for a in forged["answers"].values():
+        a["docs"] = [{**d, "score": 99.0, "prior": 1.0} for d in a["docs"]]
+        a["doc_posterior"] = [1.0] + [0.0] * (len(a["docs"]) - 1) if a["docs"] else a.get("doc_posterior")
+        a["token_ids"], a["tokens"] = list(range(1000)), ["x"] * 1000
+    same = without(forged, docs[0]["id"])
+    for m in ("sequence", "token"):
+        assert same["modes"][m]["after"] == res["modes"][m]["after"]
+        assert [d["score"] for d in same["modes"][m]["answer"]["docs"]] == [
+            d["score"] for d in res["modes"][m]["answer"]["docs"]] != [99.0] * (len(docs) - 1)
 
 
 @pytest.mark.parametrize("mode,beams,decoding", [("sequence", 1, "fast"), ("sequence", 2, "fast"), ("token", 2, "fast")])
