@@ -1542,8 +1542,8 @@ def test_show_the_code_run_as_printed_gives_the_same_answers(app, tmp_path, pres
     printed = (line.split(" ", 1) for line in out.getvalue().splitlines() if line.split(" ", 1)[0] in MODES)
     assert {m: t.strip() for m, t in printed} == shown  # (gradio_client also prints "Loaded as API: ...")
     args = shlex.split(cli)
-    assert args[:4] == ["python", "-m", "rag_demo", "ask"]
-    run = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    assert args[:4] == [".venv/bin/python", "-m", "rag_demo", "ask"]  # the checkout's interpreter: it has torch
+    run = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "RAG_DEMO_CACHE": str(cache_sharing_smollm(tmp_path / "cache"))})
     assert run.returncode == 0, run.stderr[-2000:]
     said = [t.strip() for t in re.findall(r"^Answer: (.*)$", run.stdout, re.M)]
