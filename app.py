@@ -36,7 +36,8 @@ from rag_demo.serving import memory  # noqa: E402 - torch-free, before anything 
 
 memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
 
-from rag_demo.config import GENERATOR_DTYPES, STACKS, StackSpec  # noqa: E402
+from rag_demo.config import GENERATOR_DTYPES, STACKS  # noqa: E402
+from rag_demo.models.stack_spec import StackSpec  # noqa: E402
 from rag_demo.serving.pool import PipelinePool, stack_factory  # noqa: E402
 from rag_demo.web.page import MODEL_CONCURRENCY, build_app, launch  # noqa: E402
 

@@ -52,7 +52,7 @@ def tiny_items(n: int | None = None) -> list:
 
 def smollm_tokenizer_folder() -> Path:
     """The converted SmolLM2 folder (its tokenizer and chat template), converted once if needed."""
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.models.stacks import (
         converted_smollm_dir,
         load_smollm,
@@ -79,7 +79,7 @@ def tiny_generator():
 @functools.lru_cache(maxsize=1)
 def tiny_stack():
     """The offline stack's shape: MiniLM for retrieval, the tiny generator for every mode."""
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.models.encoders import MiniLMEncoder
     from rag_demo.models.stacks import MINILM_SCORE_SCALE, LoadedStack, ModeModels
 

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe = _shared.tiny_pipeline()
         questions = [q for q, _ in _shared.TINY_QA][: args.n + 1]
     else:
-        from rag_demo.config import StackSpec
+        from rag_demo.models.stack_spec import StackSpec
         from rag_demo.pipeline import RagPipeline
 
         pipe = RagPipeline.load(StackSpec(generator_dtype=args.dtype))

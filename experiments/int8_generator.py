@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.reader.aided import prompt
 
     torch.set_num_threads(2)

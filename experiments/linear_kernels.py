@@ -54,7 +54,7 @@ def model_times(reps: int, tiny: bool) -> None:
     if tiny:
         model = _shared.tiny_generator().model.float()
     else:
-        from rag_demo.config import StackSpec
+        from rag_demo.models.stack_spec import StackSpec
         from rag_demo.models.stacks import load_smollm
 
         model = load_smollm(StackSpec(generator_dtype="float32")).model

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import _shared  # noqa: F401 - puts the repository on the path
-from rag_demo.config import StackSpec
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.knowledge.corpus import load_vital_articles
 from rag_demo.knowledge.index import load_or_build_index
 from rag_demo.measure.metrics import first_hit, passage_text

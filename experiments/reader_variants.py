@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         stack, corpus = tiny_stack(), tiny_corpus()
         items = {"ext": tiny_items(a.n_ext), "dev": tiny_items(a.n_dev)}
     else:
-        from rag_demo.config import StackSpec
+        from rag_demo.models.stack_spec import StackSpec
         from rag_demo.knowledge.corpus import load_vital_articles
         from rag_demo.models.stacks import load_stack
 

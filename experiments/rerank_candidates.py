@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         gen, corpus = tiny_generator(), tiny_corpus()
         runs = args.runs or [str(tiny_run(temp_path("tiny_run.json")))]
     else:
-        from rag_demo.config import StackSpec
+        from rag_demo.models.stack_spec import StackSpec
         from rag_demo.knowledge.corpus import load_vital_articles
         from rag_demo.models.stacks import load_smollm
 

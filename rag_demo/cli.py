@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 from rag_demo.config import (
-    GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, StackSpec, check_mode, check_question,
+    GENERATOR_DTYPES, INDEX_KINDS, KNOBS, MODES, PRESETS, STACKS, RagSettings, check_mode, check_question,
 )
+from rag_demo.models.stack_spec import StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
 QA_TRAIN_FILES = ("assets/qa_open_vital.jsonl", "assets/qa_train_vital.jsonl")  # training.run.QA_FILES

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_demo.config import RagSettings, StackSpec
+from rag_demo.config import RagSettings
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.indexes import Progress
 from rag_demo.knowledge.corpus import Corpus, load_vital_articles
 from rag_demo.knowledge.hf_format import Knowledge

@@ -305,7 +305,7 @@ def budget_promise(rss_after_warmup: int) -> int:
     """The most the budget lets the app hold (serving/budget.Budget's docstring): what it holds after
     warm-up, the bounds of what its generator keeps for later questions, and MODEL_LANES requests
     at their byte limit."""
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.serving.budget import Budget
 
     spec = StackSpec()

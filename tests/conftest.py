@@ -64,7 +64,7 @@ def smollm_tokenizer_folder():
     skipping would leave the tests that use it unrun)."""
     from pathlib import Path
 
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.models.stacks import converted_smollm_dir, load_smollm, smollm_location
 
     where, gguf = smollm_location(StackSpec())
@@ -99,7 +99,8 @@ def long_answer_pipe(tiny_ckpts, tmp_path_factory):
     every answer runs to 8 tokens: what streaming and the inspector need to see."""
     import torch
 
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.knowledge.corpus import corpus_from_documents
     from rag_demo.pipeline import RagPipeline
     from rag_demo.models.random_models import fixture_passages
@@ -127,7 +128,7 @@ def three_passage_pipe(minilm, tmp_path_factory):
     """A factory: make(gen, passages, settings) -> a RagPipeline over those passages (titled
     "doc 0", "doc 1", ...), the MiniLM retriever, and `gen` for every mode, cached in a fresh folder."""
     def make(gen, passages, settings):
-        from rag_demo.config import StackSpec
+        from rag_demo.models.stack_spec import StackSpec
         from rag_demo.knowledge.corpus import corpus_from_documents
         from rag_demo.knowledge.index import load_or_build_index
         from rag_demo.pipeline import RagPipeline

@@ -153,7 +153,8 @@ def test_cli_rejects_bad_scale_arguments(capsys):
 
 
 def test_stack_spec_takes_the_index_kind():
-    from rag_demo.config import INDEX_KINDS, StackSpec
+    from rag_demo.config import INDEX_KINDS
+    from rag_demo.models.stack_spec import StackSpec
 
     assert INDEX_KINDS == ("auto", *ann.KINDS) and StackSpec().index_kind == "auto"
     with pytest.raises(ValueError, match=r"index_kind='ivf' is unknown: use one of auto, flat, hnsw, ivfpq"):

@@ -884,7 +884,7 @@ def test_a_card_a_stop_made_rank_the_fast_way_says_so_in_its_head_and_closed_boo
     print(f"\nlow time limit test: {time.perf_counter() - t0:.0f} s")
 
 
-# The Factbook test's app keeps the user's index cache (config.default_cache_dir): its ~2,300
+# The Factbook test's app keeps the user's index cache (stack_spec.default_cache_dir): its ~2,300
 # passages are embedded once (`python -m rag_demo index --corpus factbook`, or this test's first
 # run: 2-15 minutes on 2 shared cores), then loaded in seconds.
 FACTBOOK_BUILD_TIMEOUT_MS = 1_500_000

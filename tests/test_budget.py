@@ -13,7 +13,8 @@ from rag_demo.models.cost import CostModel, ModelDims
 from rag_demo.runs import Run
 from rag_demo.serving.admission import time_shares
 from rag_demo.serving.budget import Budget, StepGate
-from rag_demo.config import RagSettings, StackSpec
+from rag_demo.config import RagSettings
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.knowledge.corpus import corpus_from_documents
 from rag_demo.rag.decoding import score_candidates, score_pairs
 from rag_demo.pipeline import RagPipeline

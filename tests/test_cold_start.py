@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from rag_demo.config import RagSettings, StackSpec
+from rag_demo.config import RagSettings
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.knowledge.bm25 import BM25Retriever
 from rag_demo.knowledge.building import IndexBuild
 from rag_demo.knowledge.corpus import Corpus, corpus_from_documents, load_vital_articles
@@ -201,7 +202,7 @@ def test_index_build_refuses_bad_input(minilm, tmp_path):
 
 
 def test_the_cache_defaults_to_a_persistent_volume_when_the_host_mounts_one(tmp_path, monkeypatch):
-    import rag_demo.config as config
+    import rag_demo.models.stack_spec as config
     from rag_demo.models.stacks import converted_smollm_dir, smollm_location
 
     monkeypatch.delenv("RAG_DEMO_CACHE", raising=False)

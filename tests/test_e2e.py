@@ -65,7 +65,7 @@ def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path,
     copy of this machine's (the session converted it once), so the GGUF is converted once here."""
     import shutil
 
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.knowledge.corpus import Passage
     from rag_demo.models.stacks import CONVERTED_MARKER, converted_smollm_dir, load_smollm, smollm_location
 
@@ -112,7 +112,7 @@ def test_a_gguf_conversion_parses_the_file_once_and_puts_gguf_back():
     weights are bitwise those of a conversion without it: docs/results.md §3.2.)"""
     import gguf
 
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.models.stacks import gguf_read_once, smollm_location
 
     where, name = smollm_location(StackSpec())

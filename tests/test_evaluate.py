@@ -226,7 +226,8 @@ def test_bm25_question_without_words_does_not_crash():
 @pytest.fixture(scope="module")
 def tiny_pipe(tiny_ckpts, tmp_path_factory):
     """The paper stack built from tiny random checkpoints (conftest), over the 3-passage corpus."""
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.pipeline import RagPipeline
 
     paths = tiny_ckpts

@@ -185,7 +185,8 @@ def test_our_loader_on_the_scripts_dataset_retrieves_what_transformers_does(tiny
 def test_pipeline_answers_from_a_loaded_knowledge_dataset(tiny_ckpts, script_knowledge, tmp_path):
     """RagPipeline.load(knowledge=...) retrieves from it as loaded (same passages and scores as the
     loader's index), and answers over those passages."""
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.pipeline import RagPipeline
 
     passages_path, index_path, _ = script_knowledge

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_demo.config import MAX_QUESTION_CHARS, RagSettings, StackSpec
+from rag_demo.config import MAX_QUESTION_CHARS, RagSettings
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.knowledge.corpus import Corpus, corpus_from_documents
 from rag_demo.pipeline import RagPipeline
 from rag_demo.models.random_models import fixture_passages

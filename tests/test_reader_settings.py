@@ -15,7 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rag_demo.models import generators as G  # noqa: E402
 from rag_demo.models import kv_cache as KV  # noqa: E402
 from rag_demo.models import prompts as P  # noqa: E402
-from rag_demo.config import KNOBS, RagSettings, StackSpec  # noqa: E402
+from rag_demo.config import KNOBS, RagSettings
+from rag_demo.models.stack_spec import StackSpec  # noqa: E402
 from rag_demo.knowledge.corpus import Passage, corpus_from_documents  # noqa: E402
 from rag_demo.knowledge.chunking import split_sentences  # noqa: E402
 from rag_demo.reader.focus import closest_sentences, focus_passages  # noqa: E402

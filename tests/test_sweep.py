@@ -26,7 +26,8 @@ ITEMS = [QAItem("Who painted The Starry Night?", ["Vincent van Gogh"], {"id": "q
 @pytest.fixture(scope="module")
 def pipe(tiny_ckpts, tmp_path_factory):
     """The paper stack's loading code on tiny random checkpoints (two question encoders), K up to 3."""
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.pipeline import RagPipeline
 
     spec = StackSpec(name="paper", rag_token=str(tiny_ckpts["rag_token"]), rag_sequence=str(tiny_ckpts["rag_sequence"]),

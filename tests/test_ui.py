@@ -818,7 +818,8 @@ def test_modes_that_read_different_sentences_get_their_own_passage_tables():
 
 @pytest.fixture(scope="session")
 def small_pipe():
-    from rag_demo.config import RagSettings, StackSpec
+    from rag_demo.config import RagSettings
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.knowledge.corpus import corpus_from_documents
     from rag_demo.knowledge.index import build_index
     from rag_demo.pipeline import RagPipeline
@@ -1368,7 +1369,7 @@ def noprogress(*args, **kwargs):
 def test_switching_stack_loads_it_once_and_reembeds_the_upload(small_pipe, tmp_path):
     import dataclasses
 
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.pipeline import RagPipeline
 
     calls = []
@@ -1404,7 +1405,7 @@ def test_choosing_the_factbook_builds_its_index_once_answers_from_it_and_switche
     "builtin" goes back; an unknown corpus is a message naming the choices."""
     import dataclasses
 
-    from rag_demo.config import StackSpec
+    from rag_demo.models.stack_spec import StackSpec
     from rag_demo.knowledge.factbook import FACTBOOK_NAME, load_factbook
 
     loads, bar = [], []

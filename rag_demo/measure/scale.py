@@ -68,7 +68,7 @@ def real_vectors(cache_dir: Path | None = None, say: Callable[[str], None] = pri
     """(passages (N, 384), questions (Q, 384)): the Vital Articles index (cached, else built) and
     the dev + external questions, all under all-MiniLM-L6-v2, passages in the precision the app
     uses on this CPU (StackSpec.passage_dtype), so the app's cached index is reused."""
-    from rag_demo.config import StackSpec, default_cache_dir
+    from rag_demo.models.stack_spec import StackSpec, default_cache_dir
     from rag_demo.knowledge.corpus import load_vital_articles
     from rag_demo.models.encoders import MiniLMEncoder
     from rag_demo.knowledge.index import load_or_build_index

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from rag_demo.config import StackSpec
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.models.encoders import DPRPassageEncoder, DPRQuestionEncoder, Encoder, MiniLMEncoder
 from rag_demo.models.decoder_only import DecoderOnlyGenerator
 from rag_demo.models.encoder_decoder import EncoderDecoderGenerator

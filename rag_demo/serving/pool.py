@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rag_demo.config import TEST_EMBED_GATE_ENV, RagSettings, StackSpec
+from rag_demo.config import RagSettings
+from rag_demo.models.stack_spec import TEST_EMBED_GATE_ENV, StackSpec
 
 Progress = Callable[[float | None, str], None]  # (fraction done or None, message)
 HUB_PROBE_S = 5.0  # longest the page waits to learn whether the Hub is reachable
@@ -47,7 +48,7 @@ def default_unavailable(stack: str) -> str | None:
 
 
 def _load_factbook() -> Any:
-    from rag_demo.config import default_cache_dir
+    from rag_demo.models.stack_spec import default_cache_dir
     from rag_demo.knowledge.factbook import load_factbook
 
     return load_factbook(cache_dir=default_cache_dir())

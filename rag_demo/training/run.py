@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from rag_demo.config import StackSpec
+from rag_demo.models.stack_spec import StackSpec
 from rag_demo.models.machine import device_name
 from rag_demo.models.trained import MAP_FILE, META_FILE, QuestionMap, sha256_file, shipped_files
 from rag_demo.training.examples import Prepared, make_examples, prepare
