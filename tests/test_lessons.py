@@ -6,6 +6,7 @@ does not. Slow: the real SmolLM2 over all Wikipedia Vital Articles, then the CIA
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rag_demo.config import RagSettings
 from rag_demo.knowledge.corpus import VITAL_ARTICLES_NAME
@@ -35,8 +36,21 @@ def _check(pipe, corpus: str) -> None:
                 assert right.casefold() not in plain.text.casefold(), (lesson["title"], q, mode, plain.text)
 
 
-def test_the_vital_articles_lessons_answer_as_they_say(vital_pipe):
-    _check(vital_pipe, VITAL_ARTICLES_NAME)
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def vital_pipe_in(request, vital_pipe):
+    """The Vital Articles pipeline with its generator in each precision: a lesson must hold on a
+    CPU that computes in bfloat16 and on one that computes in float32 (`--generator-dtype`)."""
+    from rag_demo.models.stack_spec import StackSpec
+    from rag_demo.models.stacks import resolve_dtype
+    from rag_demo.pipeline import RagPipeline
+
+    if resolve_dtype("auto") == getattr(torch, request.param):
+        return vital_pipe  # this CPU's default: the shared pipeline
+    return RagPipeline.load(StackSpec(generator_dtype=request.param))
+
+
+def test_the_vital_articles_lessons_answer_as_they_say(vital_pipe_in):
+    _check(vital_pipe_in, VITAL_ARTICLES_NAME)
 
 
 def test_the_factbook_lessons_answer_as_they_say(vital_pipe):
