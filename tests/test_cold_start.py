@@ -162,6 +162,22 @@ def test_a_cached_index_is_dense_at_once(staged, minilm, gen):
     assert again.index_info.source == "cache" and again.answer(QUESTION, "token").retriever == "dense"
 
 
+def test_a_cold_start_on_the_built_in_corpora_answers_from_the_shipped_dense_index_at_once(minilm, gen, tmp_path):
+    """An empty cache, the offline stack's encoder: Vital Articles and the Factbook load their shipped
+    vectors (knowledge/shipped.py), so the first question is answered from the dense index, with no
+    build and no BM25 stand-in; and the cache stays empty of indexes."""
+    from rag_demo.knowledge.factbook import load_factbook
+
+    stack = LoadedStack(StackSpec(cache_dir=tmp_path), minilm,
+                        {m: ModeModels(minilm, gen, MINILM_SCORE_SCALE) for m in ("token", "sequence", "closed-book")}, 0.0)
+    for corpus in (load_vital_articles(cache_dir=tmp_path), load_factbook()):
+        pipe = RagPipeline(stack, None, SETTINGS)  # type: ignore[arg-type]
+        assert pipe.indexes.in_background(corpus) is None, corpus.name  # nothing to build
+        assert pipe.index_info.source == "shipped" and not pipe.index_building()
+        assert pipe.answer("Who painted the Mona Lisa?", "token").retriever == "dense"
+    assert not (tmp_path / "indexes").exists()
+
+
 def test_the_background_build_keeps_corpus_order(minilm, tmp_path, monkeypatch):
     """Row i of the built index is passage i, whatever order the passages were embedded in (by
     token count within each resumable chunk): 200 passages in chunks of 64, each row equal to that

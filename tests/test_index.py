@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -333,3 +334,63 @@ def test_an_index_that_finds_fewer_than_k_is_a_clear_error():
     assert len(index.search(vecs[:1], 3)[1][0]) == 3
     with pytest.raises(ValueError, match="found fewer than k=5 passages for a question: lower k, or use an exact index"):
         index.search(vecs[:1], 5)
+
+
+# ---------------------------------------------------------------- shipped indexes (knowledge/shipped.py)
+
+def test_a_shipped_index_is_read_before_the_cache_and_answers_as_the_built_one(corpus, encoder, base, tmp_path):
+    from rag_demo.knowledge.shipped import write_shipped
+
+    load_or_build_index(corpus, encoder, tmp_path / "cache")  # a cache is there too: the shipped vectors win
+    folder = write_shipped(corpus, encoder, base.embeddings, tmp_path / "shipped", about={"command": "test"})
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["stored_as"], meta["computed_in"], meta["n"], meta["command"]) == ("float16", "float32", 3, "test")
+    index, info = load_or_build_index(corpus, encoder, tmp_path / "cache", shipped_dir=tmp_path / "shipped")
+    assert (info.source, info.path, info.key) == ("shipped", folder, folder.name)
+    # float16 keeps ~3 significant digits of unit-length vectors: 5e-4 at most, relative to 1
+    np.testing.assert_allclose(index.embeddings, base.embeddings, atol=5e-4, rtol=0)
+    assert top_titles(index, encoder, PAINTER_Q) == top_titles(base, encoder, PAINTER_Q)
+
+
+def test_a_shipped_index_serves_the_encoder_in_either_passage_precision(corpus, encoder, base, tmp_path):
+    import torch
+
+    from rag_demo.knowledge.shipped import shipped_key, write_shipped
+
+    bf16 = MiniLMEncoder(passage_dtype=torch.bfloat16)
+    assert bf16.fingerprint() != encoder.fingerprint()  # the cache keeps apart what each precision computed
+    assert shipped_key(corpus, bf16) == shipped_key(corpus, encoder)
+    write_shipped(corpus, encoder, base.embeddings, tmp_path / "shipped")
+    assert load_or_build_index(corpus, bf16, tmp_path, shipped_dir=tmp_path / "shipped")[1].source == "shipped"
+
+
+def test_a_damaged_or_mismatched_shipped_index_is_built_instead_saying_why(corpus, encoder, base, tmp_path, caplog):
+    from rag_demo.knowledge.shipped import write_shipped
+
+    shipped = tmp_path / "shipped"
+    folder = write_shipped(corpus, encoder, base.embeddings, shipped)
+    data = bytearray((folder / "embeddings.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (folder / "embeddings.npy").write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="rag_demo.knowledge.shipped"):
+        assert load_or_build_index(corpus, encoder, tmp_path / "a", shipped_dir=shipped)[1].source == "built"
+    assert "unusable" in caplog.text and "sha256" in caplog.text
+    caplog.clear()
+    changed = corpus.with_passage_text("Seine#0", "The Seine flows through Rouen and Le Havre.")
+    with caplog.at_level(logging.WARNING, logger="rag_demo.knowledge.shipped"):
+        assert load_or_build_index(changed, encoder, tmp_path / "b", shipped_dir=shipped)[1].source == "built"
+    assert "made from another corpus than this stack's all-MiniLM-L6-v2" in caplog.text
+    with pytest.raises(ValueError, match=r"do not fit 'three': expected \(3, 384\)"):
+        write_shipped(corpus, encoder, base.embeddings[:2], shipped)
+
+
+def test_the_shipped_files_match_their_meta():
+    """What the repository ships: each file's sha256 as its meta says, under 20 MB, float16."""
+    from rag_demo.knowledge.shipped import SHIPPED_DIR
+
+    metas = sorted(SHIPPED_DIR.glob("*/meta.json"))
+    assert {json.loads(m.read_text())["corpus"] for m in metas} == {"Wikipedia Vital Articles (en)", "CIA World Factbook"}
+    for m in metas:
+        meta, data = json.loads(m.read_text()), (m.parent / "embeddings.npy").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == meta["sha256"] and len(data) < 20e6, m
+        assert np.load(m.parent / "embeddings.npy").shape == (meta["n"], meta["dim"]) and meta["stored_as"] == "float16"

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from rag_demo.knowledge.ann import AnnSettings, Searcher, settings_of
 from rag_demo.knowledge.ann import build as build_ann
 from rag_demo.knowledge.corpus import Corpus, Passage
+from rag_demo.knowledge.shipped import SHIPPED_DIR, shipped_vectors
 from rag_demo.models.encoders import Encoder
 from rag_demo.publish import publish_folder, write_synced
 
@@ -125,9 +126,9 @@ class PassageIndex:
 
 @dataclass
 class IndexInfo:
-    source: str  # "cache" or "built"
+    source: str  # "shipped" (knowledge/shipped.py), "cache" or "built"
     seconds: float  # time to load or build
-    path: Path  # cache folder
+    path: Path  # the folder it was read from or written to
     n_passages: int
     key: str  # the fingerprint
 
@@ -295,11 +296,17 @@ def embed_resumably(corpus: Corpus, encoder: Encoder, partial: Path,
     return out
 
 
-def load_cached_index(corpus: Corpus, encoder: Encoder, cache_dir: Path,
-                      ann: AnnSettings | None = None) -> tuple[PassageIndex, IndexInfo] | None:
-    """The cached index of kind `ann` for (corpus, encoder) when it is there and intact, else
-    None (an unusable one is logged: the next build replaces it)."""
+def load_cached_index(corpus: Corpus, encoder: Encoder, cache_dir: Path, ann: AnnSettings | None = None,
+                      shipped_dir: Path | None = SHIPPED_DIR) -> tuple[PassageIndex, IndexInfo] | None:
+    """The index of kind `ann` for (corpus, encoder) from the vectors shipped for them
+    (knowledge/shipped.py) when there are, else from the cache when it is there and intact, else
+    None (an unusable one is logged: the next build replaces it). Shipped vectors come first, so a
+    cold start and a warm one read the same vectors."""
     start = time.perf_counter()
+    if (shipped := shipped_vectors(corpus, encoder, shipped_dir)) is not None:
+        vectors, folder, key = shipped
+        index = PassageIndex(corpus, vectors, ann=ann)
+        return index, IndexInfo("shipped", time.perf_counter() - start, folder, len(index), key)
     key = cache_key(corpus, encoder, ann)
     folder = Path(cache_dir) / "indexes" / key
     if not folder.exists():
@@ -320,13 +327,15 @@ def load_or_build_index(
     rebuild: bool = False,
     ann: AnnSettings | None = None,
     on_chunk: Callable[[int, np.ndarray], None] | None = None,
+    shipped_dir: Path | None = SHIPPED_DIR,
 ) -> tuple[PassageIndex, IndexInfo]:
-    """The index of kind `ann` (default flat) for (corpus, encoder) from the cache when it is
-    intact, else built (`embed_resumably`: progress and on_chunk as there) and cached."""
+    """The index of kind `ann` (default flat) for (corpus, encoder) from its shipped vectors or the
+    cache (`load_cached_index`), else built (`embed_resumably`: progress and on_chunk as there) and
+    cached; `rebuild` embeds every passage whatever is shipped or cached."""
     if not len(corpus):
         raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
     start = time.perf_counter()
-    if not rebuild and (cached := load_cached_index(corpus, encoder, cache_dir, ann)) is not None:
+    if not rebuild and (cached := load_cached_index(corpus, encoder, cache_dir, ann, shipped_dir)) is not None:
         return cached
     key = cache_key(corpus, encoder, ann)
     folder = Path(cache_dir) / "indexes" / key

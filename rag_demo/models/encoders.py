@@ -94,6 +94,11 @@ class Encoder(abc.ABC):
     def fingerprint(self) -> str:
         """Identifies weights + pooling + passage formatting; keys the index cache."""
 
+    def model_fingerprint(self) -> str:
+        """The fingerprint without the precision passages are computed in: what a shipped index
+        (knowledge/shipped.py) is made for, as its vectors serve every passage dtype."""
+        return self.fingerprint()
+
     @abc.abstractmethod
     def _questions_batch(self, questions: list[str]) -> torch.Tensor:
         """(B, D) vectors of one batch of questions."""
@@ -183,11 +188,13 @@ class MiniLMEncoder(Encoder):
         self.dim = self.model.config.hidden_size
         self.passage_dtype = _check_passage_dtype(passage_dtype)
 
+    RECIPE = ("minilm", "mean-pool+l2", f"max_tokens={MAX_TOKENS}", "passage={title}: {text}")
+
     def fingerprint(self) -> str:
-        return folder_fingerprint(
-            self.path, "minilm", "mean-pool+l2", f"max_tokens={MAX_TOKENS}", "passage={title}: {text}",
-            *dtype_tag(self.passage_dtype),
-        )
+        return folder_fingerprint(self.path, *self.RECIPE, *dtype_tag(self.passage_dtype))
+
+    def model_fingerprint(self) -> str:
+        return folder_fingerprint(self.path, *self.RECIPE)
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
         enc = self.tokenizer(texts, truncation=True, max_length=MAX_TOKENS, padding=True, return_tensors="pt")
@@ -271,11 +278,13 @@ class DPRPassageEncoder(Encoder):
         folder = Path(cached_file(source, "config.json", local_files_only=True)).parent
         return cls(model, tokenizer, folder, name=source, passage_dtype=passage_dtype)
 
+    RECIPE = ("dpr-context", "pooler", f"max_tokens={MAX_TOKENS}", "passage=(title, text)")
+
     def fingerprint(self) -> str:
-        return folder_fingerprint(
-            self.folder, "dpr-context", "pooler", f"max_tokens={MAX_TOKENS}", "passage=(title, text)",
-            *dtype_tag(self.passage_dtype),
-        )
+        return folder_fingerprint(self.folder, *self.RECIPE, *dtype_tag(self.passage_dtype))
+
+    def model_fingerprint(self) -> str:
+        return folder_fingerprint(self.folder, *self.RECIPE)
 
     def _questions_batch(self, questions: list[str]) -> torch.Tensor:
         raise ValueError(
