@@ -101,14 +101,12 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
         assert "Gogh" in token["text"] or "Gogh" in ok["answers"]["sequence"]["text"]
 
 
-def test_the_wrong_answer_lesson_cues_one_wrong_copy_misses_another_and_marks_the_words_copied(served):
-    """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app.
-    Basketball: both RAG cards answer another number than the passage's five, and each shows the
-    "probably wrong" cue. Penicillin: both RAG cards copy the wrong name from the Fleming passage,
-    as the lesson says, the copied words are highlighted in that passage, and the confidence is a
-    coin toss, far above the basketball's, as the lesson tells the learner: a sure copy from a passage
-    with p(z|x) near 1 is a failure the fitted confidence (assets/confidence.json) cannot see
-    (docs/results.md §8)."""
+def test_the_wrong_answer_lesson_copies_the_wrong_name_marks_it_and_its_confidence_cannot_tell(served):
+    """The lesson "The right passage, a wrong answer" in a real browser, on the Vital Articles app:
+    both RAG cards copy the wrong name from the Fleming passage, as the lesson says, the copied words
+    are highlighted in that passage, and the confidence is no lower than a coin toss, as the lesson
+    tells the learner: a sure copy from a passage with p(z|x) near 1 is a failure the fitted
+    confidence (assets/confidence.json) can hardly see (docs/results.md §8)."""
     from playwright.sync_api import sync_playwright
     from test_browser import CHROMIUM_ARGS, SHOTS, _require_browser
 
@@ -134,21 +132,13 @@ def test_the_wrong_answer_lesson_cues_one_wrong_copy_misses_another_and_marks_th
             page.wait_for_selector(".rag-status[data-stack='offline']", timeout=240_000)
             lesson = page.locator(".rag-lesson", has_text="The right passage, a wrong answer")
             assert "what it cannot see" in lesson.inner_text()  # the lesson says what the confidence misses
-            ask(lesson, "How many players does each basketball team have on the court?", "basketball-lesson.png")
-            for mode in ("sequence", "token"):
-                card = page.locator(f"#rag-answer-{mode}")
-                text = card.locator(".rag-answer").inner_text()
-                assert "five" not in text.casefold() and "5" not in text, f"{mode} answered {text!r}: the failure is gone"
-                shown = card.locator(".rag-confidence").get_attribute("data-confidence")
-                assert shown and float(shown) < 0.5, (mode, shown)
-                assert card.locator('[data-cue="probably_wrong"]').count() == 1, (mode, text, shown)
             ask(lesson, "Who discovered penicillin?", "penicillin-lesson.png")
             for mode in ("sequence", "token"):
                 card = page.locator(f"#rag-answer-{mode}")
                 text = card.locator(".rag-answer").inner_text()
                 assert "Fleming" not in text, f"{mode} answered {text!r}: the lesson's failure no longer happens"
                 shown = card.locator(".rag-confidence").get_attribute("data-confidence")
-                assert shown and 0.3 < float(shown) < 0.75, (mode, shown)  # a coin toss, as the lesson says
+                assert shown and 0.3 < float(shown) < 0.75, (mode, shown)  # about a coin toss, as the lesson says
             marks = page.locator("#rag-passages table.rag-ptable:not(.rag-near-table) mark.rag-span")
             copied = [marks.nth(i).inner_text() for i in range(marks.count())]
             answer = page.locator("#rag-answer-token .rag-answer").inner_text().strip().rstrip(".")
