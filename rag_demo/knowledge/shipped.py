@@ -30,9 +30,16 @@ STORED_DTYPE = np.float16
 FORMAT_VERSION = 1
 
 
+def model_fingerprint(encoder: Encoder) -> str:
+    """The encoder's fingerprint without its passage precision (Encoder.model_fingerprint; an encoder
+    that has none, duck-typed, is keyed by its whole fingerprint)."""
+    own = getattr(encoder, "model_fingerprint", None)
+    return own() if callable(own) else encoder.fingerprint()
+
+
 def shipped_key(corpus: Corpus, encoder: Encoder) -> str:
     """sha256(corpus fingerprint + encoder model fingerprint)[:16]."""
-    return hashlib.sha256((corpus.fingerprint() + encoder.model_fingerprint()).encode()).hexdigest()[:16]
+    return hashlib.sha256((corpus.fingerprint() + model_fingerprint(encoder)).encode()).hexdigest()[:16]
 
 
 def _sha256(data: bytes) -> str:
@@ -54,7 +61,7 @@ def write_shipped(corpus: Corpus, encoder: Encoder, embeddings: np.ndarray, out_
     (folder / "embeddings.npy").write_bytes(npy.getvalue())
     meta = {"format_version": FORMAT_VERSION, "key": key, "corpus": corpus.name, "n": len(corpus),
             "dim": encoder.dim, "encoder": encoder.name, "corpus_fingerprint": corpus.fingerprint(),
-            "encoder_model_fingerprint": encoder.model_fingerprint(),
+            "encoder_model_fingerprint": model_fingerprint(encoder),
             "computed_in": str(encoder.passage_dtype).removeprefix("torch."),
             "stored_as": np.dtype(STORED_DTYPE).name, "sha256": _sha256(npy.getvalue()), **(about or {})}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
@@ -69,7 +76,7 @@ def _why_none_fits(corpus: Corpus, encoder: Encoder, shipped_dir: Path) -> None:
             continue
         differ = [what for what, mine, theirs in (
             ("corpus", corpus.fingerprint(), meta.get("corpus_fingerprint")),
-            ("encoder", encoder.model_fingerprint(), meta.get("encoder_model_fingerprint"))) if mine != theirs]
+            ("encoder", model_fingerprint(encoder), meta.get("encoder_model_fingerprint"))) if mine != theirs]
         log.warning("the shipped index of %s (%s, by %s) was made from another %s than this stack's %s: "
                     "building the index instead", corpus.name, meta_file.parent, meta.get("encoder"),
                     " and ".join(differ) or "format", encoder.name)
