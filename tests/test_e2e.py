@@ -54,9 +54,10 @@ def test_generator_runs_in_the_resolved_dtype_and_returns_float32_log_probs(pipe
     assert float(lp.exp().sum()) == pytest.approx(1.0, abs=2e-4)
 
 
-def test_index_is_cached_after_first_load(pipe):
+def test_the_vital_index_loads_as_shipped_never_built(pipe):
+    """The offline stack's Vital Articles index comes from its shipped vectors (knowledge/shipped.py)."""
     again = RagPipeline(pipe.stack, None).indexes.build_index(pipe.index.corpus)[1]
-    assert again.source == "cache" and again.n_passages == len(pipe.index) > 10000
+    assert again.source == "shipped" and again.n_passages == len(pipe.index) > 10000
 
 
 def test_converted_smollm_is_cached_identical_and_rebuilt_when_corrupt(tmp_path, smollm_tokenizer_folder):
