@@ -52,8 +52,9 @@ class PassagesOnly:
 @contextlib.contextmanager
 def answer_label(on: bool):
     """While active (and `on`), the decoder-only generator's short-style user turns that hold a
-    passage end with ANSWER_LABEL; the original `messages` is put back afterwards."""
-    from rag_demo.models.decoder_only import DecoderOnlyGenerator as G
+    passage end with ANSWER_LABEL (its prompt format's `messages`, models/chat_format.py); the
+    original `messages` is put back afterwards."""
+    from rag_demo.models.chat_format import ChatFormat as G
 
     if not on:
         yield

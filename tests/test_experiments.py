@@ -42,7 +42,7 @@ def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_scripts_hold_only_what_users_run_and_experiments_are_all_tested_and_described():
     assert sorted(p.name for p in (ROOT / "scripts").iterdir() if p.name != "__pycache__") == [
-        "estimates.py", "identical.py", "load.py", "screenshot.py", "setup.sh"]
+        "estimates.py", "identical.py", "load.py", "screenshot.py", "setup.sh", "ship_index.py"]
     on_disk = {p.stem for p in EXPERIMENTS.glob("*.py") if not p.name.startswith("_")}
     assert on_disk == set(NAMES)
     readme = (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
@@ -140,16 +140,16 @@ def test_reader_variants_answers_resumes_and_tabulates(exp, tmp_path, capsys):
     rv = exp("reader_variants")
     from rag_demo.config import RagSettings
     from rag_demo.knowledge.corpus import Passage
-    from rag_demo.models.decoder_only import DecoderOnlyGenerator
+    from rag_demo.models.chat_format import ChatFormat
     from rag_demo.reader.aided import prompt
 
     gen, s = exp("_shared").tiny_generator(), RagSettings(preset="paper")
     doc = Passage("p#0", "Paris", "Paris is the capital of France.")
-    original = DecoderOnlyGenerator.messages
+    original = ChatFormat.messages
     with rv.answer_label(True):
         labelled = gen.tokenizer.decode(prompt(gen, "What is the capital of France?", doc, s.decoding, s.aids))
     assert "Question: What is the capital of France?\nShort answer:" in labelled
-    assert DecoderOnlyGenerator.messages is original
+    assert ChatFormat.messages is original
 
     outs = {}
     for variant in ("answerlabel", "qfirst"):
