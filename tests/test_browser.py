@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from rag_demo.config import KNOBS
+from rag_demo.web.controls import elem_id
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -598,8 +601,12 @@ def test_every_slider_at_its_maximum_then_its_minimum_never_jams_the_page(page, 
     page.locator("#rag-settings").get_by_text("Settings").click()
     page.locator("#rag-aids").get_by_text("Reader aids").click()
     wait_settled(page)
+    # an accordion mounts its children after the click returns: wait for the aids' own sliders
+    sliders = [n for n, spec in KNOBS.items() if spec.kind in ("int", "float")]
+    page.wait_for_function("(n) => document.querySelectorAll('[id^=rag-knob-] input[type=range]').length >= n",
+                           arg=len(sliders), timeout=30_000)
     knobs = page.evaluate(SLIDER_KNOBS_JS)
-    assert len(knobs) >= 8, knobs
+    assert sorted(knobs) == sorted(elem_id(n) for n in sliders), knobs
     ranges = {k: [page.locator(f"#{k} input[type=range]").get_attribute(a) for a in ("min", "max")] for k in knobs}
     question = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
     for end in ("max", "min"):
