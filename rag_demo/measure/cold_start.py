@@ -77,10 +77,12 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     seen: dict[str, float] = {}
     log: list[str] = []
+    timeline: list[tuple[float, str]] = []  # where the seconds went: each log line, timed from launch
 
     def read() -> None:  # the app's log, each line timed as it comes
         for line in proc.stdout:  # type: ignore[union-attr]
             log.append(line.rstrip())
+            timeline.append((round(time.perf_counter() - t0, 2), line.rstrip()[:200]))
             if DENSE_READY_LINE in line and "complete" in line:
                 seen.setdefault("dense", time.perf_counter() - t0)
             elif "stack is ready" in line:
@@ -103,6 +105,7 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
                 break
             except OSError:
                 time.sleep(0.2)
+        t_served = time.perf_counter() - t0
         first = answer()
         t_first = time.perf_counter() - t0
         while "dense" not in seen and time.perf_counter() - t0 < timeout:
@@ -118,10 +121,11 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return {"generator_dtype": generator_dtype, "first_answer_s": t_first, "ready_s": seen.get("ready"),
+    return {"generator_dtype": generator_dtype, "served_s": t_served, "first_answer_s": t_first, "ready_s": seen.get("ready"),
             "first_retriever": first["answers"]["token"].get("retriever"),
             "first_answer": first["answers"]["token"]["text"], "dense_complete_s": seen.get("dense"),
-            "second_retriever": second["answers"]["token"].get("retriever"), "load_avg_after": load_avg()}
+            "second_retriever": second["answers"]["token"].get("retriever"), "load_avg_after": load_avg(),
+            "timeline": timeline}
 
 
 def run_cold_starts(question: str, spec, extra: list[str], say: Callable[[str], None]) -> dict:
