@@ -119,8 +119,15 @@ def test_a_gguf_conversion_parses_the_file_once_and_puts_gguf_back():
     where, name = smollm_location(StackSpec())
     path = str(Path(where) / name)
     reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    own = reader(path)
     with gguf_read_once():
         assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+        fast = gguf.GGUFReader(path)  # parsed over plain views of the map: the same fields and tensors
+        assert list(fast.fields) == list(own.fields)
+        for key, field in own.fields.items():
+            assert [p.tolist() for p in fast.fields[key].parts] == [p.tolist() for p in field.parts], key
+        assert [(t.name, t.tensor_type, t.data.tobytes()) for t in fast.tensors] == \
+            [(t.name, t.tensor_type, t.data.tobytes()) for t in own.tensors]
         arch = gguf.MODEL_ARCH.LLAMA
         assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, names)

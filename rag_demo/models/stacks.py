@@ -234,16 +234,33 @@ def gguf_read_once():
     """While a GGUF file is converted, each of its parses is made once: transformers reads the file
     three times (tokenizer, config, weights), each parse of SmolLM2's 49k-token vocabulary taking
     seconds, and builds gguf's tensor-name table again for every module, hundreds of times; a cold
-    start waited for all of it (docs/results.md §3.2). gguf's own reader and table, memoised; put
-    back on exit."""
+    start waited for all of it (docs/results.md §3.2). gguf's own reader (over plain views) and
+    table, memoised; put back on exit."""
     import gguf
 
     reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(maxsize=2)(reader), functools.lru_cache(8)(names)
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(maxsize=2)(_plain_views(reader)), functools.lru_cache(8)(names)
     try:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+
+
+def _plain_views(reader: type) -> type:
+    """gguf's reader, its slices plain ndarray views of the same memory map: numpy's memmap subclass
+    runs Python for each of the ~1.8 M slices a 49k-token vocabulary's parse takes (4x slower)."""
+    import numpy as np
+
+    class PlainViews(reader):
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, mapped) -> None:
+            self._plain = mapped.view(np.ndarray)  # still backed by (and keeping alive) the map
+
+    return PlainViews
 
 
 def load_smollm(spec: StackSpec, progress: Progress | None = None) -> DecoderOnlyGenerator:
