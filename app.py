@@ -38,8 +38,8 @@ memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
 
 from rag_demo.config import GENERATOR_DTYPES, STACKS  # noqa: E402
 from rag_demo.models.stack_spec import StackSpec  # noqa: E402
+from rag_demo.serving.budget import MODEL_CONCURRENCY  # noqa: E402
 from rag_demo.serving.pool import PipelinePool, stack_factory  # noqa: E402
-from rag_demo.web.page import MODEL_CONCURRENCY, build_app, launch  # noqa: E402
 
 
 def _env_float(name: str) -> float | None:
@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[rag-demo] the {stack} stack is unavailable ({reason}); serving the offline stack", file=sys.stderr)
         stack = "offline"
     pool.start(stack)  # load and warm up in the background; the page shows the progress
+    # gradio is imported after the loading starts: its seconds of import overlap the models' load
+    from rag_demo.web.page import build_app, launch
+
     budget = budget_from_args(args)
     print(f"[rag-demo] serving limits: {budget}; model concurrency {args.model_concurrency}", file=sys.stderr)
     demo = build_app(pool, default_stack=stack, budget=budget, model_concurrency=args.model_concurrency)

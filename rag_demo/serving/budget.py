@@ -18,6 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 GiB = 2**30
+# Model events run two at a time: a cheap question can start while an expensive one runs. They
+# do not compute at the same time: the StepGate below lets one model step run at a time and at
+# each step gives it to the waiting request with the lowest priority (cheap before expensive).
+MODEL_CONCURRENCY = 2
 
 
 @dataclass

@@ -15,6 +15,7 @@ import gradio as gr
 from rag_demo.config import MAX_QUESTION_CHARS, MODES, RagSettings
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, TRANSFER_LIMIT_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
+from rag_demo.serving.budget import MODEL_CONCURRENCY  # noqa: F401 - the page's lane; re-exported
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web import inputs
@@ -34,10 +35,6 @@ DIAGRAM_PATH = ASSETS / "rag_diagram.svg"
 
 UPLOAD_CACHE_S = 3600  # gradio's cache of uploaded files is swept this often, of files this old
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
-# Model events run two at a time: a cheap question can start while an expensive one runs. They
-# do not compute at the same time: the shared StepGate lets one model step run at a time and at
-# each step gives it to the waiting request with the lowest priority (cheap before expensive).
-MODEL_CONCURRENCY = 2
 QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
 STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
 
