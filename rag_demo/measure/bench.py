@@ -8,7 +8,9 @@ Owns the speed and memory numbers of the demo, printed as markdown tables and sa
    the index and retriever are shared, the generator is loaded again);
 2. RAG-Token's decoding overhead: its generate stage over `model.generate` of the same K
    left-padded prompts for the same number of tokens (greedy, min = max new tokens);
-3. memory: resident set size after loading, warm (after answering), and peak;
+3. memory: resident set size with the libraries imported, after loading, warm (warmed up as the
+   app is and trimmed as it is after each request), after the latency questions, and peak; by
+   part (measure/resident.py);
 4. index build throughput (passages/s) on a 1,000-passage subset of the corpus;
 5. the reference side by side (`reference.compare_with_transformers`): our engine vs
    transformers' `RagTokenForGeneration.generate` and `RagSequenceForGeneration.generate` on
@@ -48,7 +50,6 @@ from rag_demo.measure.latency import (
     in_own_thread,
     latency,
     load_avg,
-    memory_parts,
     passage_caches,
     peak_rss_bytes,
     rss_bytes,
@@ -57,6 +58,8 @@ from rag_demo.measure.latency import (
 )
 from rag_demo.measure.bound import PEAK_SIDE, machine_peak, rates
 from rag_demo.measure.reask import reasks
+from rag_demo.measure.resident import mapped, memory_parts
+from rag_demo.serving.memory import trim
 from rag_demo.measure.reference import compare_with_transformers, reference_cases
 
 
@@ -148,16 +151,24 @@ def run_bench(args, spec, say: Callable[[str], None]) -> int:
         return save(r, args.out, say)
     dtypes = generator_dtypes(getattr(args, "generator_dtypes", None), getattr(args, "generator_dtype", None),
                               spec.name, cpu_has_native_bf16())
+    before = mapped()  # the interpreter and the libraries imported so far, nothing loaded
     pipe = in_own_thread(RagPipeline.load, replace(spec, generator_dtype=dtypes[0]) if spec.name == "offline" else spec,
                          settings=settings, progress=lambda frac, msg: say(msg))
     r["stack"] = pipe.stack.describe()
-    r["memory"] = {"rss_loaded": rss_bytes()}
+    r["memory"] = {"rss_imports": sum(before.values()) or None, "rss_loaded": rss_bytes()}
+    say("Warming up as the app does ...")
+    in_own_thread(pipe.warm_up)
+    trim()  # as the app after every request: what it holds idle, not the allocator's free lists
+    warm = rss_bytes()
+    r["memory"].update(rss_warm=warm, peak_warm=peak_rss_bytes(), parts_warm=memory_parts(pipe, before, warm))
 
     def on_first(p) -> None:  # 2-3 on the first precision's generator, before another is loaded
         if "token" in modes and not args.skip_reference:
             r["token_overhead"] = token_overhead(p, questions[: max(1, min(len(questions), args.reference_n))],
                                                  settings, say)
-        r["memory"].update(rss_warm=rss_bytes(), peak_warm=peak_rss_bytes(), parts_warm=memory_parts(p))
+        trim()
+        after = rss_bytes()  # after every question of the latency runs, trimmed like the app
+        r["memory"].update(rss_after_questions=after, parts_after_questions=memory_parts(p, before, after))
 
     pipe = per_generator_dtype(pipe, dtypes, questions, modes, settings, r, say,
                                reask=not getattr(args, "skip_reask", False), on_first=on_first)

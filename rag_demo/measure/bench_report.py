@@ -120,10 +120,15 @@ def format_results(r: dict) -> str:
         lines.append(f"\nBounds per generator: passage cache {bound / 2**20:.0f} MB, hidden states {h_bound / 2**20:.0f} MB.")
     m = r["memory"]
     lines += ["", "### Memory and start-up", "", "| what | value |", "|---|---:|",
+              *([f"| RSS with the libraries imported, nothing loaded | {gb(m['rss_imports'])} |"]
+                if m.get("rss_imports") else []),
               f"| RSS after loading the stack and index | {gb(m['rss_loaded'])} |",
-              f"| warm app RSS (after the latency runs) | {gb(m['rss_warm'])} |",
+              f"| warm app RSS (warmed up as the app is, freed memory given back) | {gb(m['rss_warm'])} |",
               *(f"| of which {name} | {gb(n)} |" for name, n in (m.get("parts_warm") or {}).items()),
-              f"| peak RSS (app) | {gb(m['peak_warm'])} |",
+              *([f"| RSS after the latency questions (freed memory given back) | {gb(m['rss_after_questions'])} |",
+                 *(f"| of which {name} | {gb(n)} |" for name, n in m["parts_after_questions"].items())]
+                if m.get("rss_after_questions") else []),
+              f"| peak RSS (the app's runs) | {gb(m['peak_warm'])} |",
               f"| peak RSS (whole bench, reference models included) | {gb(m['peak_end'])} |"]
     if r.get("throughput"):
         t = r["throughput"]

@@ -49,43 +49,6 @@ def rss_bytes() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_parts(pipe) -> dict[str, int]:
-    """What holds a pipeline's memory, in bytes: each model's weights (tensors shared between
-    models counted once), the index (its vectors, and the FAISS copy of them), the states generators
-    keep for later questions (passages, hidden states, prompt openings), and the rest of the
-    resident set: the libraries (torch, transformers, gradio), the corpus pages read, the allocator's
-    free lists."""
-    import numpy as np
-
-    seen: set[int] = set()
-
-    def weights(module) -> int:
-        n = 0
-        for t in [*module.parameters(), *module.buffers()]:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                n += t.numel() * t.element_size()
-        return n
-
-    stacks = [pipe.stack.modes] + ([pipe.stack._trained] if getattr(pipe.stack, "_trained", None) else [])
-    gens = {id(mm.generator): mm.generator for modes in stacks for mm in modes.values()}
-    encoders = {id(pipe.stack.ctx_encoder): pipe.stack.ctx_encoder}
-    parts = {"generators": sum(weights(g.model) for g in gens.values()),
-             "encoders": sum(weights(e.model) for e in encoders.values() if hasattr(e, "model"))}
-    index = pipe.index
-    vectors = getattr(index, "embeddings", None)
-    parts["index"] = (int(np.asarray(vectors).nbytes) if vectors is not None else 0) + (
-        int(index.index.ntotal * index.index.d * 4) if hasattr(index, "index") else 0)
-    kept = 0
-    for g in gens.values():
-        kept += sum(c.stats().bytes for c in g.kept_caches().values())
-        kept += sum(sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in kv.layers)
-                    for _, kv in getattr(g, "_kept", []))
-    parts["kept states"] = kept
-    parts["rest: libraries, corpus pages, allocator"] = rss_bytes() - sum(parts.values())
-    return parts
-
-
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 

@@ -239,7 +239,8 @@ def gguf_read_once():
     import gguf
 
     reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(maxsize=2)(_plain_views(reader)), functools.lru_cache(8)(names)
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(_plain_views(reader))
+    gguf.get_tensor_name_map = functools.lru_cache(8)(names)
     try:
         yield
     finally:
