@@ -1,4 +1,4 @@
-"""The decoder-only generator keeps recent prompt openings' KV caches (`_prefix_kv`): a question
+"""The decoder-only generator keeps recent prompt openings' KV caches (`OpeningKV`, opening_kv.py): a question
 whose prompts open like an earlier one's (system prompt, worked examples) runs only the rest.
 Exact up to float order, and it must really skip the work."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _gen(folder, kept: int):
     from rag_demo.models.random_models import tiny_smollm_generator
 
     gen = tiny_smollm_generator(folder, layers=2, kv_heads=2, seed=3)
-    gen.KEPT_PREFIXES = kept  # an instance attribute: the class default stays
+    gen.openings.KEPT = kept  # an instance attribute: the class default stays
     return gen
 
 
@@ -73,23 +73,23 @@ def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_token
         ran = keep.prefix_tokens_run - before  # one row: all but its last token is its "prefix"
         assert (ran == len(cb) - 1) if i == 0 else (0 < ran < 30), (ran, len(cb))  # later: the question's turn
         assert engine.closed_book(keep, cb, s).tokens == engine.closed_book(fresh, cb, s).tokens
-    assert fresh.prefix_tokens_run > 0 and not fresh._kept  # kept=0 keeps nothing, recomputes every time
+    assert fresh.prefix_tokens_run > 0 and not fresh.openings.kept  # kept=0 keeps nothing, recomputes every time
 
 
 def test_kept_prefixes_are_bounded_and_never_handed_out(smollm_tokenizer_folder):
-    """At most KEPT_PREFIXES entries, the latest last; and the caller's copy is its own:
+    """At most OpeningKV.KEPT entries, the latest last; and the caller's copy is its own:
     decoding from one prefill's state leaves the kept cache as it was."""
     gen = _gen(smollm_tokenizer_folder, 2)
     for examples in (0, 1, 2):  # three different openings
         gen.prefill(_prompts(gen, QUESTIONS[0], examples))
-    assert len(gen._kept) == 2
-    key, kv = gen._kept[-1]
+    assert len(gen.openings.kept) == 2
+    key, kv = gen.openings.kept[-1]
     assert list(key) == list(_prompts(gen, QUESTIONS[0], 2)[0][:len(key)])
     sizes = [layer.keys.shape for layer in kv.layers]
     _, state = gen.prefill(_prompts(gen, QUESTIONS[1], 2))
     gen.advance(state, torch.tensor([[5], [6], [7]]))
-    assert [layer.keys.shape for layer in gen._kept[-1][1].layers] == sizes or gen._kept[-1][0] != key
-    assert all(layer.keys.shape[0] == 1 for _, kv in gen._kept for layer in kv.layers)  # one row each
+    assert [layer.keys.shape for layer in gen.openings.kept[-1][1].layers] == sizes or gen.openings.kept[-1][0] != key
+    assert all(layer.keys.shape[0] == 1 for _, kv in gen.openings.kept for layer in kv.layers)  # one row each
 
 
 @pytest.mark.parametrize("kept", [0, 4])

@@ -376,7 +376,7 @@ def test_the_shared_prompt_prefix_runs_once_and_each_row_reads_its_own_prompt(ti
     calls = []
     real = gen.model.model.forward
     gen.model.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
-    gen._kept = []  # nothing kept from earlier tests (test_prefix_cache.py covers what is kept)
+    gen.openings.kept = []  # nothing kept from earlier tests (test_prefix_cache.py covers what is kept)
     gen.hidden_cache.clear()  # nor their prompts' hidden states (read instead of run: test_kept_states.py)
     try:
         first, state = gen.prefill(prompts)

@@ -70,7 +70,7 @@ def tensor_parts(pipe) -> dict[str, int]:
     for g in gens.values():
         kept += sum(c.stats().bytes for c in g.kept_caches().values())
         kept += sum(sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in kv.layers)
-                    for _, kv in getattr(g, "_kept", []))
+                    for _, kv in getattr(getattr(g, "openings", None), "kept", []))
     parts["kept states"] = kept
     return parts
 

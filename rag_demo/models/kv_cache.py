@@ -163,7 +163,7 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
     as usual (it repeats the keys per query head: with many rows and few queries, as when
     teacher-forcing a dozen candidates, those copies cost more than the attention). `prefill`:
     SDPA whatever the number of queries, so a prompt's last tokens run after its kept passages
-    (`DecoderOnlyGenerator._prefill_passages`) read them as a prefill of the whole prompt does
+    (`passage_prefill.PassagePrefill.run`) read them as a prefill of the whole prompt does
     (in bfloat16 the matmuls here round the scores to bfloat16, SDPA does not).
 
     Any other cache (no `prefix_cache` passed, or its layer holds no prefix): transformers' SDPA
