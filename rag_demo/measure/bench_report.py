@@ -128,7 +128,7 @@ def format_results(r: dict) -> str:
               *([f"| RSS after the latency questions (freed memory given back) | {gb(m['rss_after_questions'])} |",
                  *(f"| of which {name} | {gb(n)} |" for name, n in m["parts_after_questions"].items())]
                 if m.get("rss_after_questions") else []),
-              f"| peak RSS (the app's runs) | {gb(m['peak_warm'])} |",
+              f"| peak RSS by the end of the warm-up | {gb(m['peak_warm'])} |",
               f"| peak RSS (whole bench, reference models included) | {gb(m['peak_end'])} |"]
     if r.get("throughput"):
         t = r["throughput"]
