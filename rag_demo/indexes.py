@@ -77,8 +77,7 @@ class Indexes:
             say(lo + (hi - lo) * done / max(total, 1), f"Embedding passages of {corpus.name}: {done:,}/{total:,}")
 
         index, info = load_or_build_index(corpus, encoder, spec.cache_dir, bar, rebuild, ann)
-        how = {"shipped": "loaded as shipped", "cache": "loaded from cache"}.get(info.source, "built and cached")
-        say(hi, f"Index {how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
+        say(hi, f"Index {info.how} in {info.seconds:.1f} s ({info.n_passages:,} passages)")
         return index, info
 
     def in_background(self, corpus: Corpus, progress: Progress | None = None, rebuild: bool = False,
@@ -96,8 +95,7 @@ class Indexes:
         if cached is not None:
             index, self.info = cached
             self.retriever = DenseRetriever(index)
-            where = "as shipped" if self.info.source == "shipped" else "from cache"
-            say(1.0, f"Index loaded {where} in {self.info.seconds:.1f} s ({len(corpus):,} passages)")
+            say(1.0, f"Index {self.info.how} in {self.info.seconds:.1f} s ({len(corpus):,} passages)")
             return None
         say(0.6, f"No dense index cached: indexing the {len(corpus):,} passages for BM25 (seconds), to answer "
                  "while the dense index is built ...")

@@ -132,6 +132,12 @@ class IndexInfo:
     n_passages: int
     key: str  # the fingerprint
 
+    @property
+    def how(self) -> str:
+        """Where the index came from, as a log line says it: "loaded as shipped", "loaded from
+        cache" or "built and cached"."""
+        return {"shipped": "loaded as shipped", "cache": "loaded from cache"}.get(self.source, "built and cached")
+
 
 def build_index(corpus: Corpus, encoder: Encoder, progress: Callable[[int, int], None] | None = None,
                 ann: AnnSettings | None = None) -> PassageIndex:

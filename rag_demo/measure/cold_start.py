@@ -76,13 +76,11 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     seen: dict[str, float] = {}
-    log: list[str] = []
     timeline: list[tuple[float, str]] = []  # where the seconds went: each log line, timed from launch
 
     def read() -> None:  # the app's log, each line timed as it comes
         for line in proc.stdout:  # type: ignore[union-attr]
-            log.append(line.rstrip())
-            timeline.append((round(time.perf_counter() - t0, 2), line.rstrip()[:200]))
+            timeline.append((round(time.perf_counter() - t0, 2), line.rstrip()))
             if DENSE_READY_LINE in line and "complete" in line:
                 seen.setdefault("dense", time.perf_counter() - t0)
             elif "stack is ready" in line:
@@ -99,7 +97,7 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
     try:
         while True:
             if proc.poll() is not None or time.perf_counter() - t0 > timeout:
-                raise RuntimeError(f"app.py did not serve {url}: " + "\n".join(log[-30:]))
+                raise RuntimeError(f"app.py did not serve {url}: " + "\n".join(line for _, line in timeline[-30:]))
             try:
                 urllib.request.urlopen(url, timeout=2).close()
                 break
@@ -110,7 +108,7 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
         t_first = time.perf_counter() - t0
         while "dense" not in seen and time.perf_counter() - t0 < timeout:
             if proc.poll() is not None:
-                raise RuntimeError("app.py exited: " + "\n".join(log[-30:]))
+                raise RuntimeError("app.py exited: " + "\n".join(line for _, line in timeline[-30:]))
             if first["answers"]["token"].get("retriever") == "dense":
                 break  # dense from the start: nothing was built in the background
             time.sleep(0.2)
@@ -125,7 +123,7 @@ def cold_start_app(question: str, cache_dir: Path, generator_dtype: str, timeout
             "first_retriever": first["answers"]["token"].get("retriever"),
             "first_answer": first["answers"]["token"]["text"], "dense_complete_s": seen.get("dense"),
             "second_retriever": second["answers"]["token"].get("retriever"), "load_avg_after": load_avg(),
-            "timeline": timeline}
+            "timeline": [(t, line[:200]) for t, line in timeline]}
 
 
 def run_cold_starts(question: str, spec, extra: list[str], say: Callable[[str], None]) -> dict:

@@ -15,7 +15,7 @@ import gradio as gr
 from rag_demo.config import MAX_QUESTION_CHARS, MODES, RagSettings
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, TRANSFER_LIMIT_BYTES, supported_extensions
 from rag_demo.serving.admission import Serving
-from rag_demo.serving.budget import MODEL_CONCURRENCY  # noqa: F401 - the page's lane; re-exported
+from rag_demo.serving.budget import MODEL_CONCURRENCY
 from rag_demo.serving.pool import PipelinePool
 from rag_demo.serving.session import Session
 from rag_demo.web import inputs
