@@ -88,3 +88,19 @@ def test_an_import_cycle_breaks_the_contracts(tmp_path):
     stopping.write_text(stopping.read_text() + "\nimport rag_demo.rag.decoding  # noqa\n")
     out = lint(work)
     assert out.returncode != 0 and "No import cycle anywhere in the package BROKEN" in out.stdout
+
+
+def test_a_page_build_reads_top_down_entering_each_module_at_most_twice():
+    """scripts/page_stays.py: the modules web.page.build_app calls into, in call order. The page is
+    built as app.py builds it; a build that went back and forth between its helpers (a module
+    entered three times or more) would fail here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page_stays", ROOT / "scripts" / "page_stays.py")
+    stays_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stays_script)
+    stays = stays_script.stays(stays_script.module_calls(depth=1))
+    assert {"web.handlers", "web.controls", "web.results", "web.api"} <= set(stays), stays  # it saw the build
+    over = {m: stays.count(m) for m in set(stays) if stays.count(m) > 2}
+    assert not over, (over, stays)
+    assert stays_script.stays(["a", "a", "b", "a"]) == ["a", "b", "a"]

@@ -174,11 +174,15 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
     if default_stack is None:
         default_stack = next(iter(pool.loaded_stacks()), "offline")
     app: dict[str, gr.Blocks] = {}
+    # the server's limits and the handlers that apply them
     serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
                       queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
     h = Handlers(pool, default_stack, serving)
-    rh = ResultsHandlers(pool, serving, default_stack)
+    # what the page shows before a visitor does anything: a new session's settings, status and choices
     settings0 = RagSettings.for_stack(default_stack)
+    session0 = Session(stack=default_stack)
+    status0, corpora0, stacks0 = render_status(pool, session0), corpus_choices(pool, session0), stack_choices(pool)
+    upload_label = f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB in all"
 
     # an uploaded file is read into the visitor's corpus and deleted at once (CorpusEvents.upload); what a
     # failed or abandoned upload leaves in gradio's cache goes within UPLOAD_CACHE_S
@@ -187,7 +191,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         session = gr.State(None, time_to_live=STATE_TTL_S)
         demo.unload(h.turns.forget)  # the visitor's run numbers go with their tab
         gr.HTML(INTRO)
-        status = gr.HTML(render_status(pool, Session(stack=default_stack)), elem_id="rag-status")
+        status = gr.HTML(status0, elem_id="rag-status")
         with gr.Tabs():
             with gr.Tab("Ask", id="ask"):
                 with gr.Row(equal_height=False):
@@ -208,21 +212,18 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                     with gr.Column(scale=2):
                         # handed on: a value that is no choice reaches the handler, which names it
                         corpus_dd = inputs.handed_on(gr.Dropdown(
-                            choices=corpus_choices(pool, Session(stack=default_stack)), value="builtin",
+                            choices=corpora0, value="builtin",
                             label="Corpus (the non-parametric memory)", elem_id="rag-corpus",
                         ))
                         stack_dd = inputs.handed_on(gr.Dropdown(
-                            choices=stack_choices(pool), value=default_stack, label="Model stack",
+                            choices=stacks0, value=default_stack, label="Model stack",
                             elem_id="rag-stack",
                         ))
                         with gr.Accordion("Upload your own documents", open=False, elem_id="rag-upload-acc"):
                             # no file_types: gradio would refuse another type while preprocessing the
                             # validator's input, a bare HTTP 400; check_upload names the types instead
                             # inputs.files: what is not a list of files reaches check_upload, which names it
-                            files = inputs.files(
-                                label=f"{', '.join(supported_extensions())}; up to {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
-                                "in all", elem_id="rag-files",
-                            )
+                            files = inputs.files(label=upload_label, elem_id="rag-files")
                             upload_btn = gr.Button("Split, embed and use these documents", elem_id="rag-upload")
                         with gr.Accordion("Settings", open=False, elem_id="rag-settings"):
                             knobs = settings_controls(settings0)
@@ -268,7 +269,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                 with gr.Accordion("Raw answers (JSON, as the /ask API returns them)", open=False):
                     raw = gr.JSON(elem_id="rag-json")
             with gr.Tab("Results", id="results"):
-                results = results_tab(rh)
+                results = results_tab(ResultsHandlers(pool, serving, default_stack))
             with gr.Tab("How it works", id="how"):
                 gr.HTML(_diagram())
                 gr.Markdown(
@@ -346,7 +347,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                            outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
         reset_btn.click(h.corpus.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
                         show_progress_on=status)
-        wire_results(rh, results, session, model)
+        wire_results(results, session, model)
         # "show the code" follows the answers on screen, whichever event put them there
         raw.change(h.answers.show_code, inputs=[raw, session], outputs=[code_cli, code_py, code_note], queue=False,
                    show_progress="hidden", api_visibility="private")

@@ -290,9 +290,10 @@ class _nothing:
 
 
 def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
-    """The tab's layout (inside a `gr.Tab`); -> its components by name, for the wiring."""
+    """The tab's layout (inside a `gr.Tab`); -> its components by name and its handlers ("handlers"),
+    for the wiring."""
     first = draw("qa_open_vital", "em")
-    c: dict[str, Any] = {}
+    c: dict[str, Any] = {"handlers": rh}
     gr.Markdown(
         "The paper teaches with numbers over many questions. These figures come from sweeps that ship with the demo "
         "(one row per question and setting); under each figure: the questions, the CPU, the date and the command "
@@ -339,8 +340,10 @@ def results_tab(rh: ResultsHandlers) -> dict[str, Any]:
     return c
 
 
-def wire(rh: ResultsHandlers, c: dict[str, Any], session: Any, model: dict) -> None:
-    """The tab's events: redraw on a change of question set or metric; run and stop a sweep."""
+def wire(c: dict[str, Any], session: Any, model: dict) -> None:
+    """The tab's events (`c`: what results_tab returned): redraw on a change of question set or
+    metric; run and stop a sweep."""
+    rh = c["handlers"]
     outs = [x for pair in zip(c["plots"], c["captions"]) for x in pair] + [c["cues"]]
     gr.on([c["set"].input, c["metric"].input], rh.draw, inputs=[c["set"], c["metric"], c["mine"]], outputs=outs,
           queue=False, show_progress="hidden", api_visibility="private")
