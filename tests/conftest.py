@@ -13,6 +13,48 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: real-model or browser tests (run in CI too)")
 
 
+def _locks(config):
+    """Under pytest-xdist, (turnstile, room): two lock files every worker of this run opens; None
+    when the tests run in one process."""
+    uid = getattr(config, "workerinput", {}).get("testrunuid")
+    if uid is None:
+        return None
+    if not hasattr(config, "_rag_locks"):
+        import tempfile
+        from pathlib import Path
+
+        base = Path(tempfile.gettempdir()) / f"rag-demo-tests-{uid}"
+        config._rag_locks = tuple(open(f"{base}.{name}.lock", "a") for name in ("turnstile", "room"))  # noqa: SIM115
+    return config._rag_locks
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests share the room (a shared lock on it), a test marked `alone` has it to itself (an
+    exclusive one), set-up and tear-down included: a timing it compares is not slowed by another
+    worker's test. Each test passes the turnstile first, and an `alone` test holds it while it
+    waits, so the other workers' next tests queue behind it instead of keeping the room forever."""
+    import fcntl
+
+    locks = _locks(item.config)
+    if locks is None:
+        return (yield)
+    turnstile, room = locks
+    alone = item.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    finally:
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        return (yield)
+    finally:
+        fcntl.flock(room, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpts(tmp_path_factory):
     """Random DPR+BART RAG checkpoints (Hub format) with n_docs=3: token, sequence, ctx encoder."""

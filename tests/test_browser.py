@@ -229,6 +229,7 @@ def card_checks(pg, mode: str, k: int) -> str:
     return text
 
 
+@pytest.mark.alone  # it times the app: a first question against a warm one
 def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     wait_ready(page, server)
     status = page.locator(".rag-status").inner_text()
@@ -997,6 +998,7 @@ def open_results(pg) -> float:
     return time.perf_counter() - t0
 
 
+@pytest.mark.alone  # it times the figures' drawing
 def test_the_results_tab_draws_the_shipped_figures_at_once_with_their_commands(browser, server):
     """Opening the Results tab draws at least four figures from the shipped runs within 2 s and
     asks the server to run nothing (no model event joins the queue); each figure says the
@@ -1031,6 +1033,7 @@ SWEEP_STATE_JS = """() => { const s = document.querySelector('#rag-sweep-status 
                 bar: !!s.querySelector('progress')} : null; }"""
 
 
+@pytest.mark.alone  # it times a question beside the sweep against the same question alone
 def test_a_learners_sweep_shows_progress_adds_points_and_stops_and_delays_no_one(browser, server):
     """Run it yourself: 10 dev questions x K in {1, 2} x RAG-Token. The status shows a progress
     bar, the accuracy figure gains "your sweep" points as answers come in, and Stop ends it. A
