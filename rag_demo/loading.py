@@ -2,6 +2,7 @@
 built in the background while BM25 answers), or a knowledge dataset's vectors as they are."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rag_demo.config import RagSettings
@@ -33,19 +34,22 @@ def load_pipeline(cls, spec: StackSpec | None = None, corpus: Corpus | None = No
     """
     spec = spec or StackSpec()
     say = progress or (lambda frac, msg: None)
-    say(0.02, f"Loading the {spec.name} stack's models ...")
-    steps = iter((0.05, 0.2, 0.3, 0.4))  # load_stack says what it loads before each model
-    stack = load_stack(spec, lambda msg: say(next(steps, 0.45), msg))
-    say(0.5, f"Models loaded in {stack.load_seconds:.1f} s")
-    if knowledge is not None:
-        if corpus is not None:
-            raise ValueError("both a corpus and a knowledge dataset were given: pass one of them.")
-        knowledge.check_encoder(stack.ctx_encoder, spec.name)
-        say(1.0, f"Using the knowledge dataset {knowledge.dataset_path} ({len(knowledge.index):,} passages)")
-        return cls(stack, knowledge.index, settings, knowledge.info())
-    if corpus is None:
-        say(0.5, "Loading the Wikipedia Vital Articles passages ...")
-        corpus = load_vital_articles(cache_dir=spec.cache_dir)
+    if knowledge is not None and corpus is not None:
+        raise ValueError("both a corpus and a knowledge dataset were given: pass one of them.")
+    with ThreadPoolExecutor(1, thread_name_prefix="load-corpus") as beside:
+        # the default corpus's pages are read while the models load (a cold start waits for the longer)
+        vital = beside.submit(load_vital_articles, cache_dir=spec.cache_dir) if corpus is None and knowledge is None else None
+        say(0.02, f"Loading the {spec.name} stack's models ...")
+        steps = iter((0.05, 0.2, 0.3, 0.4))  # load_stack says what it loads before each model
+        stack = load_stack(spec, lambda msg: say(next(steps, 0.45), msg))
+        say(0.5, f"Models loaded in {stack.load_seconds:.1f} s")
+        if knowledge is not None:
+            knowledge.check_encoder(stack.ctx_encoder, spec.name)
+            say(1.0, f"Using the knowledge dataset {knowledge.dataset_path} ({len(knowledge.index):,} passages)")
+            return cls(stack, knowledge.index, settings, knowledge.info())
+        if vital is not None:
+            say(0.5, "Loading the Wikipedia Vital Articles passages ...")
+            corpus = vital.result()
     pipe = cls(stack, None, settings)
     if background_index and (len(corpus) >= BACKGROUND_MIN_PASSAGES or build_gate):
         pipe.indexes.in_background(corpus, progress, rebuild_index, build_gate)
