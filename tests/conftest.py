@@ -14,17 +14,16 @@ def pytest_configure(config):
 
 
 def _locks(config):
-    """Under pytest-xdist, (turnstile, room): two lock files every worker of this run opens; None
-    when the tests run in one process."""
-    uid = getattr(config, "workerinput", {}).get("testrunuid")
-    if uid is None:
+    """Under pytest-xdist, (turnstile, room): two lock files every worker of this run opens, in the
+    run's own temporary folder (each worker's basetemp is a folder in it, which pytest clears with
+    old runs); None when the tests run in one process."""
+    if not hasattr(config, "workerinput"):
         return None
     if not hasattr(config, "_rag_locks"):
-        import tempfile
         from pathlib import Path
 
-        base = Path(tempfile.gettempdir()) / f"rag-demo-tests-{uid}"
-        config._rag_locks = tuple(open(f"{base}.{name}.lock", "a") for name in ("turnstile", "room"))  # noqa: SIM115
+        run = Path(config.option.basetemp).parent
+        config._rag_locks = tuple(open(run / f"{name}.lock", "a") for name in ("turnstile", "room"))  # noqa: SIM115
     return config._rag_locks
 
 
