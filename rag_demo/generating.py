@@ -90,7 +90,11 @@ class Generating:
             emit = emitter(q, gen, listen, lambda part: docs_of(part.prior, None), self.where())
             if listen is not None:
                 listen(reading(q, mode, len(passages), self.where()))
-            g = engine(run.gated(gen), prompts, logits, s.decoding, reader, run.stop_for(mode), emit)  # steps 3 and 4
+            gated = run.gated(gen)
+            try:
+                g = engine(gated, prompts, logits, s.decoding, reader, run.stop_for(mode), emit)  # steps 3 and 4
+            finally:
+                leave(gated)
             docs = docs_of(g.prior, g.extras.get(QUESTION_LP))
             t = dict(timings or {"encode": 0.0, "retrieve": 0.0})
             if kept is not None:  # sentences were chosen: the time it took
@@ -109,7 +113,11 @@ class Generating:
         cb = prompt(gen, qg, None, s.decoding, s.aids)
         expected = self.pipe.pricing.expected_for("closed-book", ["closed-book"], [cb], s)
         reader = reader_for(s.aids, s.decoding, gen, qg, [], [cb], closed_book=True)
-        g = run_closed_book(run.gated(gen), cb, s.decoding, reader, run.stop_for("closed-book"), emit)
+        gated = run.gated(gen)
+        try:
+            g = run_closed_book(gated, cb, s.decoding, reader, run.stop_for("closed-book"), emit)
+        finally:
+            leave(gated)
         answer = self.make_answer(q, "closed-book", gen, g, [], {"encode": 0.0, "retrieve": 0.0}, s, qg, cues(q))
         answer.expected_seconds = expected
         answer.time_share_s = run.seconds.get("closed-book")
@@ -161,3 +169,10 @@ class Generating:
         if cue is not None:
             a.cues.insert(0, cue)
 
+
+def leave(gen: Any) -> None:
+    """Tell a shared model (runs.Run.share) that this mode will ask for no more steps, so no batch
+    waits for it."""
+    done = getattr(gen, "leave", None)
+    if callable(done):
+        done()

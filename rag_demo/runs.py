@@ -15,7 +15,7 @@ class Run:
     seconds: each mode's own share of wall-clock time, counted from when that mode starts; past
     it the mode stops where it is ("time_limit"), and the next mode starts with its own share.
     share: wraps a generator so that its model calls take turns with other requests' (the
-    server's StepGate)."""
+    server's StepScheduler, which batches decoding steps)."""
 
     cancelled: Callable[[], bool] | None = None
     seconds: dict[str, float] = field(default_factory=dict)

@@ -4,6 +4,13 @@
     python scripts/load.py --url http://127.0.0.1:7860/ --pid 1234   # an app already running
     python scripts/load.py --bursts 2 --clients 6 --corpus-file tests/fixtures/seurat.txt  # shorter
     python scripts/load.py --burst 10 --url http://127.0.0.1:7860/   # one burst of 10 questions
+    python scripts/load.py --class 20                # twenty visitors at once, the page's defaults
+
+`--class N`: a class asks at once. First `--alone` questions one after another (the page's
+defaults), then N visitors at once, each its own gradio_client.Client with a different question
+(the "train" split of assets/qa_train_vital.jsonl, read at run time), all with the page's
+defaults. Prints the makespan, p50 and p95 latency, the throughput against serial (N x the median
+question alone / the makespan), answers cut for time, failures and the app's RSS after the wave.
 
 `--burst N`: one burst of N questions sent at once (the app's examples, one gradio_client.Client
 each, as N users would) with --k, --max-new-tokens and --decoding (default 2, 4, fast: quick);
@@ -151,6 +158,74 @@ def one(url: str, question: str, s: dict, start: threading.Event, out: dict, del
         refused = any(w in str(e).lower() for w in REFUSAL_WORDS)
         out.update(ok=False, refused=refused, error=msg[:300],
                    latency=time.perf_counter() - t0 if "t0" in locals() else float("nan"))
+
+
+def class_questions(n: int) -> list[str]:
+    """n distinct questions written by others: the "train" split of the older question file, read
+    at run time (never copied into the project)."""
+    from rag_demo.questions import load_qa
+    from rag_demo.splits import in_split
+
+    items = in_split(load_qa(ROOT / "assets" / "qa_train_vital.jsonl"), "train")
+    qs = list(dict.fromkeys(it.question for it in items))
+    if len(qs) < n:
+        raise SystemExit(f"--class needs {n} questions; the train split holds {len(qs)}")
+    return qs[:n]
+
+
+def class_wave(url: str, n: int, n_alone: int, timeout: float, pid: int | None) -> dict:
+    """n_alone questions one after another, then n visitors at once, each its own question; prints
+    and returns the wave's numbers."""
+    qs = class_questions(n + n_alone)
+    alone = []
+    for q in qs[n:]:
+        r: dict = {}
+        one(url, q, CHEAP, _started(), r, 0.0, timeout)
+        if not r.get("ok"):
+            raise SystemExit(f"a question alone failed: {r.get('error')}")
+        alone.append(r["latency"])
+        print(f"alone: {r['latency']:.2f} s  {q[:60]!r}", flush=True)
+    one_alone = statistics.median(alone)
+    start = threading.Event()
+    results = [{"kind": "cheap", "question": q} for q in qs[:n]]
+    threads = [threading.Thread(target=one, args=(url, q, CHEAP, start, r, 0.0, timeout), daemon=True)
+               for q, r in zip(qs[:n], results)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # every client connected before the wave
+    t0 = time.perf_counter()
+    start.set()
+    for t in threads:
+        t.join(max(0.1, t0 + timeout + 5 - time.perf_counter()))
+    ok = [r for r in results if r.get("ok")]
+    makespan = max((r["latency"] for r in ok), default=float("nan"))
+    lat = [r["latency"] for r in ok]
+    cut = sum(any(v in ("time_limit", "cancelled") for v in (r.get("stopped") or {}).values()) for r in ok)
+    rss = rss_bytes(pid) if pid else None
+    gain = n * one_alone / makespan if ok else float("nan")
+    print(f"class of {n} on {machine_name()}: one alone {one_alone:.2f} s (median of {len(alone)}); "
+          f"{len(ok)}/{n} answered, {n - len(ok)} failed, {cut} cut for time; makespan {makespan:.1f} s, "
+          f"p50 {pct(lat, 50):.1f} s, p95 {pct(lat, 95):.1f} s; throughput {gain:.2f}x serial "
+          f"({n} x {one_alone:.2f} s / {makespan:.1f} s); RSS after the wave {gb(rss)}; load avg {load_avg()}",
+          flush=True)
+    for r in results:
+        if not r.get("ok"):
+            print(f"  failed: {r.get('error')}", flush=True)
+    return {"n": n, "one_alone_s": one_alone, "alone_s": alone, "answered": len(ok), "cut": cut,
+            "makespan_s": makespan, "p50_s": pct(lat, 50), "p95_s": pct(lat, 95), "gain": gain, "rss": rss,
+            "latencies_s": lat}
+
+
+def _started() -> threading.Event:
+    e = threading.Event()
+    e.set()
+    return e
+
+
+def machine_name() -> str:
+    from rag_demo.models.machine import cpu_name
+
+    return cpu_name()
 
 
 def edit_or_upload(url: str, kind: str, start: threading.Event, out: dict, timeout: float) -> None:
@@ -333,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--burst", type=int, metavar="N",
                    help="instead: one burst of N questions at once; prints each latency, exits 1 if any failed")
+    p.add_argument("--class", dest="klass", type=int, metavar="N",
+                   help="instead: a class of N visitors asking at once with the page's defaults")
+    p.add_argument("--alone", type=int, default=3, help="--class: questions asked alone first, for serial (default 3)")
+    p.add_argument("--out", help="--class: write the wave's numbers to this JSON file")
     p.add_argument("--k", type=int, default=2, help="--burst: passages per question (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=4, help="--burst: default 4")
     p.add_argument("--decoding", default="fast", choices=("fast", "thorough"),
@@ -353,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
         pid = proc.pid
         print(f"launched app.py (pid {pid}) on {url}; log {log}", flush=True)
     try:
+        if args.klass is not None:
+            print(f"ready after {wait_ready(url, 900):.0f} s; RSS {gb(rss_bytes(pid) if pid else None)}", flush=True)
+            wave = class_wave(url, args.klass, args.alone, args.burst_timeout, pid)
+            if args.out:
+                Path(args.out).write_text(json.dumps(wave, indent=1) + "\n")
+            return 0 if wave["answered"] == args.klass and not wave["cut"] else 1
         if args.burst is not None:
             if proc is not None:
                 print(f"ready after {wait_ready(url, 900):.0f} s", flush=True)

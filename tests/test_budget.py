@@ -2,7 +2,6 @@
 the step gate, and memory-bounded teacher forcing. Tiny random DPR+BART checkpoints (conftest)."""
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -12,7 +11,8 @@ import torch
 from rag_demo.models.cost import CostModel, ModelDims
 from rag_demo.runs import Run
 from rag_demo.serving.admission import time_shares
-from rag_demo.serving.budget import Budget, StepGate
+from rag_demo.serving.budget import Budget
+from rag_demo.serving.scheduler import StepScheduler
 from rag_demo.config import RagSettings
 from rag_demo.models.stack_spec import StackSpec
 from rag_demo.knowledge.corpus import corpus_from_documents
@@ -186,44 +186,10 @@ def test_cancelled_request_stops_where_the_client_left(pipe, mode):
     assert 2 <= len(a.token_ids) <= 3  # 3 generated tokens; a BART <s> among them is not shown
 
 
-def test_step_gate_serves_cheap_before_expensive_and_one_at_a_time():
-    """While one step runs, an expensive request queues, then a cheap one: the cheap one, later,
-    goes first, and nobody is ever inside with another (ordered by events, no sleeps)."""
-    gate = StepGate()
-    order: list[str] = []
-    inside = []
-    entered, release = threading.Event(), threading.Event()
-
-    def holder():
-        with gate.step(1):
-            entered.set()
-            assert release.wait(10)  # while this step runs, both others queue up
-            order.append("first")
-
-    def worker(name: str, prio: int):
-        with gate.step(prio):
-            inside.append(name)
-            assert len(inside) == 1  # nobody else inside
-            order.append(name)
-            inside.remove(name)
-
-    threads = [threading.Thread(target=holder)]
-    threads[0].start()
-    assert entered.wait(10)
-    for name, prio, queued in (("expensive", 1, 1), ("cheap", 0, 2)):
-        threads.append(threading.Thread(target=worker, args=(name, prio)))
-        threads[-1].start()
-        assert gate.wait_queued(queued, 10)  # it waits at the gate before the next one comes
-    release.set()
-    for t in threads:
-        t.join(10)
-    assert order == ["first", "cheap", "expensive"]  # the cheap one came later but went first
-
-
 def test_gated_answers_equal_ungated(pipe):
     s = RagSettings(preset="aided", k=3, max_new_tokens=6)
     a = pipe.answers("what is the capital of france", MODES, s)
-    gate = StepGate()
+    gate = StepScheduler()
     b = pipe.answers("what is the capital of france", MODES, s, Run(share=lambda gen: gate.gated(gen, 1)))
     assert {m: x.token_ids for m, x in a.items()} == {m: x.token_ids for m, x in b.items()}
 

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from rag_demo.models import Doc
+from rag_demo.models.batched_step import forward_many
 from rag_demo.models.chat_format import ChatFormat
 from rag_demo.models.passage_kv import DEFAULT_MAX_BYTES as DEFAULT_PASSAGE_CACHE_BYTES
 from rag_demo.models.passage_kv import DEFAULT_HIDDEN_BYTES, HiddenStateCache, PassageKVCache, chain, digest
@@ -181,37 +182,77 @@ class DecoderOnlyGenerator(Generator):
         in `state.pending` until a later call needs the model; that call runs the waiting tokens
         and its own at once (after the prompts' prefill when that was read too: `LazyPrefill`).
         Every state the model computes is kept."""
-        if state.digests is None:  # no hidden states kept for this state
-            return self._run(state, tokens)
-        R, L = tokens.shape
-        digs = [chain(d, row) for d, row in zip(state.digests, tokens.tolist())]  # (R, L) after each new token
-        kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, L) of (H,) or None
-        state.digests = [row[-1] for row in digs]
-        if all(h is not None for row in kept for h in row):
-            state.pending = torch.cat([state.pending, tokens], dim=1)  # (R, p+L)
-            return torch.stack([torch.stack(row) for row in kept])  # (R, L, H)
-        fed = torch.cat([state.pending, tokens], dim=1)  # (R, p+L): the model catches up with these
-        state.pending = fed[:, :0]  # (R, 0)
-        if state.cache is None:  # not even the prompts ran: their prefill runs (once for every copy)
-            ran = state.lazy[0].rows(self, state.lazy[1])
-            state.cache, state.mask, state.next_pos, state.lazy = ran.cache, ran.mask, ran.next_pos, None
-        hidden = self._run(state, fed)[:, -L:]  # (R, L, H)
-        self._keep(digs, kept, hidden)
-        return hidden
+        return self._hidden_many([(state, tokens)])[0]
+
+    @torch.inference_mode()
+    def advance_many(self, items):
+        """`advance` of several states at once, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)]:
+        the states whose tokens need the model run in one forward per length L (batched_step.py),
+        and the vocabulary projection runs once over every row. Each state's log-probs are those
+        `advance` gives it alone, up to the summation order of the matrix products. An item that
+        cannot run (`check_step`) gets its ValueError in its place; the others run."""
+        bad = [self.check_step(state, tokens) for state, tokens in items]
+        if any(bad):  # the items that cannot run get their error; the others run as one
+            good = [i for i, b in enumerate(bad) if b is None]
+            ran = iter(self.advance_many([items[i] for i in good]) if good else [])
+            return [b if b is not None else next(ran) for b in bad]
+        hidden = self._hidden_many(items)  # [(R_i, L_i, H)]
+        flat = torch.cat([h.reshape(-1, h.shape[-1]) for h in hidden])  # (Σ R_i L_i, H)
+        lp = log_softmax_f32(self._logits(flat))  # (Σ R_i L_i, V)
+        return [part.view(*h.shape[:2], -1) for part, h in zip(lp.split([h.shape[0] * h.shape[1] for h in hidden]),
+                                                                hidden)]
+
+    def _hidden_many(self, items) -> list[torch.Tensor]:
+        """`_hidden` of several (state, tokens (R_i, L_i)): what is kept is read, the rest runs in
+        one forward per fed length. -> [(R_i, L_i, H)]."""
+        out: list[torch.Tensor | None] = [None] * len(items)
+        runs: dict[int, list[tuple[int, GenState, torch.Tensor]]] = {}  # fed length -> (item, state, fed)
+        after: list[tuple[int, list, list, int]] = []  # (item, digests, kept, L): what to keep once run
+        for i, (state, tokens) in enumerate(items):
+            if state.digests is None:  # no hidden states kept for this state
+                runs.setdefault(tokens.shape[1], []).append((i, state, tokens))
+                continue
+            L = tokens.shape[1]
+            digs = [chain(d, row) for d, row in zip(state.digests, tokens.tolist())]  # (R, L) after each new token
+            kept = [[self.hidden_cache.get(d) for d in row] for row in digs]  # (R, L) of (H,) or None
+            state.digests = [row[-1] for row in digs]
+            if all(h is not None for row in kept for h in row):
+                state.pending = torch.cat([state.pending, tokens], dim=1)  # (R, p+L)
+                out[i] = torch.stack([torch.stack(row) for row in kept])  # (R, L, H)
+                continue
+            fed = torch.cat([state.pending, tokens], dim=1)  # (R, p+L): the model catches up with these
+            state.pending = fed[:, :0]  # (R, 0)
+            if state.cache is None:  # not even the prompts ran: their prefill runs (once for every copy)
+                ran = state.lazy[0].rows(self, state.lazy[1])
+                state.cache, state.mask, state.next_pos, state.lazy = ran.cache, ran.mask, ran.next_pos, None
+            runs.setdefault(fed.shape[1], []).append((i, state, fed))
+            after.append((i, digs, kept, L))
+        for group in runs.values():
+            for (i, _, _), h in zip(group, self._run_many([(st, fed) for _, st, fed in group])):
+                out[i] = h  # (R_i, L_fed, H)
+        for i, digs, kept, L in after:
+            out[i] = out[i][:, -L:]  # (R, L, H)
+            self._keep(digs, kept, out[i])
+        return out
 
     def _run(self, state: GenState, tokens: torch.Tensor) -> torch.Tensor:
         """The model over tokens (R, L) from the state's cache (updated in place) -> (R, L, H)."""
-        rows, length = tokens.shape
-        self._positions_run += rows * length
-        state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
-        pos = state.next_pos.unsqueeze(1) + torch.arange(length)  # (R, L)
-        out = self.model.model(
-            input_ids=tokens, attention_mask=state.mask, position_ids=pos, past_key_values=state.cache, use_cache=True,
-            prefix_cache=state.cache,  # shared_prefix_attention reads the shared prefix from it
-        )
-        state.cache = out.past_key_values
-        state.next_pos = state.next_pos + length
-        return out.last_hidden_state  # (R, L, H)
+        return self._run_many([(state, tokens)])[0]
+
+    def _run_many(self, items: list[tuple[GenState, torch.Tensor]]) -> list[torch.Tensor]:
+        """The model over each state's tokens (R_i, L), one length for all, from its cache (updated
+        in place), in one forward (batched_step.forward_many) -> [(R_i, L, H)]."""
+        for state, tokens in items:
+            rows, length = tokens.shape
+            self._positions_run += rows * length
+            state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
+        length = items[0][1].shape[1]
+        hidden = forward_many(self.model, [st.cache for st, _ in items], [t for _, t in items],
+                              [st.next_pos.unsqueeze(1) + torch.arange(length) for st, _ in items],  # (R_i, L)
+                              [st.mask for st, _ in items])
+        for state, _ in items:
+            state.next_pos = state.next_pos + length
+        return hidden
 
     def _logits(self, hidden):
         return self.model.lm_head(hidden)  # (..., V)

@@ -158,6 +158,38 @@ class Generator:
         """Feed tokens (R, L) to every row, in place; -> float32 log-probs (R, L, V) of the next tokens."""
         return log_softmax_f32(self._logits(self._hidden(state, tokens)))  # (R, L, V)
 
+    def advance_many(self, items: Sequence[tuple[GenState, torch.Tensor]]) -> list:
+        """`advance` of several states, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)], each
+        what `advance` gives it alone; an item that cannot run gets its ValueError in its place and
+        the others run. Here one after another; a generator that batches (decoder_only.py) runs
+        them as one forward."""
+        out = []
+        for state, tokens in items:
+            try:
+                out.append(self.advance(state, tokens))
+            except ValueError as e:
+                out.append(e)
+        return out
+
+    @property
+    def batch_key(self) -> int:
+        """Steps with the same key may run in one `advance_many` call: the same model."""
+        return id(self)
+
+    def check_step(self, state: GenState, tokens: torch.Tensor) -> ValueError | None:
+        """Why tokens (R, L) cannot be fed to the state (None: they can): one row of token ids
+        per state row, each id in the vocabulary."""
+        if tokens.dim() != 2 or tokens.dtype != torch.long:
+            return ValueError(f"tokens of shape {tuple(tokens.shape)} and dtype {tokens.dtype}: feed (rows, length) "
+                              "token ids (torch.long).")
+        if tokens.shape[0] != state.rows:
+            return ValueError(f"{tokens.shape[0]} rows of tokens for a state of {state.rows} rows: feed one row "
+                              "of tokens per state row.")
+        if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < self.vocab_size):
+            return ValueError(f"token ids from {int(tokens.min())} to {int(tokens.max())}: use ids from 0 to "
+                              f"{self.vocab_size - 1}, the generator's vocabulary.")
+        return None
+
     @torch.inference_mode()
     def advance_gather(self, state: GenState, tokens: torch.Tensor, targets: torch.Tensor,
                        max_logits: int = LOGITS_CHUNK) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """How the app serves model requests: admission, time shares, and answers streamed to a page.
 
 Owns `Serving` (what every model request of one app shares: the server's `Budget`, the
-`StepGate` that runs one model step at a time with cheap requests first, at most `max_heavy`
+`StepScheduler` that runs one model call at a time, decoding steps batched, cheap requests first, at most `max_heavy`
 expensive requests at once, each mode's share of the time limit), `client_gone` (has this
 request's browser left? then decoding stops) and `throttled` (a question's answer events, at
 most ~10 page updates a second). Imports neither torch nor gradio.
@@ -24,7 +24,7 @@ from rag_demo.runs import Run
 @dataclass
 class Serving:
     """What every model request of one app shares: the server's `Budget` (refuse, time limit,
-    what counts as expensive), one `StepGate` (one model step at a time, cheap requests first),
+    what counts as expensive), one `StepScheduler` (one model call at a time, every waiting decoding step in it, cheap first),
     and the app's gradio queue, to learn that a request's client has gone."""
 
     budget: Any = None
@@ -94,7 +94,7 @@ class Serving:
         stop = gone if cancelled is None else (cancelled if gone is None else (lambda: gone() or cancelled()))
         limit = self.budget.time_limit_s if self.budget is not None else None
         return Run(cancelled=stop, seconds={m: limit for m in MODES} if limit else {},
-                   share=(lambda gen: self.gate.gated(gen, 1)) if self.gate is not None else None)
+                   share=(lambda gen: self.gate.gated(gen, 1, stop)) if self.gate is not None else None)
 
     def check(self, pipe: Any, question: str, settings: RagSettings, modes: list[str] | None = None,
               passages: list | None = None) -> Any:
@@ -137,7 +137,7 @@ class Serving:
             return Run(cancelled=stop)
         priority = 1 if cost is not None and getattr(cost, "heavy", False) else 0
         return Run(cancelled=stop, seconds=time_shares(cost, self.budget.time_limit_s),
-                   share=(lambda gen: self.gate.gated(gen, priority)) if self.gate is not None else None)
+                   share=(lambda gen: self.gate.gated(gen, priority, stop)) if self.gate is not None else None)
 
 
 def time_shares(cost: Any, limit: float) -> dict[str, float]:

@@ -7,7 +7,9 @@ no gradio: the page (web/page.py, web/handlers.py) reads the pool's state and sh
 """
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -87,7 +89,7 @@ class PipelinePool:
     A stack counts as loaded (and the page says "Live") only once it has answered a question in
     every mode (`RagPipeline.warm_up`): the first real question is then as fast as any other.
     `get` waits for the load and relays its progress. `lock` serialises the passage encoder for
-    index builds (uploads, edits, the other built-in corpora); answers never hold it (the StepGate
+    index builds (uploads, edits, the other built-in corpora); answers never hold it (the StepScheduler
     orders their model steps). `corpus_index` gives the index of another built-in corpus (the
     CIA World Factbook) under a stack's models: built or loaded from the disk cache once per
     stack, then shared by every session (the paper's index hot-swap).
@@ -185,7 +187,13 @@ class PipelinePool:
                     f"The dense index of the {stack} stack is complete ({len(index):,} passages, "
                     f"{time.perf_counter() - t0:.1f} s after the load began): answers retrieve with it now"))
         except Exception as e:  # noqa: BLE001 - shown to the user, the app keeps serving
-            self._errors[stack] = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+            if isinstance(e, ValueError):  # the library's message: what is wrong and what to do
+                self._errors[stack] = str(e)
+            else:  # never the exception's own text on the page (paths, values): an id, the log holds it
+                ident = secrets.token_hex(4)
+                logging.getLogger(__name__).error("loading the %s stack failed (error %s)", stack, ident, exc_info=e)
+                self._errors[stack] = (f"an unexpected error on the server (error {ident}; the server's log holds "
+                                       "it): try again later, or use the offline stack")
             report(None, f"Loading the {stack} stack failed: {self._errors[stack]}")
 
     def get(self, stack: str, progress: Progress | None = None, timeout: float | None = None) -> Any:

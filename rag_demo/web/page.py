@@ -7,6 +7,7 @@ wiring. assets/ holds the page's text (intro.html, how_it_works.md) and style.cs
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,10 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
     """The Blocks app over a stack pool (`PipelinePool.of(...)` makes one from a RagPipeline or
     a factory). `budget`: the server's limits (a `rag_demo.serving.budget.Budget`; None: the library's
     defaults). `model_concurrency`: model events that may run at once (their steps still take
-    turns at the shared StepGate). Queue configured; launch with `launch(demo, ...)` (theme and
+    turns at the shared StepScheduler, decoding steps batched). Queue configured; launch with `launch(demo, ...)` (theme and
     CSS are launch() arguments in gradio 6)."""
-    from rag_demo.serving.budget import Budget, StepGate
+    from rag_demo.serving.budget import Budget
+    from rag_demo.serving.scheduler import StepScheduler
 
     if not isinstance(pool, PipelinePool):
         raise ValueError(f"build_app takes a PipelinePool, not {type(pool).__name__}: "
@@ -175,8 +177,8 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         default_stack = next(iter(pool.loaded_stacks()), "offline")
     app: dict[str, gr.Blocks] = {}
     # the server's limits and the handlers that apply them
-    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepGate(),
-                      queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=max(1, model_concurrency - 1))
+    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepScheduler(),
+                      queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=1)
     h = Handlers(pool, default_stack, serving)
     # what the page shows before a visitor does anything: a new session's settings, status and choices
     settings0 = RagSettings.for_stack(default_stack)
@@ -339,10 +341,14 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
               show_progress="hidden", api_visibility="private")  # a new question: the comparison is stale
         # its output is hidden data: the progress shows on the comparison it is drawn into, so the
         # visitor sees the second run going rather than a page that seems to ignore the click
+        without_btn.click(lambda: gr.Button(visible=True), outputs=[stop_btn], queue=False, show_progress="hidden",
+                          api_visibility="private")  # Stop ends it, as it ends a question
         without_btn.click(h.answers.without_passage, inputs=[without_id, raw, session], outputs=[without_data, session],
                           api_name="without_passage", show_progress_on=[without], **model
                           ).then(render_without, inputs=[without_data], outputs=[without], queue=False,
-                                 show_progress="hidden", api_visibility="private")
+                                 show_progress="hidden", api_visibility="private"
+                                 ).then(lambda: gr.Button(visible=False), outputs=[stop_btn], queue=False,
+                                        show_progress="hidden", api_visibility="private")
         continue_btn.click(h.answers.continue_mode, inputs=[continue_mode, raw, session],
                            outputs=[*cards, passages, raw, stop_btn, session], api_name="continue_mode", **model)
         reset_btn.click(h.corpus.reset_edits, inputs=[session], outputs=[status, *answer_out], api_name="reset_edits",
@@ -387,4 +393,8 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
     # an agent calls `ask` with the question and gets /ask's dict
     kwargs.setdefault("mcp_server", True)
-    return demo.launch(**kwargs)
+    # gradio warns of a gr.State input on every named endpoint, also the page's that its MCP server
+    # does not list (api.page_event); the tools it lists take none (tests/test_ui.py checks it)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This MCP server includes a tool that has a gr.State input")
+        return demo.launch(**kwargs)

@@ -1,0 +1,233 @@
+"""A class asks at once: the StepScheduler serves every waiting visitor's decoding step in one model
+call (serving/scheduler.py, models/batched_step.py). Each visitor must get the answer it gets alone,
+one visitor's Stop or bad step must leave the others' answers as they were, and priorities and
+one-call-at-a-time must still hold. Threads are ordered by events and the scheduler's own queue,
+never by sleeps."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
+
+from rag_demo.config import RagSettings  # noqa: E402
+from rag_demo.rag import engine  # noqa: E402
+from rag_demo.rag.hooks import PAPER  # noqa: E402
+from rag_demo.serving.scheduler import StepScheduler  # noqa: E402
+from tests.aids import aided  # noqa: E402
+from tests.test_passage_cache import ATOL, DOCS, QUESTIONS, SCORES, _prompts, _same_generation  # noqa: E402
+
+
+def _gen(folder, dtype=torch.float32):
+    from rag_demo.models.random_models import tiny_smollm_generator
+
+    gen = tiny_smollm_generator(folder, layers=2, kv_heads=1, seed=4, hidden=32)
+    gen.model.to(dtype)
+    gen.hidden_cache.resize(0)  # every step runs the model: what is batched is what is compared
+    gen.passage_cache.resize(0)
+    return gen
+
+
+def _answer(gen, mode: str, q: str, docs, s: RagSettings, stop=None):
+    if mode == "closed-book":
+        return engine.closed_book(gen, gen.prompt(q, None, 192, s.decoding.answer_style), s.decoding, PAPER if s.preset == "paper" else aided(gen, s, [gen.prompt(q, None, 192, s.decoding.answer_style)], q, []), stop)
+    prompts = _prompts(gen, q, s, docs)
+    reader = aided(gen, s, prompts, q, docs) if s.preset == "aided" else PAPER
+    fn = engine.rag_token if mode == "token" else engine.rag_sequence
+    return fn(gen, prompts, SCORES[: len(docs)], s.decoding, reader, stop)
+
+
+def _together(jobs, scheduler: StepScheduler):
+    """Each job(gated generator) in its own thread, all through `scheduler`; -> their results (an
+    exception is returned in its job's place)."""
+    got: list = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(i: int) -> None:
+        start.wait()
+        gated = jobs[i][0]
+        try:
+            got[i] = jobs[i][1](gated)
+        except Exception as e:  # noqa: BLE001 - returned, compared by the test
+            got[i] = e
+        finally:
+            gated.leave()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a visitor never finished"
+    return got
+
+
+def _prefilled(gen, q, docs, s):
+    return gen.prefill(_prompts(gen, q, s, docs))
+
+
+def test_two_states_in_one_forward_give_what_each_gets_alone(smollm_tokenizer_folder):
+    """advance_many over two questions' rows (K 3 and K 4, different lengths) gives each state the
+    log-probs advance gives it alone, step after step of greedy decoding."""
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", answer_style="short")
+    (lp_a, st_a), (lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    alone_a, alone_b = gen.select(st_a, torch.arange(3)), gen.select(st_b, torch.arange(4))
+    tok_a, tok_b = lp_a.argmax(-1, keepdim=True), lp_b.argmax(-1, keepdim=True)  # (R, 1)
+    for _ in range(5):
+        together = gen.advance_many([(st_a, tok_a), (st_b, tok_b)])
+        want = [gen.advance(alone_a, tok_a), gen.advance(alone_b, tok_b)]
+        for got, w in zip(together, want):
+            assert got.shape == w.shape
+            torch.testing.assert_close(got, w, atol=1e-5, rtol=0)
+        tok_a, tok_b = together[0][:, -1].argmax(-1, keepdim=True), together[1][:, -1].argmax(-1, keepdim=True)
+
+
+def test_a_bad_step_gets_its_error_and_the_others_run(smollm_tokenizer_folder):
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", answer_style="short")
+    (lp_a, st_a), (_lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    alone = gen.select(st_a, torch.arange(3))
+    tok = lp_a.argmax(-1, keepdim=True)  # (3, 1)
+    bad = torch.full((4, 1), gen.vocab_size + 7)  # an id outside the vocabulary
+    got = gen.advance_many([(st_a, tok), (st_b, bad)])
+    assert isinstance(got[1], ValueError) and str(gen.vocab_size - 1) in str(got[1])
+    torch.testing.assert_close(got[0], gen.advance(alone, tok), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("preset", ["paper", "aided"])
+def test_visitors_batched_get_the_answers_they_get_alone(smollm_tokenizer_folder, preset, dtype):
+    """Three visitors at once (RAG-Token, RAG-Sequence, closed-book, two questions) through one
+    scheduler: every answer equals the one it gets alone, and steps really were batched."""
+    gen = _gen(smollm_tokenizer_folder, dtype)
+    s = RagSettings(preset=preset, max_new_tokens=6, answer_style="short")
+    jobs = [("token", QUESTIONS[0], DOCS[:3]), ("sequence", QUESTIONS[1], DOCS), ("closed-book", QUESTIONS[1], ()),
+            ("token", QUESTIONS[1], DOCS[1:])]
+    want = [_answer(gen, m, q, d, s) for m, q, d in jobs]
+    sched = StepScheduler(gather_s=10.0)  # a batch waits for everyone still decoding: the test's order
+    got = _together([(sched.gated(gen), lambda g, j=j: _answer(g, *j, s)) for j in jobs], sched)
+    for g, w in zip(got, want):
+        assert not isinstance(g, Exception), g
+        _same_generation(g, w, ATOL[dtype])
+    assert max(b.members for b in sched.recent) >= 2  # decoding steps of several visitors in one call
+
+
+def test_one_visitor_stopped_leaves_the_others_unchanged(smollm_tokenizer_folder):
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", max_new_tokens=8, answer_style="sentence")
+    eos = gen.eos_token_ids
+
+    def no_eos(module, args, out):  # answers run to max_new_tokens: the stop comes while the other decodes
+        out[..., eos] = -1e4
+        return out
+
+    gen.model.lm_head.register_forward_hook(no_eos)
+    want = _answer(gen, "token", QUESTIONS[1], DOCS, s)
+    sched = StepScheduler(gather_s=10.0)
+
+    def stop():  # the visitor presses Stop once its steps have been batched with the other's
+        return "cancelled" if any(b.members == 2 for b in list(sched.recent)) else None
+
+    got = _together([(sched.gated(gen), lambda g: _answer(g, "token", QUESTIONS[0], DOCS[:3], s, stop)),
+                     (sched.gated(gen), lambda g: _answer(g, "token", QUESTIONS[1], DOCS, s))], sched)
+    assert got[0].stopped == "cancelled" and 1 <= len(got[0].tokens) < 8
+    _same_generation(got[1], want, ATOL[torch.float32])
+    assert len(got[1].tokens) == 8
+
+
+def test_one_visitors_error_does_not_touch_the_batch(smollm_tokenizer_folder):
+    """A visitor whose step cannot run gets its ValueError in its own thread; the visitor batched
+    with it gets its answer as alone."""
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", max_new_tokens=6, answer_style="short")
+    want = _answer(gen, "token", QUESTIONS[1], DOCS, s)
+    sched = StepScheduler(gather_s=10.0)
+
+    def broken(g):
+        lp, st = g.prefill(_prompts(g, QUESTIONS[0], s, DOCS[:3]))
+        g.advance(st, lp.argmax(-1, keepdim=True))  # a good step first: it joins the batch
+        return g.advance(st, torch.full((3, 1), gen.vocab_size))  # then one outside the vocabulary
+
+    got = _together([(sched.gated(gen), broken),
+                     (sched.gated(gen), lambda g: _answer(g, "token", QUESTIONS[1], DOCS, s))], sched)
+    assert isinstance(got[0], ValueError) and "vocabulary" in str(got[0])
+    _same_generation(got[1], want, ATOL[torch.float32])
+
+
+def test_cheap_before_expensive_and_one_call_at_a_time():
+    """While one call runs, an expensive request queues, then a cheap one: the cheap one, later,
+    goes first, and nobody is ever inside with another."""
+    sched = StepScheduler()
+    order: list[str] = []
+    inside = []
+    entered, release = threading.Event(), threading.Event()
+
+    def holder():
+        with sched.step(1):
+            entered.set()
+            assert release.wait(10)
+            order.append("first")
+
+    def worker(name: str, prio: int):
+        with sched.step(prio):
+            inside.append(name)
+            assert len(inside) == 1
+            order.append(name)
+            inside.remove(name)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert entered.wait(10)
+    for name, prio, queued in (("expensive", 1, 1), ("cheap", 0, 2)):
+        threads.append(threading.Thread(target=worker, args=(name, prio)))
+        threads[-1].start()
+        assert sched.wait_queued(queued, 10)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["first", "cheap", "expensive"]
+
+
+def test_a_batch_holds_one_priority_and_at_most_max_rows(smollm_tokenizer_folder):
+    """Steps queued behind a held call: the cheap ones run together first (as many rows as fit),
+    the expensive one after them, alone."""
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", answer_style="short")
+    states = [_prefilled(gen, QUESTIONS[i % 2], DOCS[:3], s) for i in range(4)]
+    sched = StepScheduler(max_rows=6)  # two visitors of 3 rows
+    entered, release = threading.Event(), threading.Event()
+    got: dict = {}
+
+    def holder():
+        with sched.step(0):
+            entered.set()
+            assert release.wait(10)
+
+    def step(i: int, prio: int):
+        lp, st = states[i]
+        got[i] = sched.gated(gen, prio).advance(st, lp.argmax(-1, keepdim=True))
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert entered.wait(10)
+    for n, (i, prio) in enumerate([(0, 1), (1, 0), (2, 0), (3, 0)], start=1):
+        threads.append(threading.Thread(target=step, args=(i, prio)))
+        threads[-1].start()
+        assert sched.wait_queued(n, 10)
+    release.set()
+    for t in threads:
+        t.join(30)
+    served = [b.members for b in sched.recent]
+    assert served == [1, 2, 1, 1], served  # the held call; two cheap (6 rows); the third cheap; the expensive
+    assert len(got) == 4
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="max_rows=0"):
+        StepScheduler(max_rows=0)
+    with pytest.raises(ValueError, match="gather_s=-1"):
+        StepScheduler(gather_s=-1)
