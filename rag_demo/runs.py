@@ -20,15 +20,21 @@ class Run:
     cancelled: Callable[[], bool] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     share: Callable[[Any], Any] | None = None
+    # seconds this request has waited while the model served other requests (serving.scheduler's
+    # WaitClock): not charged to its shares, so a class asking at once is not cut for the queue
+    waited: Callable[[], float] | None = None
 
     def stop_for(self, mode: str) -> Callable[[], str | None]:
-        """The engine's stop check of one mode, its share counted from now."""
+        """The engine's stop check of one mode, its share counted from now, less the time it waits
+        for other requests' model calls (`waited`)."""
         deadline = time.monotonic() + self.seconds[mode] if mode in self.seconds else None
+        waited0 = self.waited() if self.waited is not None else 0.0
 
         def stop() -> str | None:
             if self.cancelled is not None and self.cancelled():
                 return "cancelled"
-            if deadline is not None and time.monotonic() > deadline:
+            queued = self.waited() - waited0 if self.waited is not None else 0.0
+            if deadline is not None and time.monotonic() - queued > deadline:
                 return "time_limit"
             return None
         return stop

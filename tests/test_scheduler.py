@@ -231,3 +231,45 @@ def test_settings_are_checked():
         StepScheduler(max_rows=0)
     with pytest.raises(ValueError, match="gather_s=-1"):
         StepScheduler(gather_s=-1)
+
+
+def test_waiting_for_other_visitors_is_not_charged_to_the_time_limit(monkeypatch):
+    """A mode's share of the time limit counts its own time, not the time it waited while the model
+    served other visitors (Run.waited: the scheduler's WaitClock)."""
+    from rag_demo import runs
+
+    now, waited = [100.0], [0.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: now[0])
+    stop = runs.Run(seconds={"token": 10.0}, waited=lambda: waited[0]).stop_for("token")
+    now[0] += 15.0
+    waited[0] += 8.0  # 15 s have passed, 8 of them in the queue
+    assert stop() is None
+    now[0] += 4.0  # 11 s of its own
+    assert stop() == "time_limit"
+
+
+def test_the_scheduler_clocks_what_a_request_waits():
+    """A call queued behind another's is clocked to its request; the call that ran at once is not."""
+    sched = StepScheduler()
+    mine, theirs = sched.clock(), sched.clock()
+    entered, release = threading.Event(), threading.Event()
+
+    def holder():
+        with sched.step(0, clock=theirs):
+            entered.set()
+            assert release.wait(10)
+
+    def waiter():
+        with sched.step(0, clock=mine):
+            pass
+
+    a = threading.Thread(target=holder)
+    a.start()
+    assert entered.wait(10)
+    b = threading.Thread(target=waiter)
+    b.start()
+    assert sched.wait_queued(1, 10)
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert mine() > 0.0 and theirs() < mine()

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Fits a 16 GB Space beside the app (~2 GB) and two requests in flight (serving.budget.Budget):
-# ~11k passage tokens of SmolLM2-135M's float32 keys and values (46 KB a token), twice that in bfloat16.
-DEFAULT_MAX_BYTES = 512 * 2**20
+# The app's memory promise (serving.budget.Budget: 1.8 GB after a class's wave) leaves this much: ~3.5k
+# passage tokens of SmolLM2-135M's float32 keys and values (46 KB a token), twice that in bfloat16.
+DEFAULT_MAX_BYTES = 160 * 2**20
 
 
 @dataclass(frozen=True)

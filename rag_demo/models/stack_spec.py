@@ -62,8 +62,9 @@ class StackSpec:
     # docs/DESIGN.md §6a says why 40).
     index_rerank: int = 40
     # Decoder-only generator: MiB of passages' keys and values kept for later questions
-    # (models.passage_kv.PassageKVCache; 0 keeps none). 512 fits a 16 GB Space (serving.budget.Budget).
-    passage_cache_mb: int = 512
+    # (models.passage_kv.PassageKVCache; 0 keeps none). 160: the app after a class's wave stays within
+    # the 1.8 GB it promises (serving.budget.Budget; docs/results.md §3.6).
+    passage_cache_mb: int = 160
     # Decoder-only generator: MiB of the hidden states of the sequences it ran (prompts, answers so
     # far), kept so that a re-ask runs the model only where it reads something new
     # (models.passage_kv.HiddenStateCache; 0 keeps none).

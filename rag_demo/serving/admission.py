@@ -136,8 +136,10 @@ class Serving:
         if self.budget is None:
             return Run(cancelled=stop)
         priority = 1 if cost is not None and getattr(cost, "heavy", False) else 0
+        clock = self.gate.clock() if self.gate is not None and hasattr(self.gate, "clock") else None
         return Run(cancelled=stop, seconds=time_shares(cost, self.budget.time_limit_s),
-                   share=(lambda gen: self.gate.gated(gen, priority, stop)) if self.gate is not None else None)
+                   share=(lambda gen: self.gate.gated(gen, priority, stop, clock)) if self.gate is not None else None,
+                   waited=clock)
 
 
 def time_shares(cost: Any, limit: float) -> dict[str, float]:

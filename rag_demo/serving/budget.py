@@ -20,17 +20,20 @@ MODEL_CONCURRENCY = 20
 @dataclass
 class Budget:
     """Per-request limits of a server. Defaults fit a 16 GB, 2-vCPU Space: the app itself holds
-    ~1.5-2 GB, plus at most StackSpec.passage_cache_mb (512 MiB) of kept passages and
-    StackSpec.hidden_cache_mb (64 MiB) of kept hidden states, two requests
-    may be in flight (the model lane's concurrency), each within `max_request_bytes`, leaving
-    room for the OS and the browser-facing server."""
+    ~1.55 GB warm, plus at most StackSpec.passage_cache_mb (160 MiB) of kept passages and
+    StackSpec.hidden_cache_mb (64 MiB) of kept hidden states: at most 1.8 GB once a class's wave has
+    been answered. MODEL_CONCURRENCY requests may be in flight; at most one of them expensive, within
+    `max_request_bytes`; the others at the page's defaults hold their own rows' keys and values, tens
+    of MB each, while the model serves them in one batched step."""
 
     # Refuse what would take longer than this (estimated): a visitor waits at most ~this, and
     # the other visitors' questions interleave with it step by step (serving.scheduler.StepScheduler).
     max_seconds: float = 45.0
-    # Refuse what would add more than this at its peak (estimated): 2 requests x 3 GiB + the app < 16 GB.
+    # Refuse what would add more than this at its peak (estimated): one expensive request at a time, beside
+    # the app and a class's cheap ones, within a 16 GB Space.
     max_request_bytes: int = 3 * GiB
-    # Wall clock per request: decoding stops and returns what it has, marked "time_limit". Above
+    # Wall clock per request, less what it waits while the model serves other visitors (runs.Run.waited):
+    # decoding stops and returns what it has, marked "time_limit". Above
     # max_seconds so an honest estimate finishes, bounded so a bad estimate cannot hold the lane.
     time_limit_s: float = 60.0
     # Estimated seconds above which a request is "expensive": it runs at low priority.

@@ -42,6 +42,24 @@ GATHER_S = 0.02
 TEST_HOLD_ENV = "RAG_DEMO_TEST_HOLD_DECODING"
 
 
+class WaitClock:
+    """Seconds one request has waited while the model served other requests (its calls queued, its
+    decoding step gathering), summed over its modes: `runs.Run.waited` reads it, so a class's queue
+    is not charged to any visitor's time limit; the calls the model runs for it are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += max(0.0, seconds)
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._seconds
+
+
 @dataclass(eq=False)
 class _Ticket:
     """One call waiting for the model: a solo step (gen None) or a decoding step to batch."""
@@ -53,6 +71,8 @@ class _Ticket:
     state: Any = None
     tokens: Any = None
     rows: int = 0
+    clock: WaitClock | None = None
+    since: float = field(default_factory=time.perf_counter)  # when it began to wait
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -68,6 +88,7 @@ class BatchStat:
     members: int
     rows: int
     seconds: float
+    what: str = "advance"  # the call: "advance" (decoding steps), or the generator method that ran alone
 
 
 @dataclass
@@ -94,27 +115,30 @@ class StepScheduler:
 
     # -- a model call of its own ------------------------------------------------------------
     @contextmanager
-    def step(self, priority: int = 0, stream: int | None = None):
-        """Hold the model for one call (a prefill, teacher forcing): wait for the turn of
-        (priority, arrival), run alone."""
-        me = self._enqueue(_Ticket(priority, next(self._tickets), stream))
+    def step(self, priority: int = 0, stream: int | None = None, what: str = "step", clock: WaitClock | None = None):
+        """Hold the model for one call (a prefill, teacher forcing; `what` names it in `recent`):
+        wait for the turn of (priority, arrival), run alone."""
+        me = self._enqueue(_Ticket(priority, next(self._tickets), stream, clock=clock))
         with self._cv:
             while self._busy or self._waiting[0] is not me:
                 self._cv.wait()
             heapq.heappop(self._waiting)
             self._busy = True
         t0 = time.perf_counter()
+        if clock is not None:
+            clock.add(t0 - me.since)
         try:
             yield
         finally:
-            self._release(BatchStat(1, 0, time.perf_counter() - t0))
+            self._release(BatchStat(1, 0, time.perf_counter() - t0, what))
 
     # -- a decoding step, batched -----------------------------------------------------------
-    def advance(self, gen, state, tokens, priority: int = 0, stream: int | None = None):
+    def advance(self, gen, state, tokens, priority: int = 0, stream: int | None = None, clock: WaitClock | None = None):
         """gen.advance(state, tokens), run in one call with every other waiting step of the same
         model and priority (gen.advance_many); -> this state's log-probs. A step whose own item
         failed raises its error here, in its own thread; the others' are untouched."""
-        me = self._enqueue(_Ticket(priority, next(self._tickets), stream, gen, state, tokens, int(tokens.shape[0])))
+        me = self._enqueue(_Ticket(priority, next(self._tickets), stream, gen, state, tokens, int(tokens.shape[0]),
+                                   clock))
         with self._cv:
             while not me.done and (self._busy or self._waiting[0] is not me):
                 self._cv.wait()
@@ -137,10 +161,15 @@ class StepScheduler:
         with self._cv:
             return self._cv.wait_for(lambda: len(self._waiting) >= n, timeout)
 
-    def gated(self, gen, priority: int = 0, cancelled=None):
+    def gated(self, gen, priority: int = 0, cancelled=None, clock: WaitClock | None = None):
         """`gen` with its model calls taken through this scheduler at `priority`; `cancelled()`,
-        the request's own, releases a test's hold (`hold`)."""
-        return Gated(gen, self, priority, next(_STREAMS), cancelled)
+        the request's own, releases a test's hold (`hold`); `clock` sums the request's waits."""
+        return Gated(gen, self, priority, next(_STREAMS), cancelled, clock)
+
+    @staticmethod
+    def clock() -> WaitClock:
+        """A new request's WaitClock (runs.Run.waited)."""
+        return WaitClock()
 
     def held(self, cancelled) -> None:
         """Tests only: wait while the `hold` file exists, until `cancelled()` says the request was
@@ -186,6 +215,9 @@ class StepScheduler:
     def _run(self, batch: list[_Ticket]) -> None:
         """Run the batch in one call (outside the lock), hand each its result, free the model."""
         t0 = time.perf_counter()
+        for t in batch:
+            if t.clock is not None:
+                t.clock.add(t0 - t.since)
         head = batch[0]
         try:
             if len(batch) == 1:
@@ -222,15 +254,16 @@ class Gated:
     visitors', prefills and teacher forcing each a call of their own; `select` (a copy of rows,
     no model call) and everything else are the wrapped generator's. `leave()` when done."""
 
-    def __init__(self, gen, scheduler: StepScheduler, priority: int, stream: int, cancelled=None) -> None:
+    def __init__(self, gen, scheduler: StepScheduler, priority: int, stream: int, cancelled=None,
+                 clock: WaitClock | None = None) -> None:
         self._gen, self._scheduler, self._priority, self.stream = gen, scheduler, priority, stream
-        self._cancelled, self._steps = cancelled, 0
+        self._cancelled, self._steps, self._clock = cancelled, 0, clock
 
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
     def _call(self, fn, *args, **kwargs):
-        with self._scheduler.step(self._priority, self.stream):
+        with self._scheduler.step(self._priority, self.stream, fn.__name__, self._clock):
             return fn(*args, **kwargs)
 
     def prefill(self, prompts, keep_prompt_logprobs: int = 0):
@@ -240,7 +273,7 @@ class Gated:
         if self._steps and self._scheduler.hold:
             self._scheduler.held(self._cancelled)
         self._steps += 1
-        return self._scheduler.advance(self._gen, state, tokens, self._priority, self.stream)
+        return self._scheduler.advance(self._gen, state, tokens, self._priority, self.stream, self._clock)
 
     def advance_gather(self, state, tokens, targets, *args, **kwargs):
         return self._call(self._gen.advance_gather, state, tokens, targets, *args, **kwargs)
