@@ -18,7 +18,7 @@ from rag_demo.config import (
 from rag_demo.models.stack_spec import StackSpec
 
 EXAMPLE = "Who painted A Sunday Afternoon on the Island of La Grande Jatte?"
-QA_TRAIN_FILES = ("assets/qa_open_vital.jsonl", "assets/qa_train_vital.jsonl")  # training.run.QA_FILES
+QA_TRAIN_FILES = ("assets/qa_open_vital.jsonl", "assets/qa_train_vital.jsonl")  # `train --qa`'s default: the labelled files
 DEFAULT_KS = (1, 2, 3, 5, 10, 20)  # eval --sweep's K values (measure.sweep.DEFAULT_KS: the CLI imports no torch to parse)
 
 

@@ -9,6 +9,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2 shared cores: don't spi
 import pytest  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Two workers, a test file to each, where pytest-xdist is installed and on and no -n was given
+    (pytest.ini cannot say so: without the plugin its -n would be an unknown argument); one process
+    where it is missing or turned off (-p no:xdist)."""
+    if (config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None) is None
+            and not hasattr(config, "workerinput")):
+        config.option.numprocesses = 2
+        config.option.dist = "loadfile"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: real-model or browser tests (run in CI too)")
 

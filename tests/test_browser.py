@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rag_demo.config import KNOBS
+from rag_demo.serving.scheduler import TEST_HOLD_ENV
 from rag_demo.web.controls import elem_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS_FILES = [FIXTURES / "seurat.txt", FIXTURES / "paintings.csv", FIXTURES / "planets.jsonl"]
 LOAD_TIMEOUT_MS = 240_000  # models load in ~20-90 s on 2 busy cores
 ANSWER_TIMEOUT_MS = 180_000
+HOLD = SHOTS.parent / "hold-decoding"  # while it exists, the module's app holds decoding (TEST_HOLD_ENV)
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +89,8 @@ def server(free_port, stop_process):
     converted model and the Factbook's index are built once for every app the tests start);
     yields its URL. The tests that need an app of another configuration start their own."""
     _require_browser()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", TEST_HOLD_ENV: str(HOLD)}
+    HOLD.unlink(missing_ok=True)
     with _serve(free_port(), env, "browser_app.log", stop_process) as url:
         yield url
 
@@ -655,11 +658,16 @@ def test_asking_again_while_a_question_runs_ends_with_the_second_questions_answe
     small_settings(page, k=2, max_new=32)
     box = page.locator("#rag-question textarea, #rag-question input").first
     fill_kept(page, box, "What is Mars?")
-    page.click("#rag-ask")
-    page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)  # the first one runs
-    page.evaluate(RECORD_JS)
-    fill_kept(page, box, "Who devised pointillism?")
-    page.click("#rag-ask")
+    HOLD.touch()  # the first question is held after its first token until the second one supersedes it
+    try:
+        page.click("#rag-ask")
+        page.locator('.rag-card-partial:not([data-partial="waiting"]):not([data-partial="0"])').first.wait_for(
+            timeout=ANSWER_TIMEOUT_MS)  # the first one runs
+        page.evaluate(RECORD_JS)
+        fill_kept(page, box, "Who devised pointillism?")
+        page.click("#rag-ask")
+    finally:
+        HOLD.unlink(missing_ok=True)
     wait_answered(page, "Who devised pointillism?")
     page.wait_for_timeout(3000)  # time for a stale answer to arrive, if one could
     wait_answered(page, "Who devised pointillism?")
@@ -676,10 +684,17 @@ def test_a_stopped_card_says_so_and_can_be_answered_in_full(page, server):
     small_settings(page, k=2, max_new=32)
     box = page.locator("#rag-question textarea, #rag-question input").first
     fill_kept(page, box, "What is The Starry Night?")
-    page.click("#rag-ask")
-    page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)
-    page.wait_for_timeout(500)
-    page.click("#rag-stop")
+    HOLD.touch()  # decoding waits after each mode's first token until the request is stopped: any CPU
+    try:
+        page.click("#rag-ask")
+        page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)
+        # the first streamed token: the answer is running, and held there until Stop
+        page.locator('.rag-card-partial:not([data-partial="waiting"]):not([data-partial="0"])').first.wait_for(
+            timeout=ANSWER_TIMEOUT_MS)
+        page.click("#rag-stop")
+        page.locator(".rag-continue-btn").first.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    finally:
+        HOLD.unlink(missing_ok=True)
     button = page.locator(".rag-continue-btn").first
     button.wait_for(timeout=ANSWER_TIMEOUT_MS)
     mode = button.get_attribute("data-mode")

@@ -2,6 +2,7 @@
 add up to the resident set they describe."""
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 
@@ -46,6 +47,9 @@ def test_the_parts_add_up_to_the_resident_set_and_name_the_pipelines_tensors():
     parts = memory_parts(pipe, now, rss)
     assert parts["generators"] == 256 * 257 * 4 and parts["encoders"] == 20 * 4
     assert parts["index"] == 2 * 10 * 4 * 4 and parts["kept states"] == 0
-    assert sum(parts.values()) == rss
-    # nearly everything here was held before "loading": the rest is small
+    # the named parts against the kernel's own count of resident pages (statm, not the page map they
+    # were read from): nearly everything here was held before "loading", so they cover it
+    statm = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    named = sum(v for k, v in parts.items() if k != "not attributed")
+    assert abs(statm - named) < 0.1 * statm, (statm, parts)
     assert abs(parts["not attributed"]) < 0.1 * rss, parts

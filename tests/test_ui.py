@@ -1006,6 +1006,13 @@ def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
 
     tools, got = asyncio.run(run())
     assert set(tools) == {"ask", "ask_stream"}, set(tools)  # the page's own events are not tools
+    # the tools take no gr.State (whose value an agent could never update): launch() hides gradio's
+    # warning, which it gives for the page's own endpoints too
+    import gradio as gr
+
+    listed = [f for f in app[0].fns.values() if f.api_name and getattr(f.fn, "_mcp_type", "tool") == "tool"]
+    assert len(listed) >= 2, [f.api_name for f in listed]  # the two tools' endpoints
+    assert not [f.api_name for f in listed if any(isinstance(i, gr.State) for i in f.inputs)]
     assert "ask" in tools and "Answer one question with RAG-Sequence, RAG-Token and closed-book" in tools["ask"].description
     params = tools["ask"].inputSchema["properties"]
     assert {"question", "k", "num_beams", "answer_style", "question_weight"} <= set(params)

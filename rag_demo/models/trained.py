@@ -1,8 +1,9 @@
 """The trained weights: a question tower on top of the frozen retriever, and LoRA adapters on the
 generator, as `python -m rag_demo train` writes them (docs/DESIGN.md §12).
 
-What ships is small: the question map (one D x D matrix) and the generator's LoRA adapter (peft's
-two files), with `meta.json` naming how they were made and each file's sha256. The passage encoder
+What ships is small: the generator's change as a rank-32 LoRA adapter (peft's two files; a
+question map, one D x D matrix, when the retriever stage was trained: none ships today), with
+`meta.json` naming how they were made and each file's sha256. The passage encoder
 and the index are never trained (paper §2.4), so every index stays valid:
 
     q'(x) = normalize(q(x) + A q(x))        the question tower; A = 0 is the frozen retriever

@@ -12,7 +12,7 @@ from rag_demo.web.api_events import ApiEvents
 from rag_demo.web.ask_events import AskEvents
 from rag_demo.web.corpus_events import CorpusEvents
 from rag_demo.web.pricing_events import PricingEvents
-from rag_demo.web.turns import Turn, Turns  # noqa: F401 - Turn: a visitor's run, named with its handlers
+from rag_demo.web.turns import Turns
 
 
 class Handlers:
