@@ -6,6 +6,7 @@ token inspector, each passage's drop in log p(y|x), the caches kept, and the cue
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -15,7 +16,6 @@ from rag_demo.rag.engine import Generation
 from rag_demo.rag.marginalize import logprob_without_each, rag_sequence_logprob, rag_token_logprob
 from rag_demo.reader.drafts import UPPER_BOUNDS
 from rag_demo.reader.language import language_of
-from rag_demo.reader.text import occurs_in
 
 
 @dataclass(frozen=True)
@@ -197,13 +197,28 @@ def cues(question: str, mm: Any = None, scores: Any = None) -> list[dict]:
     return out
 
 
+def words(text: str) -> list[str]:
+    """A text's words as the passage check compares them: Unicode-normalised (NFKC), case folded,
+    every punctuation mark or symbol (Unicode's, not only ASCII's) a word break; articles kept, so
+    an answer of one article is a word too.
+
+    >>> words("Australia’s  “Big” Reef…"), words("the…")
+    (['australia', 's', 'big', 'reef'], ['the'])
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return "".join(" " if unicodedata.category(ch)[0] in "PSZ" else ch for ch in text).split()
+
+
 def unread(text: str, docs: list, stopped: str = "eos") -> list[dict]:
-    """The cue of a RAG answer none of whose passages holds its words (as a run of tokens): the
+    """The cue of a RAG answer none of whose passages holds its words (`words`, as one run): the
     generator wrote it from its weights, or rephrased; nothing for a cut or empty answer."""
-    answer = text.strip().rstrip(".")
-    if not docs or not answer or stopped in ("time_limit", "cancelled"):
+    want = words(text)
+    if not docs or not want or stopped in ("time_limit", "cancelled"):
         return []
-    if any(occurs_in(answer, f"{d.title} {d.text}") for d in docs):
-        return []
+    n = len(want)
+    for d in docs:
+        hay = words(f"{d.title} {d.text}")
+        if any(hay[i: i + n] == want for i in range(len(hay) - n + 1)):
+            return []
     return [{"kind": "not_in_passages", "text": "No passage contains these words: the generator wrote this answer "
              "from its own weights (or rephrased a passage). Check it against the passages below."}]

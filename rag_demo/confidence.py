@@ -10,7 +10,8 @@ regression over them, one per stack, preset and mode,
     P(right | answer) = sigmoid(b + Σ_j w_j · (x_j − mean_j) / scale_j)
 
 fitted by `python -m rag_demo eval --fit-confidence` (measure/calibration.py) on the calibrate
-split of the external questions and the dev set, reported on their report split, and shipped as
+split of the two labelled question files (assets/qa_open_vital.jsonl, assets/qa_train_vital.jsonl:
+the command in assets/confidence.json), reported on their report split, and shipped as
 assets/confidence.json with the command that made it. "Right" means a gold answer's words occur in
 the answer (eval's `contains`). Below the model's `threshold` a card says the answer is probably
 wrong, quoting what the cue did on the report split.
@@ -24,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from rag_demo.config import CUT_STOPS
 from rag_demo.reader.text import match_tokens, occurs_in
 
 CONFIDENCE_PATH = Path(__file__).resolve().parents[1] / "assets" / "confidence.json"
@@ -177,14 +179,15 @@ def load_model(path: str | Path = CONFIDENCE_PATH) -> ConfidenceModel | None:
     return ConfidenceModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-# Why an answer was cut short (Answer.stopped): its numbers describe a half-made answer, which the
-# model was never fitted on, so such an answer is not rated.
-CUT = ("time_limit", "cancelled")
+# Why an answer was cut short (Answer.stopped): its numbers describe a half-made answer, so such
+# an answer is not rated, whatever cut it (max new tokens too).
+CUT = CUT_STOPS
 
 
 def judge(a: Mapping[str, Any], model: ConfidenceModel | None) -> tuple[dict[str, float], float | None, dict | None]:
     """(signals, confidence, the "probably wrong" cue or None) of an answer dict; a cut answer
-    (stopped by the time limit or by Stop) gets no confidence and no cue."""
+    (stopped by the time limit, by Stop or by max new tokens: config.CUT_STOPS) gets no confidence
+    and no cue."""
     sig = signals(a)
     if model is None or a.get("stopped") in CUT:
         return sig, None, None

@@ -26,6 +26,9 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MODES = ("sequence", "token", "closed-book")
+# Why an answer was cut short (Answer.stopped): a cut answer's numbers describe a half-made answer,
+# so it gets no confidence (confidence.judge) and the page says it was cut
+CUT_STOPS = ("time_limit", "cancelled", "max_new_tokens")
 MODE_TITLES = {"sequence": "RAG-Sequence", "token": "RAG-Token", "closed-book": "Closed-book (no retrieval)"}
 # One colour per mode, the same on every answer card and every figure (dark enough for white text,
 # and apart from the passages' light rank colours, web/render.PALETTE).

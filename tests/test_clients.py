@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -58,6 +59,66 @@ def test_without_passage_and_continue_mode_are_priced_and_admitted_as_a_question
         answer_again(pipe, copy.deepcopy(RAW), "token", validation.settings_from_inputs(preset="aided"), None,
                      serving)
     assert seen == [(["token"], ["the one passage", "the one passage"])]
+
+
+def _two_groups():
+    """Last answers whose two RAG modes read different passages (two passage groups to rerun)."""
+    raw = copy.deepcopy(RAW)
+    seq = copy.deepcopy(raw["answers"]["token"])
+    seq["docs"] = [dict(d, id=d["id"] + "-s") for d in seq["docs"]]
+    raw["answers"]["sequence"] = seq
+    return raw
+
+
+def test_without_passage_is_priced_over_every_passage_group():
+    """Each group of modes that read the same passages is priced over its own passages left; their
+    seconds add up to one request's, which the budget refuses whole."""
+    from rag_demo.models.cost import Cost
+    from rag_demo.serving.admission import Serving
+    from rag_demo.serving.budget import Budget
+    from rag_demo.web.answering import answer_without
+
+    pipe = CostPipe()
+    seen = []
+    pipe.check_budget = lambda q, modes, s, budget, passages=None: (seen.append((tuple(modes), len(passages))),
+                                                                    Cost(30.0, 2**20, {m: 30.0 for m in modes}))[1]
+    pipe.estimate = lambda q, modes, s, passages=None: Cost(1.0 if passages is None else 30.0, 2**20, {})
+    pipe.index.corpus.position = lambda pid: 0
+    pipe.index.corpus.passages = ["the one passage"]
+    pipe.passage_scores = lambda q, mode, passages, weights: [0.0] * len(passages)
+    raw = _two_groups()
+    pid = raw["answers"]["token"]["docs"][0]["id"]
+    raw["answers"]["sequence"]["docs"][0]["id"] = pid  # both groups read the passage taken away
+    with pytest.raises(ValueError, match="about 60 s and 0.0 GB over its 2 passage groups, over this server's 45 s"):
+        answer_without(pipe, raw, pid, serving=Serving(budget=Budget()))
+    assert sorted(seen) == [(("sequence",), 1), (("token",), 1)]  # both groups priced, nothing ran
+
+
+def test_without_passage_shows_only_the_servers_numbers_and_stops_with_stop():
+    """The drop and the attribution note come from the session's numbers (what this server
+    computed), not from the client's JSON; Stop (cancelled) ends the reruns at their next step."""
+    from rag_demo.web.answering import answer_without, server_numbers
+
+    pipe = CostPipe()
+    pipe.index.corpus.position = lambda pid: 0
+    pipe.index.corpus.passages = ["the one passage"]
+    pipe.passage_scores = lambda q, mode, passages, weights: [0.0] * len(passages)
+    asked = []
+    pipe.answer_from_modes = lambda q, modes, passages, scores, s, run=None: (
+        asked.append(run), {m: SimpleNamespace(text="Paris.", stopped="cancelled" if run and run.cancelled() else "eos",
+                                               to_dict=lambda: {"docs": []}) for m in modes})[1]
+    raw = copy.deepcopy(RAW)
+    pid = raw["answers"]["token"]["docs"][0]["id"]
+    ours = server_numbers(copy.deepcopy(raw["answers"]))
+    forged = copy.deepcopy(raw)
+    forged["answers"]["token"]["passage_drop"] = [99.0, 0.0]  # a client's own numbers
+    out = answer_without(pipe, forged, pid, numbers=ours, cancelled=lambda: True)["modes"]["token"]
+    assert out["drop"] == 0.5 and out["most"]["drop"] == 0.5 and out["stopped"] == "cancelled"
+    assert asked[0].cancelled()
+    bare = answer_without(pipe, forged, pid)["modes"]["token"]  # no numbers of this server's: none shown
+    assert bare["drop"] is None and bare["top"] is None
+    assert "no numbers" in passages_view.render_without({"dropped": raw["answers"]["token"]["docs"][0], "k": 2,
+                                                         "modes": {"token": bare}})
 
 
 def test_only_http_links_become_links():
@@ -165,10 +226,11 @@ def test_a_cut_answer_is_not_rated():
     a = {"mode": "token", "stack": "offline", "settings": {"preset": "aided"}, "text": "Paris", "token_ids": [1],
          "sequence_logprob": -0.1, "docs": [], "candidates": []}
     assert judge({**a, "stopped": "eos"}, m)[1] is not None
-    for why in ("cancelled", "time_limit"):
+    for why, by in (("cancelled", "Stop"), ("time_limit", "the time limit"), ("max_new_tokens", "max new tokens")):
         sig, p, cue = judge({**a, "stopped": why}, m)
-        assert p is None and cue is None and sig["ended"] == 0.0
-        assert "cut, not rated" in render.render_confidence({**a, "stopped": why, "confidence": None})
+        assert p is None and cue is None
+        shown = render.render_confidence({**a, "stopped": why, "confidence": 0.46})
+        assert f"cut by {by}, not rated" in shown and "46%" not in shown
 
 
 def test_a_card_cut_by_the_time_limit_names_its_own_share_of_it():
@@ -217,3 +279,39 @@ def test_show_the_code_names_the_retriever_that_answered_and_says_when_an_answer
     assert "came from BM25" in note and "cut RAG-Token (stopped) short" in note and "RAG-Sequence" not in note
     dense = {**result, "answers": {m: {**a, "retriever": "dense", "stopped": "eos"} for m, a in result["answers"].items()}}
     assert "--retriever" not in cli_command(dense) and caveat("builtin", False, dense) == ""
+
+
+def test_an_unexpected_exception_never_shows_its_text(monkeypatch, tmp_path):
+    """A check no one foresaw failing (a PDF library's error inside the upload's validator), or a
+    stack whose load raises, shows a plain message with an error id, never the exception's text;
+    the log holds it."""
+    from rag_demo.serving.pool import PipelinePool
+
+    def broken(files):
+        raise RuntimeError("secret /srv/cache/path in pypdf")
+
+    monkeypatch.setattr(validation, "check_upload", broken)
+    shown = validation.validate_upload([str(tmp_path / "x.pdf")], None)[0]
+    assert shown["is_valid"] is False and "secret" not in shown["message"] and "error " in shown["message"]
+
+    def factory(stack, progress):
+        raise OSError("secret /srv/cache/path")
+
+    pool = PipelinePool(factory, unavailable=lambda s: None)
+    with pytest.raises(ValueError) as e:
+        pool.get("offline", timeout=30)
+    said = pool.error("offline")
+    assert "secret" not in said and "secret" not in str(e.value) and "error " in said
+
+
+def test_an_edited_title_is_bounded():
+    from rag_demo.knowledge.corpus import MAX_TITLE_CHARS, check_passage_title, corpus_from_documents
+
+    assert check_passage_title("p#0", "  The   Starry Night ") == "The Starry Night" and check_passage_title("p", None) == ""
+    with pytest.raises(ValueError, match=f"over {MAX_TITLE_CHARS} characters"):
+        check_passage_title("p#0", "x" * (MAX_TITLE_CHARS + 1))
+    corpus = corpus_from_documents("c", [("Title", "Some text about a painting.", None)])
+    with pytest.raises(ValueError, match="new title"):
+        corpus.with_passage_text(corpus.passages[0].id, "New text.", "y" * 10_000)
+    out = validation.validate_edit(corpus.passages[0].id, "New text.", "Who?", None, new_title="z" * 500)
+    assert any(not r["is_valid"] and "new title" in r["message"] for r in out)

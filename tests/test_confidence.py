@@ -64,3 +64,4 @@ def test_the_model_is_a_logistic_regression_and_its_cue_fires_below_the_threshol
     (tmp_path / "bad.json").write_text(json.dumps({"version": 2}))
     with pytest.raises(ValueError, match="not a confidence model file"):
         cf.load_model(tmp_path / "bad.json")
+

@@ -57,8 +57,8 @@ def test_why_the_answers_differ_names_the_scores_the_cards_show():
     # RAG-Token's own number for each answer, RAG-Sequence's for its own, and that it never weighed the other
     assert "RAG-Token's whole answer “São Paulo” scored log p(y|x) = -1.376 under its mixture against -1.521 " \
            "for “Brasília”." in said
-    assert "RAG-Sequence's “Brasília” (mostly from [1] Brazil, p(z|x,y) = 0.97) scored -0.900; no passage's own " \
-           "search wrote “São Paulo”" in said
+    assert "RAG-Sequence's “Brasília” (as a whole from [1] Brazil, p(z|x,y) = 0.97) scored -0.900; no passage's " \
+           "own search wrote “São Paulo”" in said
     # where they part: the mixture's top tokens at the first token, and RAG-Sequence's token among them
     assert "At the first token the passages' mixture put “São” 0.55, “Bras” 0.41, “Rio” 0.02; RAG-Sequence's " \
            "“Bras” got 0.41." in said
@@ -67,6 +67,46 @@ def test_why_the_answers_differ_names_the_scores_the_cards_show():
     a = _answers()
     a["token"]["candidates"][1]["upper_bound"] = True
     assert "against at most -1.521" in passages_view.explain_modes(a)
+
+
+def _agreeing(p1: float, voted: bool = False):
+    """Both modes answer "Brasília."; p(z|x) puts p1 on [1] and the rest on [2]."""
+    a = _answers()
+    for i, d in enumerate(a["token"]["docs"]):
+        d["prior"] = p1 if i == 0 else 1 - p1
+        d["retriever_prior"] = 0.8 if i == 0 else 0.2
+        d["question_logprob"] = -3.0 if voted else None
+    a["token"].update(text="Brasília.", tokens=[" Bras", "ília", "."])
+    return a
+
+
+def test_spread_is_said_only_when_no_passage_holds_half_of_p_z_given_x():
+    leans = html.unescape(passages_view.explain_modes(_agreeing(0.87)))
+    assert "spread" not in leans and "p(z|x) leans on [1] Brazil (0.87, 0.13 on [2] Rio)" in leans
+    a = _agreeing(0.4)
+    a["token"]["docs"].append({"rank": 3, "id": "c", "title": "Recife", "text": "Recife is a city.", "url": None,
+                               "score": 0.4, "prior": 0.25, "retriever_prior": 0.1})
+    a["token"]["docs"][1]["prior"] = 0.35
+    a["sequence"]["doc_posterior"] = [0.9, 0.05, 0.05]
+    spread = html.unescape(passages_view.explain_modes(a))
+    assert "p(z|x) is spread over the passages (0.40 on [1] Brazil, 0.35 on [2] Rio)" in spread
+
+
+def test_the_sentence_names_the_p_z_given_x_the_table_shows_beside_it():
+    """With the generator's vote on, the table shows the retriever's p(z|x) and "p(z|x) with the
+    vote"; the sentence quotes the second by that name, never the bare one."""
+    a = _agreeing(0.57, voted=True)
+    said = html.unescape(passages_view.explain_modes(a))
+    assert "p(z|x) with the vote leans on [1] Brazil (0.57" in said
+    table = html.unescape(passages_view.render_passages(a))
+    assert "with the vote" in table and "0.570" in table
+
+
+def test_a_sequence_answer_whose_words_lean_elsewhere_says_so():
+    a = _answers()
+    a["sequence"]["top_docs"] = [1, 1, 0]  # its first two tokens coloured by [2]
+    said = html.unescape(passages_view.explain_modes(a))
+    assert "as a whole from [1] Brazil, p(z|x,y) = 0.97; token by token, some of its words lean on [2]" in said
 
 
 def test_just_missed_lists_the_passages_after_k_greyed():

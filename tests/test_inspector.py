@@ -122,15 +122,19 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     from rag_demo.serving.pool import PipelinePool
     from rag_demo.serving.session import Session
     from rag_demo.web import handlers, passages_view
+    from rag_demo.web.answering import server_numbers
 
     h = handlers.Handlers(PipelinePool(lambda s, p: pipe, preloaded={"offline": pipe}, unavailable=lambda s: None))
-
-    def without(raw, pid):
-        return h.answers.without_passage(pid, raw, Session(stack="offline"), progress=lambda *a, **k: None)[0]
 
     out = pipe.answers(Q, ["sequence", "token", "closed-book"])
     raw = {"question": Q, "settings": pipe.settings.to_dict(),
            "answers": {m: a.to_dict() for m, a in out.items()}}
+    ours = server_numbers(copy.deepcopy(raw["answers"]))  # what the session keeps of the answers it computed
+
+    def without(raw, pid):
+        return h.answers.without_passage(pid, raw, Session(stack="offline", last_numbers=ours),
+                                         progress=lambda *a, **k: None)[0]
+
     docs = raw["answers"]["token"]["docs"]
     res = without(raw, docs[0]["id"])
     assert list(res["modes"]) == ["sequence", "token"] and res["dropped"]["rank"] == 1 and res["k"] == 3
@@ -165,6 +169,7 @@ def test_answer_without_a_passage_reruns_the_rag_modes_and_reports_the_drop(pipe
     same = without(forged, docs[0]["id"])
     for m in ("sequence", "token"):
         assert same["modes"][m]["after"] == res["modes"][m]["after"]
+        assert same["modes"][m]["top"] == res["modes"][m]["top"] and same["modes"][m]["drop"] == res["modes"][m]["drop"]
         assert [d["score"] for d in same["modes"][m]["answer"]["docs"]] == [
             d["score"] for d in res["modes"][m]["answer"]["docs"]] != [99.0] * (len(docs) - 1)
 

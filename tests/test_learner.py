@@ -50,6 +50,11 @@ def test_an_answer_no_passage_contains_is_said_to_come_from_the_weights():
     assert [c["kind"] for c in said] == ["not_in_passages"] and "own weights" in said[0]["text"]
     assert unread("Fleming discovered", docs) == [] and unread("Flem", docs) != []  # whole words only
     assert unread("Howard", docs, stopped="time_limit") == [] and unread("Howard", []) == []  # cut; closed-book
+    # copied words are found whatever their case, punctuation or Unicode forms; an article is a word too
+    quoted = [SimpleNamespace(title="Reef", text="Australia’s “Great Barrier Reef” lies off Queensland.")]
+    assert unread("The…", [SimpleNamespace(title="T", text="It is the largest.")]) == []
+    assert unread("australia's great barrier reef", quoted) == [] and unread("Great Barrier-Reef!", quoted) == []
+    assert unread("ＧＲＥＡＴ Barrier Reef", quoted) == []  # full-width letters: the same word once normalised
 
 
 def _answer(mode, text, priors, post=None, **kw):

@@ -168,7 +168,7 @@ class Corpus:
         passage encoder embeds and what the generator reads, so an edit may change it too."""
         i = self.position(passage_id)
         text = check_passage_text(passage_id, new_text)
-        title = normalise(new_title) if isinstance(new_title, str) else ""
+        title = check_passage_title(passage_id, new_title)
         passages = list(self.passages)
         passages[i] = dataclasses.replace(passages[i], text=text, title=title or passages[i].title)
         return Corpus(self.name, passages)
@@ -177,6 +177,23 @@ class Corpus:
 # An edited passage's longest text: a passage is ~100 words (~600 characters) and the generator reads
 # at most 1024 of its tokens (about 4,000 characters), so more would be embedded and tokenised for nothing.
 MAX_EDIT_CHARS = 4000
+# An edited passage's longest title: titles are a few words (the longest Vital Articles title is under 100
+# characters), and the title is embedded and read with every prompt of the passage.
+MAX_TITLE_CHARS = 200
+
+
+def check_passage_title(passage_id: str, new_title: object) -> str:
+    """An edited passage's new title, whitespace-normalised ("" keeps the old one), or a ValueError
+    naming the problem and the fix."""
+    if new_title is None:
+        return ""
+    if not isinstance(new_title, str):
+        raise ValueError(f"the new title for passage {passage_id!r} must be text, got {type(new_title).__name__}.")
+    title = normalise(new_title[: 4 * MAX_TITLE_CHARS + 1])
+    if len(title) > MAX_TITLE_CHARS:
+        raise ValueError(f"the new title for passage {passage_id!r} is over {MAX_TITLE_CHARS} characters "
+                         f"({len(normalise(new_title)):,}): shorten it to a few words.")
+    return title
 
 
 def check_passage_text(passage_id: str, new_text: object) -> str:

@@ -35,6 +35,10 @@ class Session:
     edited: Any = None  # the active index with this visitor's edits (None: no edits)
     edits: tuple[str, ...] = ()  # ids of edited passages
     last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
+    # what this server computed for the last answers, per RAG mode: (mode, passage ids, each passage's
+    # drop of log p(y|x) when taken away, the posterior p(z|x,y) or None); what /without_passage
+    # shows, never the numbers a client sends back
+    last_numbers: tuple[tuple[str, tuple, tuple, tuple | None], ...] = ()
     warned: frozenset[str] = frozenset()  # warnings this visitor has seen (each is shown once)
 
 

@@ -15,14 +15,14 @@ import gradio as gr
 
 from rag_demo.config import KNOBS, MODE_TITLES, MODES, RagSettings, check_question
 from rag_demo.serving import memory
-from rag_demo.serving.admission import Serving, throttled
+from rag_demo.serving.admission import Serving, throttled, within_defaults
 from rag_demo.serving.session import Session
 from rag_demo.runs import Run
 from rag_demo.web.passages_view import anchors, render_passages
 from rag_demo.web.render import json_safe, plural, render_answer, render_partial
 from rag_demo.web.session_view import passage_choices, render_lessons
 from rag_demo.web.validation import (
-    user_errors,
+    check_last_answers, user_errors,
 )
 
 TYPICAL_QUESTION = "Who painted The Starry Night?"
@@ -93,42 +93,6 @@ def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, *
     return next(v for kind, v in answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
 
 
-MAX_SENT_TEXT = 4000  # an answer's text, a passage id or title as a client sends it back: longer is not ours
-
-
-def checked_raw(raw: Any) -> dict:
-    """The last answers as a client sends them back for /without_passage or /continue_mode, checked
-    before anything runs: a dict with the question, the settings and each mode's answer, at most
-    KNOBS' largest K passages an answer, each an id string, the texts bounded, every list as long
-    as the passages. Only ids, the question, the settings and the old texts are read from it: the
-    passages come from the corpus and their scores from the retriever, never from the client.
-    ValueError naming what is wrong and what to send."""
-    top = int(KNOBS["k"].hi)
-    if not isinstance(raw, dict) or not isinstance(raw.get("answers"), dict) or not isinstance(raw.get("settings"), dict):
-        raise ValueError("the last answers are not what /ask returned: send the dict of your last /ask, "
-                         "with its question, settings and answers.")
-    check_question(raw.get("question"))
-    unknown = sorted(set(raw["answers"]) - set(MODES))
-    if unknown:
-        raise ValueError(f"the last answers hold unknown modes {unknown}: send /ask's answers for {', '.join(MODES)}.")
-    for m, a in raw["answers"].items():
-        docs = a.get("docs") if isinstance(a, dict) else None
-        if not isinstance(docs, list) or len(docs) > top or not all(
-                isinstance(d, dict) and isinstance(d.get("id"), str) and len(d["id"]) <= MAX_SENT_TEXT for d in docs):
-            raise ValueError(f"the last {m} answer's passages are not /ask's: send up to {top} passages, each with "
-                             "its id, as /ask returned them.")
-        if not isinstance(a.get("text", ""), str) or len(a.get("text", "")) > MAX_SENT_TEXT:
-            raise ValueError(f"the last {m} answer's text is not /ask's: send it as /ask returned it.")
-        for name in ("doc_posterior", "passage_drop"):
-            values = a.get(name)
-            if values is not None and (not isinstance(values, list) or len(values) != len(docs) or not all(
-                    v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in values)):
-                raise ValueError(f"the last {m} answer's {name} is not /ask's: send one number per passage, as /ask "
-                                 "returned it.")
-    settings_of(raw)  # the settings: validated by their declarations
-    return raw
-
-
 def settings_of(raw: dict) -> RagSettings:
     """The settings the last answers ran with (`raw` as the page holds it)."""
     return RagSettings(preset=raw["settings"].get("preset", "aided"),
@@ -141,7 +105,7 @@ def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str],
     ValueError (shown on the page) when there is nothing to compare or the passages are gone."""
     if not raw or not raw.get("answers"):
         raise ValueError("there is no answer yet: ask a question, then take one of its passages away.")
-    raw = checked_raw(raw)
+    raw = check_last_answers(raw)
     weights = settings_of(raw).decoding.weights
     by_ids: dict[tuple[str, ...], list[str]] = {}
     for m, a in raw["answers"].items():
@@ -165,34 +129,74 @@ def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str],
     return plan
 
 
+def server_numbers(answers: dict[str, dict]) -> tuple:
+    """Session.last_numbers of answers this server just computed: per RAG mode its passages' ids,
+    each passage's drop and the posterior p(z|x,y) (None where the mode has none)."""
+    out = []
+    for m, a in answers.items():
+        if m == "closed-book" or not a.get("docs"):
+            continue
+        post = a.get("doc_posterior")
+        out.append((m, tuple(d["id"] for d in a["docs"]), tuple(a.get("passage_drop") or [None] * len(a["docs"])),
+                    None if post is None else tuple(post)))
+    return tuple(out)
+
+
+def price_groups(serving: Serving, pipe: Any, question: str, settings: RagSettings, plan: list) -> Any:
+    """One Cost for every passage group of a plan: each group priced over its own passages and
+    admitted as a question is, then their seconds added up and checked against the budget as one
+    request (ValueError naming the total and what to lower)."""
+    costs = [serving.check(pipe, question, settings, modes, passages) for modes, passages, *_ in plan]
+    if any(c is None for c in costs):
+        return None
+    total = type(costs[0])(seconds=sum(c.seconds for c in costs), peak_bytes=max(c.peak_bytes for c in costs),
+                           per_mode={m: s for c in costs for m, s in c.per_mode.items()},
+                           heavy=any(c.heavy for c in costs))
+    limit = getattr(serving.budget, "max_seconds", None)
+    if limit is not None and len(costs) > 1 and total.seconds > limit and not all(
+            within_defaults(pipe, question, settings, c) for c in costs):
+        raise ValueError(f"answering again without the passage would take {total.describe()} over its "
+                         f"{len(costs)} passage groups, over this server's {limit:.0f} s: lower K, beams or max new "
+                         "tokens and ask again.")
+    return total
+
+
 def answer_without(pipe: Any, raw: dict | None, pid: Any, run: Any = None, serving: Serving | None = None,
-                   request: Any = None) -> dict:
+                   request: Any = None, cancelled: Callable[[], bool] | None = None,
+                   numbers: tuple = ()) -> dict:
     """Answer the last question again in each RAG mode that read passage `pid`, without it, with
-    the same settings (`raw` is the last answer's JSON, as the page holds it); -> the dict
-    `render_without` shows. Priced over the passages left and admitted by `serving` as a question
-    is (refused over the budget; an expensive one takes the heavy slot). ValueError (shown on the
-    page) when there is no answer to compare."""
+    the same settings (`raw` is the last answer's JSON, as the page holds it: its question,
+    settings, passage ids and texts are read, never its numbers); -> the dict `render_without`
+    shows. Priced over every passage group's passages left and admitted by `serving` as a question
+    is (refused over the budget; an expensive one takes the heavy slot); `cancelled()` (Stop) ends
+    it at its next step. `numbers`: Session.last_numbers, what this server computed for the last
+    answers; a mode whose passages are not those gets no drop and no attribution note.
+    ValueError (shown on the page) when there is no answer to compare."""
     plan = without_plan(pipe, raw, pid)
     settings = settings_of(raw)
     cost = None
     if serving is not None:
-        cost = serving.check(pipe, raw["question"], settings, [m for modes, *_ in plan for m in modes], plan[0][1])
-        run = serving.run(cost, request, getattr(run, "cancelled", None))
+        cost = price_groups(serving, pipe, raw["question"], settings, plan)
+        run = serving.run(cost, request, cancelled)
+    elif run is None and cancelled is not None:
+        run = Run(cancelled=cancelled)
+    ours = {m: (ids, drops, post) for m, ids, drops, post in numbers}
     out, dropped, k = {}, None, 0
     with serving.heavy_slot(cost) if serving is not None else contextlib.nullcontext():
         for modes, passages, scores, docs, z in plan:
             new = pipe.answer_from_modes(raw["question"], modes, passages, scores, settings, run=run)
             dropped, k = docs[z], len(docs)
             for m in modes:
-                a = raw["answers"][m]
-                drops = a.get("passage_drop") or [None] * len(docs)
-                post = a.get("doc_posterior") or [d["prior"] for d in docs]
-                top = max(range(len(docs)), key=post.__getitem__)
-                most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
-                out[m] = {"before": a["text"], "after": new[m].text, "drop": drops[z],
-                          "top": {"rank": docs[top]["rank"], "title": docs[top]["title"]},
-                          "most": {"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0},
-                          "answer": new[m].to_dict()}
+                ids, drops, post = ours.get(m, ((), (), None))
+                mine = ids == tuple(d["id"] for d in docs)
+                x = {"before": raw["answers"][m]["text"], "after": new[m].text, "drop": None, "top": None,
+                     "most": None, "stopped": new[m].stopped, "answer": new[m].to_dict()}
+                if mine:
+                    top = max(range(len(docs)), key=(post or [d["prior"] for d in docs]).__getitem__)
+                    most = max(range(len(docs)), key=lambda i: -math.inf if drops[i] is None else drops[i])
+                    x.update(drop=drops[z], top={"rank": docs[top]["rank"], "title": docs[top]["title"]},
+                             most={"rank": docs[most]["rank"], "title": docs[most]["title"], "drop": drops[most] or 0.0})
+                out[m] = x
     return {"question": raw["question"], "dropped": dropped, "k": k,
             "modes": {m: out[m] for m in ("sequence", "token") if m in out}}
 
@@ -207,7 +211,7 @@ def again_passages(pipe: Any, raw: dict, mode: str) -> tuple[list, list[float]] 
     for answering it again."""
     if mode == "closed-book":
         return None
-    raw = checked_raw(raw)
+    raw = check_last_answers(raw)
     corpus, docs = pipe.index.corpus, raw["answers"][mode]["docs"]
     try:
         passages = [corpus.passages[corpus.position(d["id"])] for d in docs]
@@ -239,7 +243,8 @@ def ask_outputs(result: dict, s: Session) -> tuple:
     answers = result["answers"]
     anc = anchors(answers)
     docs = next((a["docs"] for a in answers.values() if a["docs"]), [])
-    s = dataclasses.replace(s, last_docs=tuple((d["id"], d["title"], d["text"]) for d in docs))
+    s = dataclasses.replace(s, last_docs=tuple((d["id"], d["title"], d["text"]) for d in docs),
+                            last_numbers=server_numbers(answers))
     choices = passage_choices(s)
     return (
         *(render_answer(answers[m], anc.get(m, "rag-p-all-")) for m in MODES),
@@ -272,7 +277,7 @@ def empty_outputs(s: Session) -> tuple:
         "",
         "",
         stop_button(False),
-        dataclasses.replace(s, last_docs=()),
+        dataclasses.replace(s, last_docs=(), last_numbers=()),
     )
 
 

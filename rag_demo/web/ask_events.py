@@ -102,13 +102,16 @@ class AskEvents(Part):
         """Answer the last question again (RAG-Sequence and RAG-Token, same settings) with passage
         `pid` taken away; -> the comparison as data (`render_without` draws it on the page): per mode
         the answer before and after, how much the original answer's log-probability dropped."""
+        turn = self.turns.begin_run(request)  # Stop ends it, as it ends a question
         s = self.fresh(s)
         with user_errors():
             pipe, s = session_pipeline(self.pool, s, progress)
             raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
             progress(0.1, desc="Answering again without the passage")
-            # the visitor's index (uploads and edits too), priced and admitted as a question is
-            result = answer_without(pipe, raw, pid, serving=self.serving, request=request)
+            # the visitor's index (uploads and edits too), priced and admitted as a question is; the
+            # numbers shown are the ones this server computed for the last answers (the session's)
+            result = answer_without(pipe, raw, pid, serving=self.serving, request=request, cancelled=turn.cancelled,
+                                    numbers=s.last_numbers)
         return json_safe(result), s
 
     @page_event

@@ -136,21 +136,24 @@ def explain_modes(answers: dict[str, dict]) -> str:
     order = sorted(range(len(docs)), key=lambda i: -docs[i]["prior"])
     top = docs[order[0]]
     name = lambda d: f"[{d['rank']}] {d['title']}"  # noqa: E731
+    pz = prior_name(docs)  # the name the passages table gives the p(z|x) the modes used
     src = _read_from(seq, docs)  # the passage RAG-Sequence's answer leans on, by its posterior p(z|x,y)
+    second = docs[order[1]] if len(order) > 1 else None
+    also = f", {second['prior']:.2f} on {name(second)}" if second else ""
     if not _same(seq["text"], tok["text"]):  # the reason is in the scores, not the prior: say the prior plainly
-        prior = f"p(z|x) puts {top['prior']:.2f} on {name(top)}"
+        prior = f"{pz} puts {top['prior']:.2f} on {name(top)}"
     elif src is not None and src != order[0]:  # the answer came from another passage than the one retrieval trusted
         s_post = seq["doc_posterior"][src]
         held = " whose text holds the answer's words" if _holds(docs[src], seq["text"]) else ""
-        prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, yet the answer comes from {name(docs[src])}"
+        prior = (f"{pz} puts {top['prior']:.2f} on {name(top)}, yet the answer comes from {name(docs[src])}"
                  f"{held}: once the answer is read, RAG-Sequence's posterior p(z|x,y) puts {s_post:.2f} on it")
     elif top["prior"] >= 0.9:
-        prior = (f"p(z|x) puts {top['prior']:.2f} on {name(top)}, so both models read that passage almost alone: "
+        prior = (f"{pz} puts {top['prior']:.2f} on {name(top)}, so both models read that passage almost alone: "
                  "RAG-Token's mixture is then its next-token distribution, RAG-Sequence's best answer its favourite")
+    elif top["prior"] >= SPREAD_BELOW:
+        prior = f"{pz} leans on {name(top)} ({top['prior']:.2f}{also})"
     else:
-        second = docs[order[1]] if len(order) > 1 else None
-        prior = (f"p(z|x) is spread over the passages ({top['prior']:.2f} on {name(top)}"
-                 + (f", {second['prior']:.2f} on {name(second)}" if second else "") + ")")
+        prior = f"{pz} is spread over the passages ({top['prior']:.2f} on {name(top)}{also})"
     if _same(seq["text"], tok["text"]):
         verdict = (", and the two modes agree." if top["prior"] >= 0.9 else
                    ", yet both modes ranked the same answer first.")
@@ -163,6 +166,16 @@ def explain_modes(answers: dict[str, dict]) -> str:
                   f" Closed-book, from its weights alone, said “{cb['text'].strip()}”.")
     return (f'<div class="rag-why"><b>Why the two RAG answers {"agree" if _same(seq["text"], tok["text"]) else "differ"}'
             f":</b> {esc(prior + verdict + closed)}</div>")
+
+
+# p(z|x) is "spread" only when no passage holds half of it; from there up to 0.9 it "leans on" one.
+SPREAD_BELOW = 0.5
+
+
+def prior_name(docs: list[dict]) -> str:
+    """What the passages table calls the p(z|x) every formula used: "p(z|x) with the vote" where a
+    reader aid added the generator's vote (beside it the table shows the retriever's own), else "p(z|x)"."""
+    return "p(z|x) with the vote" if any(d.get("question_logprob") is not None for d in docs) else "p(z|x)"
 
 
 def _read_from(a: dict, docs: list[dict]) -> int | None:
@@ -220,7 +233,11 @@ def _why_differ(seq: dict, tok: dict) -> str:
     carried = ""
     if post and len(post) == len(seq.get("docs") or []):
         z = max(range(len(post)), key=post.__getitem__)
-        carried = f" (mostly from [{seq['docs'][z]['rank']}] {seq['docs'][z]['title']}, p(z|x,y) = {post[z]:.2f})"
+        lean = sorted({seq["docs"][j]["rank"] for j in seq.get("top_docs") or [] if j != z})
+        tokens = (f"; token by token, some of its words lean on {', '.join(f'[{r}]' for r in lean)}, as its colours show"
+                  if lean else "")
+        carried = (f" (as a whole from [{seq['docs'][z]['rank']}] {seq['docs'][z]['title']}, p(z|x,y) = {post[z]:.2f}"
+                   f"{tokens})")
     sequence = (f" RAG-Sequence's “{ys}”{carried} scored {s_own}"
                 + (f" against {s_other} for “{yt}”" if s_other else f"; no passage's own search wrote “{yt}”")
                 + ", each passage's answer weighed whole.")
@@ -318,10 +335,15 @@ def render_without(result: dict | None) -> str:
     for m, x in result["modes"].items():
         drop = x["drop"]
         change = "-" if drop is None else f"{-drop:+.3f}"
+        cut = " (stopped)" if x.get("stopped") in ("cancelled", "time_limit") else ""
         rows.append(f'<tr data-mode="{m}"><td>{esc(MODE_TITLES[m])}</td><td>{esc(x["before"].strip() or "(empty)")}</td>'
-                    f'<td class="rag-without-new">{esc(x["after"].strip() or "(empty)")}</td>'
+                    f'<td class="rag-without-new">{esc((x["after"].strip() or "(empty)") + cut)}</td>'
                     f'<td class="rag-num rag-without-delta">{change}</td></tr>')
         top, most = x["top"], x["most"]
+        if top is None or most is None:  # the answers before are not ones this server computed for this visitor
+            notes.append(f"<li>{esc(MODE_TITLES[m])}: no numbers: the answer before was not computed here for "
+                         "this page (ask again, then take a passage away).</li>")
+            continue
         said = (f"the attribution's top passage [{top['rank']}] {esc(top['title'])} is also the one whose removal "
                 f"costs the answer most" if top["rank"] == most["rank"] else
                 f"the attribution's top passage is [{top['rank']}] {esc(top['title'])}, but taking away "

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rag_demo.config import MODE_COLOURS, MODE_TITLES
+from rag_demo.config import CUT_STOPS, MODE_COLOURS, MODE_TITLES
 
 MODE_FORMULAS = {
     "sequence": "p(y|x) = Σ_z p(z|x) Π_i p(y_i|x,z,y_<i)",
@@ -335,9 +335,10 @@ def render_confidence(a: dict) -> str:
     """The probability that this answer is right (Answer.confidence, rag_demo/confidence.py), or
     why there is none: a number only where a model was fitted for this stack, preset and mode."""
     p = a.get("confidence")
-    if a.get("stopped") in ("time_limit", "cancelled"):
+    if a.get("stopped") in CUT_STOPS:
+        by = {"max_new_tokens": " by max new tokens", "time_limit": " by the time limit", "cancelled": " by Stop"}
         return ('<div class="rag-confidence" data-confidence="" title="a cut answer\'s numbers describe a half-made '
-                'answer: no confidence is given">Confidence: cut, not rated</div>')
+                f'answer: no confidence is given">Confidence: cut{by[a["stopped"]]}, not rated</div>')
     q = a.get("confidence_model") or {}
     why = ("the probability that this answer is right, from its own numbers"
            + (f" ({', '.join(q['features'])})" if q.get("features") else "")

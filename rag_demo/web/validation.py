@@ -27,9 +27,9 @@ from typing import Any
 
 import gradio as gr
 
-from rag_demo.config import KNOBS, RagSettings, check_question
+from rag_demo.config import KNOBS, MODES, RagSettings, check_question
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, load_documents, supported_extensions
-from rag_demo.knowledge.corpus import check_passage_text
+from rag_demo.knowledge.corpus import check_passage_text, check_passage_title
 from rag_demo.serving.session import Session
 from rag_demo.web.inputs import NotFiles
 
@@ -55,13 +55,18 @@ def user_errors():
         raise refusal(str(e)) from e
 
 
-def unexpected(name: str, e: Exception) -> gr.Error:
-    """What a visitor sees of an exception no check foresaw: a short message with an id, never the
+def unexpected_message(name: str, e: BaseException) -> str:
+    """What a visitor reads of an exception no check foresaw: a short message with an id, never the
     exception's own text (it can hold paths or values); the log holds the traceback under that id."""
     ident = secrets.token_hex(4)
     log.error("/%s failed (error %s)", name, ident, exc_info=e)
-    err = gr.Error(f"Something went wrong on the server (error {ident}), not in what you sent: try again, and "
-                   "if it happens again, report the error id.")
+    return (f"Something went wrong on the server (error {ident}), not in what you sent: try again, and "
+            "if it happens again, report the error id.")
+
+
+def unexpected(name: str, e: Exception) -> gr.Error:
+    """`unexpected_message` as the page's error."""
+    err = gr.Error(unexpected_message(name, e))
     err.print_exception = False
     return err
 
@@ -118,6 +123,7 @@ def _short(value: Any, n: int = 60) -> str:
 _NUMBER = (int, float)
 # What the handlers that take the last answers back (/without_passage, /continue_mode) read of
 # each answer and of each of its passages: (key, type, what to send)
+MAX_SENT_TEXT = 4000  # an answer's text, a passage id or title as a client sends it back: longer is not ours
 ANSWER_FIELDS = (("text", str, "its text"), ("corpus", str, "its corpus's name"), ("docs", list, "a list of passages"))
 DOC_FIELDS = (("id", str, "the passage id, a string"), ("rank", int, "its rank, a whole number"),
               ("title", str, "its title, a string"), ("text", str, "its text, a string"),
@@ -140,13 +146,21 @@ def check_last_answers(raw: Any, name: str = "raw") -> dict:
         return value
 
     need(raw, name, dict, "a dict")
-    need(raw.get("question"), f'{name}["question"]', str, "the question, a string")
+    check_question(need(raw.get("question"), f'{name}["question"]', str, "the question, a string"))
     need(raw.get("settings"), f'{name}["settings"]', dict, "the settings, a dict")
-    for mode, a in need(raw.get("answers"), f'{name}["answers"]', dict, "a dict of answers by mode").items():
+    unknown = sorted(set(need(raw.get("answers"), f'{name}["answers"]', dict, "a dict of answers by mode"))
+                     - set(MODES))
+    if unknown:
+        raise ValueError(f'{name}["answers"] holds unknown modes {unknown}: send /ask\'s answers for '
+                         f"{', '.join(MODES)}.")
+    for mode, a in raw["answers"].items():
         at = f'{name}["answers"][{mode!r}]'
         need(a, at, dict, "an answer, a dict")
         for key, kind, want in ANSWER_FIELDS:
             need(a.get(key), f'{at}["{key}"]', kind, want)
+        if len(a["text"]) > MAX_SENT_TEXT:
+            raise ValueError(f'{at}["text"] holds {len(a["text"])} characters, more than an answer has '
+                             f"({MAX_SENT_TEXT}): send the text /ask returned, as in {whole}.")
         most = int(KNOBS["k"].hi)
         if len(a["docs"]) > most:
             raise ValueError(f'{at}["docs"] holds {len(a["docs"])} passages, more than K can be ({most}): send the '
@@ -163,6 +177,14 @@ def check_last_answers(raw: Any, name: str = "raw") -> dict:
             need(d, f'{at}["docs"][{i}]', dict, "a passage, a dict")
             for key, kind, want in DOC_FIELDS:
                 need(d.get(key), f'{at}["docs"][{i}]["{key}"]', kind, want)
+            if len(d["id"]) > MAX_SENT_TEXT or len(d["title"]) > MAX_SENT_TEXT:
+                raise ValueError(f'{at}["docs"][{i}] has an id or title of over {MAX_SENT_TEXT} characters: send '
+                                 f"the passages /ask returned, as in {whole}.")
+    try:
+        RagSettings(preset=raw["settings"].get("preset", "aided"),
+                    **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+    except ValueError as e:
+        raise ValueError(f'{name}["settings"]: {e}') from None
     return raw
 
 
@@ -199,6 +221,8 @@ def _valid(check: Callable[[], Any]) -> dict:
         check()
     except (ValueError, TypeError) as e:
         return gr.validate(False, str(e))
+    except Exception as e:  # noqa: BLE001 - a check no one foresaw failing (a PDF library's error): an id, logged
+        return gr.validate(False, unexpected_message("validate", e))
     return gr.validate(True, "")
 
 
@@ -247,7 +271,8 @@ def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fi
     checks = dict(zip(settings, _validate_settings(settings), strict=True))
     out = [_valid(lambda: check_passage_chosen(pid, sess)), _valid(lambda: check_passage_text(str(pid), new_text)),
            _valid(lambda: check_question(question)), gr.validate(True, ""),
-           *(checks.get(n, gr.validate(True, "")) for n in fields)]
+           *(checks.get(n, _valid(lambda: check_passage_title(str(pid), fields[n])) if n == "new_title" else
+                        gr.validate(True, "")) for n in fields)]
     return _refusal(out, question, settings, s, refuse, 2)
 
 
