@@ -75,6 +75,8 @@ def test_two_states_in_one_forward_give_what_each_gets_alone(smollm_tokenizer_fo
     gen = _gen(smollm_tokenizer_folder)
     s = RagSettings(preset="paper", answer_style="short")
     (lp_a, st_a), (lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    # the two questions open alike: their caches hold the same opening tensors, read once for both
+    assert st_a.cache.layers[0].prefix_k is st_b.cache.layers[0].prefix_k
     alone_a, alone_b = gen.select(st_a, torch.arange(3)), gen.select(st_b, torch.arange(4))
     tok_a, tok_b = lp_a.argmax(-1, keepdim=True), lp_b.argmax(-1, keepdim=True)  # (R, 1)
     for _ in range(5):

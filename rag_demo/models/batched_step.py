@@ -3,8 +3,9 @@ attending only to its own state's keys and values (docs/DESIGN.md §5a).
 
 A decoding step of SmolLM2-135M reads every weight whatever the number of rows, so the rows of
 every visitor waiting for a step go through the linear layers (projections, MLP) as one matrix;
-attention, the only part that reads a state's cache, runs per state over its own
-(`kv_cache.shared_prefix_attention`: its shared opening and its own positions). With one state it
+attention, the only part that reads a state's cache, runs per state over its own positions, and
+over the shared opening once for every state that opens with the same one
+(`kv_cache.prefix_group_attention`). With one state it
 is the model's own forward, layer for layer; the generator runs every step through it, so a row's
 numbers do not depend on which other rows share its step beyond the summation order of the
 matrix products.
@@ -20,7 +21,9 @@ from typing import Sequence
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rag_demo.models.kv_cache import shared_prefix_attention
+from rag_demo.models.kv_cache import (
+    EAGER_MAX_QUERIES, SharedPrefixLayer, prefix_group_attention, shared_prefix_attention,
+)
 
 
 def step_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
@@ -56,13 +59,24 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
         k = attn.k_proj(x).view(shape).transpose(1, 2)  # (N, kv heads, L, d)
         v = attn.v_proj(x).view(shape).transpose(1, 2)  # (N, kv heads, L, d)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        outs = []
+        outs: list = [None] * len(caches)
+        groups: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # prefix tensor -> its states
         for i, cache in enumerate(caches):
             a, b = bounds[i], bounds[i + 1]
             keys, values = cache.update(k[a:b], v[a:b], attn.layer_idx)  # (R_i, kv heads, n, d)
-            out, _ = shared_prefix_attention(attn, q[a:b], keys, values, attn_masks[i], scaling=attn.scaling,
-                                             prefix_cache=cache)  # (R_i, L, heads, d)
-            outs.append(out)
+            layer_i = cache.layers[attn.layer_idx]
+            if isinstance(layer_i, SharedPrefixLayer) and L <= EAGER_MAX_QUERIES:
+                groups.setdefault(id(layer_i.prefix_k), []).append((i, keys, values))
+            else:
+                outs[i], _ = shared_prefix_attention(attn, q[a:b], keys, values, attn_masks[i], scaling=attn.scaling,
+                                                     prefix_cache=cache)  # (R_i, L, heads, d)
+        for members in groups.values():  # the states that open with the same prefix: its scores at once
+            first = caches[members[0][0]].layers[attn.layer_idx]
+            got = prefix_group_attention(first, [q[bounds[i]: bounds[i + 1]] for i, _, _ in members],
+                                         [kk for _, kk, _ in members], [vv for _, _, vv in members],
+                                         [attn_masks[i] for i, _, _ in members], attn.scaling)
+            for (i, _, _), out in zip(members, got):
+                outs[i] = out  # (R_i, L, heads, d)
         a_out = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(N, L, -1)  # (N, L, heads·d)
         hidden = hidden + attn.o_proj(a_out)  # (N, L, H)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (N, L, H)

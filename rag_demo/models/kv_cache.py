@@ -178,25 +178,84 @@ def shared_prefix_attention(module, query: torch.Tensor, key: torch.Tensor, valu
         full_v = torch.cat([layer.prefix_v.expand(R, -1, -1, -1), value], dim=2)  # (R, Hkv, P+n, d)
         return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    return prefix_group_attention(layer, [query], [key], [value], [attention_mask], scaling)[0], None
+
+
+def prefix_group_attention(layer: "SharedPrefixLayer", queries: list[torch.Tensor], keys: list[torch.Tensor],
+                           values: list[torch.Tensor], masks: list, scaling: float | None = None) -> list[torch.Tensor]:
+    """`shared_prefix_attention`'s eager path for several states whose caches open with the same
+    prefix tensors (`layer`'s, held once: OpeningKV hands every question with that opening the same
+    ones): the prefix's scores and its share of the output for every state's rows from one matmul
+    per kv head, the rows' own positions per state, one softmax per row over both, exact.
+
+        out_i = softmax_j(q·k_j · scaling) v_j,   j in [prefix (P), state i's own (n_i)]
+
+    queries[i] (R_i, H, L, d), keys[i] / values[i] (R_i, Hkv, n_i, d), masks[i] (R_i|1, 1, L, P+n_i)
+    or None -> [(R_i, L, H, d)]."""
     pk, pv = layer.prefix_k[0], layer.prefix_v[0]  # (Hkv, P, d)
-    Hkv, P, n = pk.shape[0], pk.shape[1], key.shape[2]
+    Hkv, P = pk.shape[0], pk.shape[1]
+    _, H, L, d = queries[0].shape
     g = H // Hkv
     scaling = d ** -0.5 if scaling is None else scaling
-    q = (query * scaling).reshape(R, Hkv, g * L, d)  # (R, Hkv, gL, d): query head h reads kv head h // g
-    qp = q.transpose(0, 1).reshape(Hkv, R * g * L, d)  # (Hkv, R·gL, d)
-    s_pre = torch.bmm(qp, pk.transpose(1, 2)).view(Hkv, R, g * L, P).transpose(0, 1)  # (R, Hkv, gL, P)
-    s_own = torch.matmul(q, key.transpose(2, 3)).view(R, Hkv, g, L, n)  # (R, Hkv, g, L, n)
-    if attention_mask is not None:
-        m = attention_mask[..., -n:].unsqueeze(2)  # (R|1, 1, 1, L, n)
-        s_own = s_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s_own + m
-    elif L > 1:  # no mask given: causal within the rows' own positions (query i sits at n - L + i)
-        s_own = s_own.masked_fill(~torch.ones(L, n, dtype=torch.bool).tril(n - L), float("-inf"))  # (L, n)
-    scores = torch.cat([s_pre, s_own.view(R, Hkv, g * L, n)], dim=-1)  # (R, Hkv, gL, P+n)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # (R, Hkv, gL, P+n)
-    pp = probs[..., :P].transpose(0, 1).reshape(Hkv, R * g * L, P)  # (Hkv, R·gL, P)
-    out = torch.bmm(pp, pv).view(Hkv, R, g * L, d).transpose(0, 1)  # (R, Hkv, gL, d)
-    out = out + torch.matmul(probs[..., P:], value)  # (R, Hkv, gL, d)
-    return out.reshape(R, H, L, d).transpose(1, 2).contiguous(), None  # (R, L, H, d)
+    qs = [(q * scaling).reshape(q.shape[0], Hkv, g * L, d) for q in queries]  # (R_i, Hkv, gL, d): head h reads h // g
+    sizes = [q.shape[0] for q in qs]
+    N = sum(sizes)
+    q_all = qs[0] if len(qs) == 1 else torch.cat(qs)  # (N, Hkv, gL, d)
+    qp = q_all.transpose(0, 1).reshape(Hkv, N * g * L, d)  # (Hkv, N·gL, d)
+    s_pre = torch.bmm(qp, pk.transpose(1, 2)).view(Hkv, N, g * L, P).transpose(0, 1)  # (N, Hkv, gL, P)
+    if len(qs) > 1 and L == 1:  # decoding steps: every state's own positions padded into one batch
+        return _padded_own(qs, keys, values, masks, s_pre, pv, sizes, H, d)
+    own_out, pre_probs, at = [], [], 0
+    for q, key, value, mask, R in zip(qs, keys, values, masks, sizes):
+        n = key.shape[2]
+        s_own = torch.matmul(q, key.transpose(2, 3)).view(R, Hkv, g, L, n)  # (R, Hkv, g, L, n)
+        if mask is not None:
+            m = mask[..., -n:].unsqueeze(2)  # (R|1, 1, 1, L, n)
+            s_own = s_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s_own + m
+        elif L > 1:  # no mask given: causal within the rows' own positions (query i sits at n - L + i)
+            s_own = s_own.masked_fill(~torch.ones(L, n, dtype=torch.bool).tril(n - L), float("-inf"))  # (L, n)
+        scores = torch.cat([s_pre[at: at + R], s_own.view(R, Hkv, g * L, n)], dim=-1)  # (R, Hkv, gL, P+n)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # (R, Hkv, gL, P+n)
+        pre_probs.append(probs[..., :P])  # (R, Hkv, gL, P)
+        own_out.append(torch.matmul(probs[..., P:], value))  # (R, Hkv, gL, d)
+        at += R
+    pp = (pre_probs[0] if len(pre_probs) == 1 else torch.cat(pre_probs)).transpose(0, 1).reshape(Hkv, N * g * L, P)
+    out_pre = torch.bmm(pp, pv).view(Hkv, N, g * L, d).transpose(0, 1)  # (N, Hkv, gL, d)
+    out, at = [], 0
+    for o, R in zip(own_out, sizes):
+        both = out_pre[at: at + R] + o  # (R, Hkv, gL, d)
+        out.append(both.reshape(R, H, L, d).transpose(1, 2).contiguous())  # (R, L, H, d)
+        at += R
+    return out
+
+
+def _padded_own(qs, keys, values, masks, s_pre, pv, sizes, H, d) -> list[torch.Tensor]:
+    """`prefix_group_attention` at one query a row (a decoding step) for several states: their own
+    keys and values copied into one zero-padded batch (N, Hkv, n_max, d), the padding masked out,
+    so the rows' own scores, the softmax and the values' product are one call each, not one per
+    state. Padding adds exact zeros to every sum: the same numbers up to summation order."""
+    Hkv, P = pv.shape[0], pv.shape[1]
+    gL = qs[0].shape[2]
+    N, n_max = sum(sizes), max(k.shape[2] for k in keys)
+    k_all = keys[0].new_zeros((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
+    v_all = values[0].new_zeros((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
+    seen = torch.zeros((N, 1, 1, n_max), dtype=torch.bool)  # (N, 1, 1, n_max) real, unmasked positions
+    at = 0
+    for key, value, mask, R in zip(keys, values, masks, sizes):
+        n = key.shape[2]
+        k_all[at: at + R, :, :n] = key
+        v_all[at: at + R, :, :n] = value
+        seen[at: at + R, ..., :n] = True if mask is None else mask[..., -n:].reshape(-1, 1, 1, n)[:, :, :, :n]
+        at += R
+    q_all = torch.cat(qs)  # (N, Hkv, gL, d)
+    s_own = torch.matmul(q_all, k_all.transpose(2, 3)).masked_fill(~seen, float("-inf"))  # (N, Hkv, gL, n_max)
+    scores = torch.cat([s_pre, s_own], dim=-1)  # (N, Hkv, gL, P+n_max)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_all.dtype)  # (N, Hkv, gL, P+n_max)
+    pp = probs[..., :P].transpose(0, 1).reshape(Hkv, N * gL, P)  # (Hkv, N·gL, P)
+    out = torch.bmm(pp, pv).view(Hkv, N, gL, d).transpose(0, 1)  # (N, Hkv, gL, d)
+    out = out + torch.matmul(probs[..., P:], v_all)  # (N, Hkv, gL, d)
+    both = out.reshape(N, H, 1, d).transpose(1, 2).contiguous()  # (N, 1, H, d)
+    return list(both.split(sizes))
 
 
 SHARED_PREFIX_ATTENTION = "rag_shared_prefix"

@@ -62,6 +62,17 @@ class OpeningKV:
 
     def shared(self, opening: tuple[int, ...]) -> GrowingCache:
         """An empty R-row cache over `opening`'s keys and values, held once for all rows
-        (SharedPrefixLayer: not a copy in each row; each row's cache holds its own positions only)."""
-        one = self.one(opening)  # (1, heads, P, d) per layer
+        (SharedPrefixLayer: not a copy in each row; each row's cache holds its own positions only).
+        An opening kept whole is handed out as it is kept (a SharedPrefixLayer never writes its
+        prefix), so every question with that opening reads the same tensors: one copy in memory,
+        and a batched step reads them once for all of those questions (batched_step.py)."""
+        with self._lock:
+            kept = next((kv for key, kv in self.kept if key == opening), None)
+            if kept is not None:  # the most recent last, as `one` keeps them
+                self.kept = [(k, v) for k, v in self.kept if k != opening] + [(opening, kept)]
+        if kept is None:  # computed (and kept) now: the kept copy is the one every later question reads
+            one = self.one(opening)  # (1, heads, P, d) per layer
+            with self._lock:
+                kept = next((kv for key, kv in self.kept if key == opening), None)
+        one = kept if kept is not None else one
         return GrowingCache([SharedPrefixLayer(layer.keys, layer.values) for layer in one.layers])

@@ -31,6 +31,7 @@ from rag_demo.models.encoder_decoder import EncoderDecoderGenerator
 from rag_demo.models.generators import Generator
 from rag_demo.models.kernels import onednn_linear
 from rag_demo.models.machine import cpu_has_native_bf16
+from rag_demo.models.weights import Weights, trained_sha256
 from rag_demo.models.trained import (
     ADAPTER_DIR, MAP_FILE, TRAINED_DIR, MappedQuestionEncoder, QuestionMap, adapter_targets, merge_adapter, read_meta,
     share_untouched,
@@ -72,6 +73,7 @@ class LoadedStack:
     modes: dict[str, ModeModels]  # keys: "token", "sequence", "closed-book"
     load_seconds: float
     trained_dir: Path = TRAINED_DIR  # where weights="trained" comes from (models/trained.py)
+    weights: Weights | None = None  # where the generator's weights came from (models/weights.py)
     _trained: dict[str, ModeModels] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -140,6 +142,16 @@ def smollm_location(spec: StackSpec) -> tuple[str, str | None]:
     return SMOLLM_HUB_ID, None
 
 
+def smollm_source(spec: StackSpec, trained_dir: Path | None = None) -> Weights:
+    """Where SmolLM2's weights come from under `spec` (`smollm_location`): the GGUF file and its
+    fingerprint, a folder, or the Hub id; with the trained delta's hash from `trained_dir`."""
+    where, gguf = smollm_location(spec)
+    delta = trained_sha256(trained_dir) if trained_dir is not None else None
+    if gguf is not None:
+        return Weights("gguf", gguf, gguf_fingerprint(Path(where) / gguf), trained_sha256=delta)
+    return Weights("folder" if Path(where).is_dir() else "hub", where, trained_sha256=delta)
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     """StackSpec.generator_dtype / passage_dtype -> a torch dtype ("auto": bfloat16 only with native support)."""
     if name == "auto":
@@ -149,7 +161,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def _gguf_fingerprint(path: Path) -> str:
+def gguf_fingerprint(path: Path) -> str:
     """Size + SHA-256 of the first and last MiB: names the converted copy of one GGUF file."""
     size = path.stat().st_size
     h = hashlib.sha256(str(size).encode())
@@ -162,7 +174,7 @@ def _gguf_fingerprint(path: Path) -> str:
 
 def converted_smollm_dir(spec: StackSpec, gguf_path: Path) -> Path:
     """Where the float32 transformers copy of the GGUF model is cached."""
-    return Path(spec.cache_dir) / "models" / f"smollm2-135m-instruct-{_gguf_fingerprint(gguf_path)}"
+    return Path(spec.cache_dir) / "models" / f"smollm2-135m-instruct-{gguf_fingerprint(gguf_path)}"
 
 
 def _save_converted(model, tok, folder: Path) -> None:
@@ -320,7 +332,8 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
         gen = load_smollm(spec, progress)
         mm = ModeModels(enc, gen, MINILM_SCORE_SCALE, MINILM_DOUBT_BELOW)
         modes = {"token": mm, "sequence": mm, "closed-book": mm}
-        return LoadedStack(spec, enc, modes, time.perf_counter() - t0, Path(spec.trained_dir or TRAINED_DIR))
+        trained = Path(spec.trained_dir or TRAINED_DIR)
+        return LoadedStack(spec, enc, modes, time.perf_counter() - t0, trained, smollm_source(spec, trained))
     _say(progress, f"Loading context encoder {spec.ctx_encoder} ...")
     ctx = DPRPassageEncoder.from_pretrained(resolve_pretrained(spec.ctx_encoder, "DPR context encoder"),
                                             passage_dtype=resolve_dtype(spec.passage_dtype))
@@ -329,4 +342,6 @@ def load_stack(spec: StackSpec, progress: Progress | None = None) -> LoadedStack
     _say(progress, f"Loading {spec.rag_sequence} ...")
     sq, sg = load_rag_checkpoint(spec.rag_sequence, "sequence")
     modes = {"token": ModeModels(tq, tg), "sequence": ModeModels(sq, sg), "closed-book": ModeModels(tq, tg)}
-    return LoadedStack(spec, ctx, modes, time.perf_counter() - t0)
+    revision = getattr(getattr(tg.model, "config", None), "_commit_hash", None)
+    return LoadedStack(spec, ctx, modes, time.perf_counter() - t0,
+                       weights=Weights("hub", f"{spec.rag_token}, {spec.rag_sequence}", revision=revision, stack="paper"))

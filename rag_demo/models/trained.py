@@ -1,5 +1,6 @@
-"""The trained weights: a question tower on top of the frozen retriever, and LoRA adapters on the
-generator, as `python -m rag_demo train` writes them (docs/DESIGN.md §12).
+"""The trained weights: a question tower on top of the frozen retriever, and the generator's change
+in peft's LoRA format (a full fine-tune's rank-32 approximation today: docs/results.md §7), as
+`python -m rag_demo train` writes them (docs/DESIGN.md §12).
 
 What ships is small: the generator's change as a rank-32 LoRA adapter (peft's two files; a
 question map, one D x D matrix, when the retriever stage was trained: none ships today), with

@@ -180,6 +180,10 @@ class PipelinePool:
                 secs = warm(lambda msg: report(None, msg))
                 report(None, f"Warmed up in {secs:.1f} s")
             self._pipes[stack] = pipe
+            weights = getattr(getattr(pipe, "stack", None), "weights", None)
+            if weights is not None:  # which file answers, said once at start (models/weights.py)
+                _log(f"the {stack} stack's generator weights: {weights.describe()}"
+                     + ("" if weights.measured else f" (NOT the measured ones: {weights.warning()})"))
             report(1.0, f"The {stack} stack is ready ({time.perf_counter() - t0:.1f} s)")
             build = getattr(pipe, "index_build", None)
             if build is not None:  # answering with BM25 until its dense index is complete

@@ -85,7 +85,15 @@ def answering(pipe: Any, question: str, settings: RagSettings, progress=None, *,
         finally:
             memory.trim()  # give the request's freed buffers back to the OS (rag_demo/serving/memory.py)
     yield "done", ({"question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
-                    "settings": settings.to_dict(), "answers": {m: answers[m] for m in MODES if m in answers}}, s)
+                    "weights": weights_of(pipe), "settings": settings.to_dict(),
+                    "answers": {m: answers[m] for m in MODES if m in answers}}, s)
+
+
+def weights_of(pipe: Any) -> dict | None:
+    """Which weights answered (models/weights.Weights as a dict: the GGUF file and fingerprint or the
+    Hub id, the trained delta's hash, whether they are the measured ones); None where unknown."""
+    w = getattr(pipe.stack, "weights", None)
+    return w.to_dict() if w is not None else None
 
 
 def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, **kw) -> tuple[dict, Session | None]:

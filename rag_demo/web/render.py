@@ -382,6 +382,14 @@ def trained_parts(meta_path: Path = TRAINED_META) -> str:
     files = meta.get("files", {})
     parts = [name for name, there in (("the question map", any(f.startswith("question_map") for f in files)),
                                       ("the generator", any(f.startswith("adapter/") for f in files))) if there]
+    stored = (meta.get("stages", {}).get("reader") or {}).get("stored") or {}
+    lost = stored.get("heldout_loss") or {}
+    shipped = next((v for k, v in lost.items() if "shipped" in k), None)
+    if stored.get("tune") == "full" and stored.get("rank") and shipped is not None and "trained" in lost:
+        # a full fine-tune ships as its best low-rank approximation: say what that costs
+        parts = [p if p != "the generator" else
+                 (f"the generator, as a rank-{stored['rank']} approximation of its full fine-tune (held-out loss "
+                  f"{shipped:.3f} against {lost['trained']:.3f} as trained)") for p in parts]
     return " and ".join(parts) or "nothing yet: python -m rag_demo train"
 
 

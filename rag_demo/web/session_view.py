@@ -52,11 +52,15 @@ def render_status(pool: PipelinePool, s: Session, pipe: Any | None = None, note:
     index = active_index(s, pipe) if s.stack == pipe.stack.name else pipe.index
     edits = f'<span class="rag-tag">{plural(len(s.edits), "passage")} edited in your copy</span>' if s.edits else ""
     building = retrieval_note(pipe) if index is pipe.index else ""
+    w = getattr(pipe.stack, "weights", None)
+    weights = "" if w is None else (
+        f' · <span class="rag-weights" data-measured="{str(w.measured).lower()}">weights {esc(w.describe())}</span>'
+        + (f'<div class="rag-status-note rag-weights-warning">{esc(w.warning())}</div>' if w.warning() else ""))
     return (
         f'<div class="rag-status" data-stack="{esc(pipe.stack.name)}" data-corpus="{esc(index.corpus.name)}" '
         f'data-retriever="{"bm25" if building else "dense"}">'
         f"Live: stack <b>{esc(pipe.stack.describe())}</b> · corpus <b>{esc(index.corpus.name)}</b> "
-        f"({plural(len(index.corpus), 'passage')}){edits}{building}{note_html}</div>"
+        f"({plural(len(index.corpus), 'passage')}){weights}{edits}{building}{note_html}</div>"
     )
 
 
