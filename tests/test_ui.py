@@ -918,7 +918,11 @@ def test_named_endpoints_are_listed(app):
 @pytest.mark.slow
 def test_ask_endpoint_returns_three_answers(app, small_pipe):
     r = client(app[1]).predict("Who painted The Starry Night?", 2, 1, 8, "thorough", "offline", api_name="/ask")
-    assert set(r) == {"question", "stack", "corpus", "settings", "answers"}
+    assert set(r) == {"question", "stack", "corpus", "weights", "settings", "answers"}
+    from rag_demo.models.weights import MEASURED_GGUF
+
+    assert r["weights"]["generator"] == "gguf" and r["weights"]["fingerprint"] == MEASURED_GGUF  # which weights answered
+    assert r["weights"]["measured"] is True and r["weights"]["trained_sha256"]
     assert r["question"] == "Who painted The Starry Night?" and r["stack"] == "offline" and r["corpus"] == "Test corpus"
     assert r["settings"]["k"] == 2 and r["settings"]["max_new_tokens"] == 8
     assert set(r["answers"]) == {"sequence", "token", "closed-book"}

@@ -1,0 +1,76 @@
+"""Where a class's time goes, in one process: N visitors answer N different questions at once at the
+page's defaults through one StepScheduler, after a few questions alone; prints each kind of model
+call the scheduler ran (how many, seconds, visitors and rows a call) and the wall time, beside the
+same for the questions alone. No web server: the model's share of a class wave (scripts/load.py
+--class measures the app).
+
+    .venv/bin/python scripts/class_calls.py --visitors 20 --alone 3
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def by_call(stats) -> dict[str, tuple[int, float, float, float]]:
+    """{what: (calls, seconds, visitors a call, rows a call)} of the scheduler's BatchStats."""
+    acc = collections.defaultdict(lambda: [0, 0.0, 0, 0])
+    for b in stats:
+        a = acc[b.what]
+        a[0] += 1
+        a[1] += b.seconds
+        a[2] += b.members
+        a[3] += b.rows
+    return {k: (n, round(s, 2), round(m / n, 1), round(r / n, 1)) for k, (n, s, m, r) in acc.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from load import class_questions
+
+    from rag_demo.config import MODES, RagSettings
+    from rag_demo.models.machine import cpu_name
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.runs import Run
+    from rag_demo.serving.scheduler import StepScheduler
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--visitors", type=int, default=20)
+    ap.add_argument("--alone", type=int, default=3)
+    a = ap.parse_args(argv)
+    pipe = RagPipeline.load()
+    pipe.warm_up()
+    qs, s = class_questions(a.visitors + a.alone), RagSettings(preset="aided")
+    sched = StepScheduler()
+    sched.recent = collections.deque(maxlen=1_000_000)
+    alone = []
+    for q in qs[a.visitors:]:
+        t0 = time.perf_counter()
+        pipe.answers(q, list(MODES), s, Run(share=lambda g: sched.gated(g)))
+        alone.append(time.perf_counter() - t0)
+    print(f"{cpu_name()}: {len(alone)} questions alone, {sum(alone):.1f} s; calls {by_call(sched.recent)}")
+    sched.recent.clear()
+    threads = [threading.Thread(target=lambda q=q: pipe.answers(q, list(MODES), s, Run(share=lambda g: sched.gated(g))))
+               for q in qs[: a.visitors]]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    calls = by_call(sched.recent)
+    print(f"{a.visitors} visitors at once: {wall:.1f} s wall, the model busy {sum(c[1] for c in calls.values()):.1f} s; "
+          f"calls {calls}; serial estimate {a.visitors * sum(alone) / len(alone):.1f} s "
+          f"({a.visitors * sum(alone) / len(alone) / wall:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
