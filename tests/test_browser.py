@@ -35,7 +35,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS_FILES = [FIXTURES / "seurat.txt", FIXTURES / "paintings.csv", FIXTURES / "planets.jsonl"]
 LOAD_TIMEOUT_MS = 240_000  # models load in ~20-90 s on 2 busy cores
 ANSWER_TIMEOUT_MS = 180_000
-HOLD = SHOTS.parent / "hold-decoding"  # while it exists, the module's app holds decoding (TEST_HOLD_ENV)
+HOLD = SHOTS.parent / "hold-decoding"  # while it exists, the module's app slows decoding (TEST_HOLD_ENV)
 
 pytestmark = pytest.mark.slow
 
@@ -662,7 +662,7 @@ def test_asking_again_while_a_question_runs_ends_with_the_second_questions_answe
     small_settings(page, k=2, max_new=32)
     box = page.locator("#rag-question textarea, #rag-question input").first
     fill_kept(page, box, "What is Mars?")
-    HOLD.touch()  # the first question is held after its first token until the second one supersedes it
+    HOLD.touch()  # the first question is slowed after its first token: still running when the second comes
     try:
         page.click("#rag-ask")
         page.locator('.rag-card-partial:not([data-partial="waiting"]):not([data-partial="0"])').first.wait_for(
@@ -688,11 +688,11 @@ def test_a_stopped_card_says_so_and_can_be_answered_in_full(page, server):
     small_settings(page, k=2, max_new=32)
     box = page.locator("#rag-question textarea, #rag-question input").first
     fill_kept(page, box, "What is The Starry Night?")
-    HOLD.touch()  # decoding waits after each mode's first token until the request is stopped: any CPU
+    HOLD.touch()  # each decoding step after a mode's first waits 0.3 s: still running when Stop comes, on any CPU
     try:
         page.click("#rag-ask")
         page.locator("#rag-stop").wait_for(state="visible", timeout=ANSWER_TIMEOUT_MS)
-        # the first streamed token: the answer is running, and held there until Stop
+        # the first streamed token: the answer is running, slowed until Stop
         page.locator('.rag-card-partial:not([data-partial="waiting"]):not([data-partial="0"])').first.wait_for(
             timeout=ANSWER_TIMEOUT_MS)
         page.click("#rag-stop")

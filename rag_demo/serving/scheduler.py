@@ -38,8 +38,11 @@ MAX_BATCH_ROWS = 200
 # bookkeeping takes a few milliseconds each, one at a time (Python's lock).
 GATHER_S = 0.02
 # Tests only: while the file this names exists, every decoding step after a mode's first waits
-# until its request is cancelled, so a browser test can press Stop mid-answer on any CPU.
+# TEST_HOLD_S first (less once its request is stopped), so an answer streams its first tokens and
+# is still running when a browser test presses Stop, on any CPU (a step that waited until Stop
+# would leave its first token unstreamed: the page's updates are throttled, not timed).
 TEST_HOLD_ENV = "RAG_DEMO_TEST_HOLD_DECODING"
+TEST_HOLD_S = 0.3
 
 
 class WaitClock:
@@ -104,7 +107,7 @@ class StepScheduler:
     _expected: set = field(default_factory=set)  # streams of the last batch that have not come back
     _last_end: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # BatchStat of recent calls
-    # tests only (TEST_HOLD_ENV): the file whose existence holds decoding after a mode's first step
+    # tests only (TEST_HOLD_ENV): the file whose existence slows decoding after a mode's first step
     hold: str | None = field(default_factory=lambda: os.environ.get(TEST_HOLD_ENV) or None)
 
     def __post_init__(self) -> None:
@@ -172,9 +175,11 @@ class StepScheduler:
         return WaitClock()
 
     def held(self, cancelled) -> None:
-        """Tests only: wait while the `hold` file exists, until `cancelled()` says the request was
-        stopped (checked every 50 ms)."""
-        while self.hold and os.path.exists(self.hold) and not (cancelled is not None and cancelled()):
+        """Tests only: while the `hold` file exists, wait TEST_HOLD_S before this step, less once
+        `cancelled()` says the request was stopped (checked every 50 ms)."""
+        end = time.monotonic() + TEST_HOLD_S
+        while (self.hold and os.path.exists(self.hold) and time.monotonic() < end
+               and not (cancelled is not None and cancelled())):
             with self._cv:
                 self._cv.wait(0.05)
 
