@@ -135,7 +135,8 @@ class ConfidenceModel:
         return self.models.get(self.key(stack, preset, mode))
 
     def quoted(self, stack: str, preset: str, mode: str) -> dict | None:
-        """What a card says of its confidence: how many questions it was fitted on (calibrate split),
+        """What a card says of its confidence: how many questions its own model (this preset and mode)
+        was fitted on (calibrate split),
         and on how many others (report split) its cue's precision and recall, its AUROC and its
         largest reliability gap were measured (measure/calibration.py); None when not reported."""
         if self.model_for(stack, preset, mode) is None:
@@ -143,7 +144,9 @@ class ConfidenceModel:
         got = next((r for r in self.about.get("report", []) if r["preset"] == preset and r["mode"] == mode), None)
         if got is None:
             return None
-        return {"fitted_questions": self.about.get("fitted_questions"), "questions": got["questions"],
+        fit = next((r for r in self.about.get("fitted", []) if r["preset"] == preset and r["mode"] == mode), None)
+        return {"fitted_questions": fit["questions"] if fit else self.about.get("fitted_questions"),
+                "questions": got["questions"],
                 "precision": got["precision"], "recall": got["recall"], "auroc": got["auroc"],
                 "max_gap": got.get("max_gap"), "features": list(self.model_for(stack, preset, mode).features)}
 

@@ -65,3 +65,19 @@ def test_the_model_is_a_logistic_regression_and_its_cue_fires_below_the_threshol
     with pytest.raises(ValueError, match="not a confidence model file"):
         cf.load_model(tmp_path / "bad.json")
 
+
+
+def test_each_card_quotes_what_its_own_model_was_fitted_on():
+    """The trained preset's models were fitted on fewer calibrate questions than the aided ones: each
+    card's tooltip quotes its own preset and mode's count and the settings the fit covers."""
+    from rag_demo.web.render import render_confidence
+
+    model = cf.load_model()
+    about = {(r["preset"], r["mode"]): r["questions"] for r in model.about["fitted"]}
+    for preset in ("aided", "trained"):
+        q = model.quoted("offline", preset, "token")
+        assert q["fitted_questions"] == about[(preset, "token")]
+        shown = render_confidence({"stopped": "eos", "confidence": 0.5, "cues": [], "confidence_model": q})
+        assert f"fitted on {about[(preset, 'token')]} questions of this preset and mode" in shown
+        assert "at K 5" in shown
+    assert about[("trained", "token")] != about[("aided", "token")]

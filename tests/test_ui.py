@@ -358,9 +358,10 @@ def test_pool_reports_a_failed_load_and_can_retry():
         return FakePipe(stack)
 
     pool = PipelinePool(factory, unavailable=fake_unavailable)
-    with pytest.raises(ValueError, match="could not be loaded: OSError: disk on fire"):
+    with pytest.raises(ValueError, match=r"could not be loaded: an unexpected error on the server \(error [0-9a-f]{8}"):
         pool.get("offline")
-    assert "disk on fire" in session_view.render_status(pool, Session())
+    shown = session_view.render_status(pool, Session())
+    assert "Could not load" in shown and "disk on fire" not in shown  # never the exception's own text
     assert pool.get("offline").stack.name == "offline"
 
 
@@ -1014,7 +1015,7 @@ def test_ask_is_an_mcp_tool_an_agent_can_list_and_call(app):
     # warning, which it gives for the page's own endpoints too
     import gradio as gr
 
-    listed = [f for f in app[0].fns.values() if f.api_name and getattr(f.fn, "_mcp_type", "tool") == "tool"]
+    listed = [f for f in app[0].fns.values() if getattr(f.fn, "_mcp_type", None) == "tool"]
     assert len(listed) >= 2, [f.api_name for f in listed]  # the two tools' endpoints
     assert not [f.api_name for f in listed if any(isinstance(i, gr.State) for i in f.inputs)]
     assert "ask" in tools and "Answer one question with RAG-Sequence, RAG-Token and closed-book" in tools["ask"].description
@@ -1331,14 +1332,15 @@ def test_unavailable_stack_is_refused_without_hanging(app):
 
 
 @pytest.mark.slow
-def test_model_group_runs_two_at_a_time_with_one_shared_gate(app):
+def test_model_group_runs_a_class_at_a_time_with_one_shared_scheduler(app):
     demo = app[0]
     assert demo._queue.max_size == page.QUEUE_MAX_SIZE
     model_fns = [f for f in demo.fns.values() if f.name in ("ask_session", "upload", "edit_passage", "ask",
                                                             "choose_corpus")]
     assert len(model_fns) >= 5
     assert {f.concurrency_id for f in model_fns} == {"model"}
-    assert {f.concurrency_limit for f in model_fns} == {page.MODEL_CONCURRENCY} and page.MODEL_CONCURRENCY == 2
+    # a class's questions in flight at once, their decoding steps batched (serving/scheduler.py)
+    assert {f.concurrency_limit for f in model_fns} == {page.MODEL_CONCURRENCY} and page.MODEL_CONCURRENCY == 20
     serving = demo.rag_serving
     assert serving.gate is not None and serving.budget is not None and serving.max_heavy == 1
     assert serving.queue() is demo._queue  # for "client gone"

@@ -42,6 +42,11 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
     the new tokens, through `model` (a *ForCausalLM of the Llama family) in one pass; every cache
     (R_i rows) gets its new keys and values in place. -> each state's last hidden states (R_i, L, H)."""
     core = model.model
+    # each state's call as the model's own forward would make it, for hooks on the body that count
+    # or time model calls (measure/bound.WorkCounter): the layers below are called one by one
+    calls = [{"input_ids": t, "attention_mask": m, "position_ids": p} for t, m, p in zip(tokens, masks, positions)]
+    for kw in calls:
+        _body_hooks(core, kw)
     sizes = [t.shape[0] for t in tokens]
     ids = torch.cat(list(tokens))  # (N, L)
     N, L = ids.shape
@@ -81,4 +86,18 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
         hidden = hidden + attn.o_proj(a_out)  # (N, L, H)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (N, L, H)
     hidden = core.norm(hidden)  # (N, L, H)
-    return list(hidden.split(sizes))  # [(R_i, L, H)]
+    out = list(hidden.split(sizes))  # [(R_i, L, H)]
+    for kw, h in zip(calls, out):
+        _body_hooks(core, kw, h)
+    return out
+
+
+def _body_hooks(core, kwargs: dict, out=None) -> None:
+    """Run the forward pre-hooks (out None) or forward hooks registered on the model's body, with
+    the keyword arguments its own forward would have had."""
+    if out is None:
+        for hid, hook in list(core._forward_pre_hooks.items()):
+            hook(core, (), kwargs) if hid in core._forward_pre_hooks_with_kwargs else hook(core, ())
+    else:
+        for hid, hook in list(core._forward_hooks.items()):
+            hook(core, (), kwargs, out) if hid in core._forward_hooks_with_kwargs else hook(core, (), out)

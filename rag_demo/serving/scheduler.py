@@ -225,8 +225,10 @@ class StepScheduler:
                 t.clock.add(t0 - t.since)
         head = batch[0]
         try:
-            if len(batch) == 1:
-                outs = [head.gen.advance(head.state, head.tokens)]
+            if len(batch) == 1:  # alone: checked as a batch's items are, then the generator's own step
+                check = getattr(head.gen, "check_step", None)
+                bad = check(head.state, head.tokens) if check is not None else None
+                outs = [bad if bad is not None else head.gen.advance(head.state, head.tokens)]
             else:
                 outs = head.gen.advance_many([(t.state, t.tokens) for t in batch])
             for t, out in zip(batch, outs):

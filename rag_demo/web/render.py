@@ -342,8 +342,9 @@ def render_confidence(a: dict) -> str:
     q = a.get("confidence_model") or {}
     why = ("the probability that this answer is right, from its own numbers"
            + (f" ({', '.join(q['features'])})" if q.get("features") else "")
-           + (f", by a logistic regression fitted on {q['fitted_questions']} questions (the calibrate split "
-              f"of the external file and the dev set); on {q['questions']} others it never saw (the report "
+           + (f", by a logistic regression fitted on {q['fitted_questions']} questions of this preset and mode "
+              f"(the calibrate split of the two labelled question files), at K 5 over the built-in corpus with "
+              f"the dense retriever; on {q['questions']} others it never saw (the report "
               f"split) its 'probably wrong' cue caught "
               f"{100 * q['recall']:.0f}% of the wrong answers at {100 * q['precision']:.0f}% precision, AUROC "
               f"{q['auroc']:.2f}" if q else ", by a logistic regression fitted on one split of the questions"))
