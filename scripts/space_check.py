@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def main() -> int:
             app.wait(20)
         except subprocess.TimeoutExpired:
             app.kill()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

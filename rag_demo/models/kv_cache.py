@@ -245,7 +245,7 @@ def _padded_own(qs, keys, values, masks, s_pre, pv, sizes, H, d) -> list[torch.T
         n = key.shape[2]
         k_all[at: at + R, :, :n] = key
         v_all[at: at + R, :, :n] = value
-        seen[at: at + R, ..., :n] = True if mask is None else mask[..., -n:].reshape(-1, 1, 1, n)[:, :, :, :n]
+        seen[at: at + R, ..., :n] = True if mask is None else mask[..., -n:]  # (R|1, 1, 1, n)
         at += R
     q_all = torch.cat(qs)  # (N, Hkv, gL, d)
     s_own = torch.matmul(q_all, k_all.transpose(2, 3)).masked_fill(~seen, float("-inf"))  # (N, Hkv, gL, n_max)

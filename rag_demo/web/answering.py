@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from rag_demo.config import KNOBS, MODE_TITLES, MODES, RagSettings, check_question
+from rag_demo.config import MODE_TITLES, MODES, RagSettings, check_question
 from rag_demo.serving import memory
 from rag_demo.serving.admission import Serving, throttled, within_defaults
 from rag_demo.serving.session import Session
@@ -22,7 +22,7 @@ from rag_demo.web.passages_view import anchors, render_passages
 from rag_demo.web.render import json_safe, plural, render_answer, render_partial
 from rag_demo.web.session_view import passage_choices, render_lessons
 from rag_demo.web.validation import (
-    check_last_answers, user_errors,
+    check_last_answers, settings_of, user_errors,
 )
 
 TYPICAL_QUESTION = "Who painted The Starry Night?"
@@ -99,12 +99,6 @@ def weights_of(pipe: Any) -> dict | None:
 def answer_all(pipe: Any, question: str, settings: RagSettings, progress=None, **kw) -> tuple[dict, Session | None]:
     """`answering` without the partial answers: (result, session) once every answer is done."""
     return next(v for kind, v in answering(pipe, question, settings, progress, partials=False, **kw) if kind == "done")
-
-
-def settings_of(raw: dict) -> RagSettings:
-    """The settings the last answers ran with (`raw` as the page holds it)."""
-    return RagSettings(preset=raw["settings"].get("preset", "aided"),
-                       **{n: v for n, v in raw["settings"].items() if n in KNOBS})
 
 
 def without_plan(pipe: Any, raw: dict | None, pid: Any) -> list[tuple[list[str], list, list[float], list[dict], int]]:

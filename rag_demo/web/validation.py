@@ -181,11 +181,16 @@ def check_last_answers(raw: Any, name: str = "raw") -> dict:
                 raise ValueError(f'{at}["docs"][{i}] has an id or title of over {MAX_SENT_TEXT} characters: send '
                                  f"the passages /ask returned, as in {whole}.")
     try:
-        RagSettings(preset=raw["settings"].get("preset", "aided"),
-                    **{n: v for n, v in raw["settings"].items() if n in KNOBS})
+        settings_of(raw)
     except ValueError as e:
         raise ValueError(f'{name}["settings"]: {e}') from None
     return raw
+
+
+def settings_of(raw: dict) -> RagSettings:
+    """The settings the last answers ran with (`raw` as the page holds it)."""
+    return RagSettings(preset=raw["settings"].get("preset", "aided"),
+                       **{n: v for n, v in raw["settings"].items() if n in KNOBS})
 
 
 def settings_from_inputs(**values: Any) -> RagSettings:
