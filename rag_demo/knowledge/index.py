@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -140,12 +141,14 @@ class IndexInfo:
 
 
 def build_index(corpus: Corpus, encoder: Encoder, progress: Callable[[int, int], None] | None = None,
-                ann: AnnSettings | None = None) -> PassageIndex:
+                ann: AnnSettings | None = None, turn: Callable[[], Any] | None = None,
+                price: Callable[[float, int, int], None] | None = None) -> PassageIndex:
     """Embed every passage (tqdm bar + `progress(done, total)`) into an inner-product index of
-    kind `ann` (default flat: exact)."""
+    kind `ann` (default flat: exact); `turn` and `price` as Encoder.encode_passages takes them."""
     if not len(corpus):
         raise ValueError(f"the corpus is empty: {corpus.name!r} has no passages; add documents with text.")
-    return PassageIndex(corpus, encoder.encode_passages(corpus.passages, progress=progress), ann=ann)
+    return PassageIndex(corpus, encoder.encode_passages(corpus.passages, progress=progress, turn=turn, price=price),
+                        ann=ann)
 
 
 def cache_key(corpus: Corpus, encoder: Encoder, ann: AnnSettings | None = None) -> str:

@@ -204,12 +204,19 @@ def _pdf(name: str, stem: str, data: bytes) -> list[Document]:
     return [_titled(stem, text)]
 
 
-def _read_documents(path: Path, max_bytes: int) -> list[Document]:
+def check_type(path: str | Path) -> None:
+    """ValueError naming the file and the types accepted when its extension is not one of them."""
+    path = Path(path)
     ext = path.suffix.lower()
     if ext not in supported_extensions():
         raise ValueError(
             f"{path.name} has an unsupported type {ext or '(none)'}: upload one of {', '.join(supported_extensions())}."
         )
+
+
+def _read_documents(path: Path, max_bytes: int) -> list[Document]:
+    check_type(path)
+    ext = path.suffix.lower()
     data = _read_bytes(path, max_bytes)
     if ext == ".pdf":
         docs = _pdf(path.name, path.stem, data)

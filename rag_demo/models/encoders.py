@@ -16,7 +16,9 @@ import abc
 import hashlib
 import importlib.util
 import sys
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +123,8 @@ class Encoder(abc.ABC):
 
     def encode_passages(
         self, passages: list[Doc], batch_size: int = PASSAGE_BATCH, progress: Progress | None = None,
-        show_bar: bool = True,
+        show_bar: bool = True, turn: Callable[[], ContextManager] | None = None,
+        price: Callable[[float, int, int], None] | None = None,
     ) -> np.ndarray:
         """(N, D) float32 passage vectors, in input order.
 
@@ -130,10 +133,15 @@ class Encoder(abc.ABC):
         depend on its batch beyond float rounding); a tqdm bar goes to stderr (unless show_bar is False) and
         `progress(done, total)` is called after every batch. With `passage_dtype` bfloat16 the
         forward passes run under bfloat16 autocast; the vectors come back float32.
+
+        A server shares the CPU: each batch's forward runs inside `turn()` (its model lane, one call
+        at a time), and `price(seconds, done, total)` is told the first batch's own seconds and how
+        many of all the passages' lengths it held: it raises (ValueError) to refuse the rest.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is out of range: use 1 or more ({PASSAGE_BATCH} is a good default).")
-        lengths = self.passage_lengths(passages) if len(passages) > batch_size else [0] * len(passages)
+        lengths = (self.passage_lengths(passages) if len(passages) > batch_size or price is not None
+                   else [0] * len(passages))
         order = sorted(range(len(passages)), key=lambda i: -lengths[i])
         out = np.zeros((len(passages), self.dim), np.float32)  # (N, D)
         with (
@@ -149,7 +157,12 @@ class Encoder(abc.ABC):
         ):
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                out[rows] = _to_numpy(self._passages_batch([passages[i] for i in rows]))  # (B, D)
+                with turn() if turn is not None else nullcontext():
+                    t0 = time.perf_counter()
+                    out[rows] = _to_numpy(self._passages_batch([passages[i] for i in rows]))  # (B, D)
+                    seconds = time.perf_counter() - t0
+                if price is not None and start == 0:
+                    price(seconds, sum(lengths[i] for i in rows), sum(lengths))
                 bar.update(len(rows))
                 if progress is not None:
                     progress(min(start + batch_size, len(order)), len(order))

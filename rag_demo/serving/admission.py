@@ -9,6 +9,7 @@ most ~10 page updates a second). Imports neither torch nor gradio.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -36,6 +37,8 @@ class Serving:
     max_heavy: int = 1
     _heavy: int = 0
     _heavy_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # one upload read or embedded at a time, server-wide (upload_lane): its own lane beside the questions
+    _uploads: threading.Semaphore = dataclasses.field(default_factory=lambda: threading.BoundedSemaphore(1))
 
     def heavy_busy(self) -> str | None:
         """Why an expensive request would be refused now (None: a slot is free)."""
@@ -86,6 +89,47 @@ class Serving:
         return self._slot(lambda: None if self._heavy < self.max_heavy else (
             "Another sweep or an expensive question is running on this server, which runs "
             f"{self.max_heavy} at a time so that questions never wait behind them: try again in a minute."))
+
+    @contextmanager
+    def upload_lane(self, wait: Callable[[], None] | None = None, block: bool = True):
+        """Hold the server's one upload lane while an upload is read and embedded; yields True.
+        A second upload waits its turn (`wait()` is told once, to show it) for at most the time
+        limit, then gets a ValueError; with block=False it yields False at once, holding nothing.
+        Questions never wait on this lane; an upload's model work goes through `embed_turn`."""
+        held = self._uploads.acquire(blocking=False)
+        if not held and block:
+            if wait is not None:
+                wait()
+            limit = self.budget.time_limit_s if self.budget is not None else None
+            held = self._uploads.acquire(timeout=limit) if limit else self._uploads.acquire()
+            if not held:
+                raise ValueError(f"Another visitor's upload was still being indexed after {limit:.0f} s of waiting, "
+                                 "and this server indexes one upload at a time: try again in a minute.")
+        try:
+            yield held
+        finally:
+            if held:
+                self._uploads.release()
+
+    def embed_turn(self):
+        """The context one batch of an upload's embedding runs in: a model call of its own at the
+        shared gate, in line with the questions' steps (so no answer waits on an upload for more
+        than one batch); no gate, no wait."""
+        if self.gate is None:
+            return contextlib.nullcontext()
+        return self.gate.step(0, what="embed")
+
+    def upload_price(self, passages: int) -> Callable[[float, int, int], None] | None:
+        """The `price` an upload's embedding calls after its first batch: ValueError (the message says
+        the estimate, the limit and the fix) when the whole would take over max_upload_seconds."""
+        if self.budget is None:
+            return None
+
+        def price(first_seconds: float, done: int, total: int) -> None:
+            why = self.budget.upload_refusal(first_seconds, done, total, passages)
+            if why:
+                raise ValueError(why)
+        return price
 
     def background_run(self, request: Any = None, cancelled: Callable[[], bool] | None = None) -> Any:
         """The `Run` of work that must delay no visitor (a sweep's answers): low priority at the gate,

@@ -41,11 +41,27 @@ class Budget:
     # Refuse a learner's sweep (the Results tab) estimated above this in all: its answers run one
     # after another at low priority, so it delays nobody, but it holds the one expensive slot.
     max_sweep_seconds: float = 600.0
+    # Refuse an upload whose embedding would take longer than this: priced from its first batch's own
+    # seconds, the rest run batch by batch between the other visitors' model steps (embed_turn).
+    max_upload_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("max_seconds", "time_limit_s", "heavy_seconds", "max_sweep_seconds"):
+        for name in ("max_seconds", "time_limit_s", "heavy_seconds", "max_sweep_seconds", "max_upload_seconds"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name}={v!r} must be a positive number of seconds.")
         if not isinstance(self.max_request_bytes, int) or self.max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes={self.max_request_bytes!r} must be a positive number of bytes.")
+
+    def upload_refusal(self, first_seconds: float, done: int, total: int, passages: int) -> str | None:
+        """Why an upload's embedding is refused (None: admitted). Its price is the first batch's own
+        seconds scaled to the whole: seconds ~= first_seconds * total / done, where done and total
+        are the passages' lengths (tokens) in the first batch and in all; the first batch holds
+        the longest passages, so the price errs high."""
+        seconds = first_seconds * total / max(1, done)
+        if seconds <= self.max_upload_seconds:
+            return None
+        share = max(1, int(100 * self.max_upload_seconds / seconds))
+        return (f"Your documents hold {passages:,} passages; embedding them would take about {seconds:.0f} s on "
+                f"this server, over the limit of {self.max_upload_seconds:.0f} s for an upload: upload fewer or "
+                f"smaller files (about {share}% of this much text fits).")

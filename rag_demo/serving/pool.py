@@ -88,9 +88,10 @@ class PipelinePool:
 
     A stack counts as loaded (and the page says "Live") only once it has answered a question in
     every mode (`RagPipeline.warm_up`): the first real question is then as fast as any other.
-    `get` waits for the load and relays its progress. `lock` serialises the passage encoder for
-    index builds (uploads, edits, the other built-in corpora); answers never hold it (the StepScheduler
-    orders their model steps). `corpus_index` gives the index of another built-in corpus (the
+    `get` waits for the load and relays its progress. `lock` serialises the builds of the other
+    built-in corpora's indexes (each built once, then loaded from the disk cache); answers never
+    hold it (the StepScheduler orders their model steps), nor do uploads and edits (their batches
+    are the scheduler's calls, in the upload lane: admission.Serving). `corpus_index` gives the index of another built-in corpus (the
     CIA World Factbook) under a stack's models: built or loaded from the disk cache once per
     stack, then shared by every session (the paper's index hot-swap).
     """

@@ -9,6 +9,7 @@ torch nor gradio.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,25 +55,42 @@ def active_index(s: Session, base: Any) -> Any:
     return base.index
 
 
-def embed_corpus(pool: PipelinePool, base: Any, corpus: Any, progress: Callable) -> Any:
-    """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder."""
+def embed_corpus(base: Any, corpus: Any, progress: Callable, serving: Any = None) -> Any:
+    """A fresh (uncached: uploads stay in memory) index of `corpus` under `base`'s passage encoder.
+    With the server's `serving` (admission.Serving; the caller holds its `upload_lane`): priced
+    after the first batch (ValueError over the budget), each batch a model call of its own at the
+    shared gate, so a class's answers wait on it for at most one batch."""
     from rag_demo.knowledge.index import build_index
 
     def bar(done: int, total: int) -> None:
         progress((done, total), desc=f"Embedding {total:,} passages", unit="passages")
 
     progress((0, len(corpus)), desc=f"Embedding {len(corpus):,} passages", unit="passages")
-    with pool.lock:
+    if serving is None:
         return build_index(corpus, base.stack.ctx_encoder, bar)
+    return build_index(corpus, base.stack.ctx_encoder, bar, turn=serving.embed_turn,
+                       price=serving.upload_price(len(corpus)))
 
 
-def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None) -> tuple[Any, Session]:
-    """(pipeline with the session's index, session): re-embeds an upload made under another stack,
-    and gets the shared index of another built-in corpus (built with a progress bar the first time)."""
+def upload_lane(serving: Any, progress: Callable):
+    """The server's upload lane (admission.Serving.upload_lane), its wait shown by `progress`; none
+    without a server."""
+    if serving is None:
+        return contextlib.nullcontext(True)
+    return serving.upload_lane(lambda: progress(0.0, desc="Waiting for another visitor's upload to be indexed"))
+
+
+def session_pipeline(pool: PipelinePool, s: Session, progress: Callable | None = None,
+                     serving: Any = None) -> tuple[Any, Session]:
+    """(pipeline with the session's index, session): re-embeds an upload made under another stack
+    (as `embed_corpus` does, with `serving`), and gets the shared index of another built-in corpus
+    (built with a progress bar the first time)."""
     relay = (lambda frac, msg: progress(frac, desc=msg)) if progress else None
     base = pool.get(s.stack, relay)
     if s.corpus == "upload" and s.upload is not None and s.edited is None and s.upload_stack != s.stack:
-        index = embed_corpus(pool, base, s.upload, progress or (lambda *a, **k: None))
+        quiet = progress or (lambda *a, **k: None)
+        with upload_lane(serving, quiet):
+            index = embed_corpus(base, s.upload, quiet, serving)
         s = dataclasses.replace(s, upload_index=index, upload_stack=s.stack)
     if s.corpus not in ("builtin", "upload") and s.edited is None and (s.named_index is None or s.named_stack != s.stack):
         index = pool.corpus_index(s.stack, s.corpus, relay)

@@ -3,6 +3,7 @@ passage taken away, a cut card finished, and "show the code" of the answers on s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import gradio as gr
@@ -39,7 +40,7 @@ class AskEvents(Part):
         settings = checked_settings(**settings)
         with user_errors():
             check_question(question)
-            pipe, s = session_pipeline(self.pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress, self.serving)
         yield partial_outputs({})  # the cards wait for their turn; the old answers are gone
         for kind, value in answering(pipe, question, settings, s=s, serving=self.serving, request=request,
                                       cancelled=turn.cancelled):
@@ -83,9 +84,9 @@ class AskEvents(Part):
         settings = checked_settings(**settings)
         with user_errors():
             check_question(question)
-            pipe, s = session_pipeline(self.pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress, self.serving)
             progress(0.0, desc="Re-embedding the edited passage")
-            with self.pool.lock:
+            with self.serving.embed_turn() if self.serving is not None else contextlib.nullcontext():
                 edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
         s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
         pipe = pipe.with_index(edited)
@@ -105,7 +106,7 @@ class AskEvents(Part):
         turn = self.turns.begin_run(request)  # Stop ends it, as it ends a question
         s = self.fresh(s)
         with user_errors():
-            pipe, s = session_pipeline(self.pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress, self.serving)
             raw = check_last_answers(raw)  # a client may send anything where the page sends its JSON
             progress(0.1, desc="Answering again without the passage")
             # the visitor's index (uploads and edits too), priced and admitted as a question is; the
@@ -128,7 +129,7 @@ class AskEvents(Part):
                 have = [m for m in MODES if m in raw["answers"]]
                 raise wrong("mode", mode, f"the mode of one of the last answers: {', '.join(have)}" if have else
                             "a mode, once there is an answer: ask a question first")
-            pipe, s = session_pipeline(self.pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress, self.serving)
             settings = settings_of(raw)
             progress(0.1, desc=f"{MODE_TITLES[mode]}: answering again with a fresh time budget")
             a = answer_again(pipe, raw, mode, settings, Run(cancelled=turn.cancelled), self.serving, request,

@@ -9,7 +9,7 @@ import time
 import gradio as gr
 
 from rag_demo.config import STACKS
-from rag_demo.serving.session import Session, active_index, embed_corpus, session_pipeline
+from rag_demo.serving.session import Session, active_index, embed_corpus, session_pipeline, upload_lane
 from rag_demo.web.answering import empty_outputs, examples_html, stop_button
 from rag_demo.web.api import page_event
 from rag_demo.web.render import plural
@@ -71,12 +71,13 @@ class CorpusEvents(Part):
         progress(0.0, desc="Reading and splitting the files")
         with user_errors():
             try:
-                corpus = check_upload(files)
+                base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
+                with upload_lane(self.serving, progress):  # read and embedded in the server's one upload lane
+                    t0 = time.perf_counter()
+                    corpus = check_upload(files)
+                    index = embed_corpus(base, corpus, progress, self.serving)
             finally:  # read into the corpus (or refused): the files on disk are not needed again
                 remove_uploaded(files)
-            base = self.pool.get(s.stack, lambda f, m: progress(f, desc=m))
-        t0 = time.perf_counter()
-        index = embed_corpus(self.pool, base, corpus, progress)
         s = dataclasses.replace(
             s, corpus="upload", upload=corpus, upload_index=index, upload_stack=s.stack, edited=None, edits=()
         )
@@ -111,7 +112,7 @@ class CorpusEvents(Part):
             note = "Your passage edits were dropped with the corpus switch."
         s = dataclasses.replace(s, corpus=choice, edited=None, edits=())
         with user_errors():
-            pipe, s = session_pipeline(self.pool, s, progress)
+            pipe, s = session_pipeline(self.pool, s, progress, self.serving)
         return (
             render_status(self.pool, s, pipe, note=note),
             gr.Dropdown(choices=corpus_choices(self.pool, s), value=choice),
@@ -144,7 +145,8 @@ class CorpusEvents(Part):
         note = "Your passage edits were dropped with the stack switch (the new retriever re-embeds passages)." \
             if s.edits else ""
         try:
-            pipe, new = session_pipeline(self.pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress)
+            pipe, new = session_pipeline(self.pool, dataclasses.replace(s, stack=stack, edited=None, edits=()), progress,
+                                         self.serving)
         except ValueError as e:
             return stay(f"{e} Staying on the {s.stack} stack.")
         return (

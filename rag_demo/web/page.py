@@ -321,7 +321,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
                        api_visibility="private")
         upload_btn.click(
             h.corpus.upload, inputs=[files, session], outputs=[status, corpus_dd, examples, *answer_out],
-            api_name="upload", show_progress_on=status, validator=validate_upload, **model,
+            api_name="upload", show_progress_on=status, validator=lambda f, s: validate_upload(f, s, serving), **model,
         )
         corpus_dd.input(
             h.corpus.choose_corpus, inputs=[corpus_dd, session], outputs=[status, corpus_dd, examples, *answer_out],

@@ -28,7 +28,7 @@ from typing import Any
 import gradio as gr
 
 from rag_demo.config import KNOBS, MODES, RagSettings, check_question
-from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, load_documents, supported_extensions
+from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, check_type, load_documents, supported_extensions
 from rag_demo.knowledge.corpus import check_passage_text, check_passage_title
 from rag_demo.serving.session import Session
 from rag_demo.web.inputs import NotFiles
@@ -281,10 +281,11 @@ def validate_edit(pid, new_text, question, s, refuse: Refuse | None = None, **fi
     return _refusal(out, question, settings, s, refuse, 2)
 
 
-def check_upload(files: Any) -> Any:
+def check_upload(files: Any, read: bool = True) -> Any:
     """The Corpus of an upload (files: paths or gradio file objects), or a ValueError naming the
-    problem and the fix: no file, too many, too large, a file that cannot be read, or what a client
-    sent that is not files (`inputs.NotFiles`)."""
+    problem and the fix: no file, too many, too large, a type not accepted, a file that cannot be
+    read, or what a client sent that is not files (`inputs.NotFiles`). read=False: only what needs
+    no reading (count, sizes, types), -> None."""
     if isinstance(files, NotFiles):
         if files.value in (None, "", []):
             files = None
@@ -301,6 +302,10 @@ def check_upload(files: Any) -> Any:
             f"The upload is {total / 2**20:.1f} MB, over the limit of {MAX_UPLOAD_BYTES / 2**20:.0f} MB "
             "in all: upload smaller or fewer files."
         )
+    if not read:
+        for p in paths:
+            check_type(p)
+        return None
     names = [Path(p).name for p in paths]
     shown = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} +{len(names) - 3}"
     key = tuple((str(p), Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in paths)
@@ -333,8 +338,13 @@ def remove_uploaded(files: Any) -> None:
             Path(path).unlink(missing_ok=True)
 
 
-def validate_upload(files, s) -> list[dict]:
+def validate_upload(files, s, serving: Any = None) -> list[dict]:
     """gradio validator of the upload: reads and splits the files (no model runs), so a file
     that cannot be used gets its message on the file box, and the status line, which shows the
-    upload's progress, never carries an error badge."""
-    return [_valid(lambda: check_upload(files)), gr.validate(True, "")]
+    upload's progress, never carries an error badge. With the server's `serving`, reading is
+    work of the server's one upload lane: while another upload holds it, only what needs no
+    reading is checked here (count, sizes, types), and the handler reads the files in its turn."""
+    if serving is None:
+        return [_valid(lambda: check_upload(files)), gr.validate(True, "")]
+    with serving.upload_lane(block=False) as free:
+        return [_valid(lambda: check_upload(files, read=free)), gr.validate(True, "")]

@@ -1,0 +1,142 @@
+"""An upload beside a class: read and embedded in the server's one upload lane, priced from its first
+batch, and each batch a model call of its own at the shared gate, so no visitor's answer waits on
+it for more than one batch (serving/admission.py, serving/session.py). Real MiniLM encoder."""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+
+from rag_demo.knowledge.corpus import Corpus, Passage
+from rag_demo.models.encoders import PASSAGE_BATCH
+from rag_demo.serving.admission import Serving
+from rag_demo.serving.budget import Budget
+from rag_demo.serving.scheduler import StepScheduler
+from rag_demo.serving.session import embed_corpus
+from rag_demo.web import validation
+
+
+def _corpus(n: int) -> Corpus:
+    return Corpus("Your documents: notes.txt", [
+        Passage(f"notes-{i}", f"Note {i}", f"Passage number {i} says that the river {i} floods in spring "
+                                           f"and the town of Place{i} keeps boats ready for it.")
+        for i in range(n)])
+
+
+def _base(encoder):
+    return SimpleNamespace(stack=SimpleNamespace(ctx_encoder=encoder))
+
+
+def _quiet(*args, **kwargs) -> None:
+    return None
+
+
+def test_a_visitors_step_waits_on_an_upload_for_one_batch_at_most(minilm):
+    """A visitor's model call that arrives while an upload's first batch runs goes next, before the
+    upload's second batch; the upload's batches are calls of their own ("embed"), one per batch."""
+    sched = StepScheduler()
+    in_batch, other_queued = threading.Event(), threading.Event()
+
+    class Watched(Serving):
+        def embed_turn(self):
+            turn = super().embed_turn()
+
+            @contextmanager
+            def watched():
+                with turn:
+                    if not in_batch.is_set():  # the first batch holds the model
+                        in_batch.set()
+                        assert other_queued.wait(30)
+                    yield
+            return watched()
+
+    serving = Watched(budget=Budget(), gate=sched)
+    corpus = _corpus(3 * PASSAGE_BATCH)
+
+    def other_visitor() -> None:
+        assert in_batch.wait(30)
+        threading.Thread(target=lambda: other_queued.set() if sched.wait_queued(1, 30) else None).start()
+        with sched.step(0, what="a visitor's prefill"):
+            pass
+
+    t = threading.Thread(target=other_visitor)
+    t.start()
+    index = embed_corpus(_base(minilm), corpus, _quiet, serving)
+    t.join(30)
+    order = [b.what for b in sched.recent]
+    assert order == ["embed", "a visitor's prefill", "embed", "embed"], order
+    assert len(index.corpus) == len(corpus)
+
+
+def test_an_upload_over_the_budget_is_refused_after_its_first_batch(minilm):
+    sched = StepScheduler()
+    serving = Serving(budget=Budget(max_upload_seconds=1e-6), gate=sched)
+    with pytest.raises(ValueError) as e:
+        embed_corpus(_base(minilm), _corpus(3 * PASSAGE_BATCH), _quiet, serving)
+    msg = str(e.value)
+    assert f"hold {3 * PASSAGE_BATCH} passages" in msg and "over the limit of 0 s" in msg, msg
+    assert "upload fewer or smaller files" in msg
+    assert [b.what for b in sched.recent] == ["embed"]  # priced on its first batch, the rest never ran
+    # within the budget: every batch runs
+    ok = Serving(budget=Budget(), gate=StepScheduler())
+    assert len(embed_corpus(_base(minilm), _corpus(PASSAGE_BATCH + 1), _quiet, ok).corpus) == PASSAGE_BATCH + 1
+
+
+def test_the_upload_lane_holds_one_upload_and_a_second_waits_its_turn():
+    serving = Serving(budget=Budget(time_limit_s=30))
+    told, released = threading.Event(), threading.Event()
+    got = []
+
+    def second() -> None:
+        with serving.upload_lane(wait=told.set) as held:
+            got.append(held)
+
+    with serving.upload_lane() as held:
+        assert held
+        with serving.upload_lane(block=False) as free:  # a validator does not wait
+            assert free is False
+        t = threading.Thread(target=second)
+        t.start()
+        assert told.wait(30)  # the second upload was told it waits
+        assert got == []
+        released.set()
+    t.join(30)
+    assert got == [True]
+    with serving.upload_lane(block=False) as free:  # released again
+        assert free
+
+
+def test_a_second_upload_that_waits_past_the_time_limit_gets_a_message():
+    serving = Serving(budget=Budget(time_limit_s=0.05))
+    with serving.upload_lane():
+        box = []
+
+        def second() -> None:
+            try:
+                with serving.upload_lane():
+                    box.append("ran")
+            except ValueError as e:
+                box.append(str(e))
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(30)
+    assert "one upload at a time: try again in a minute" in box[0], box
+
+
+def test_the_validator_reads_the_files_only_in_the_upload_lane(tmp_path):
+    """While another upload holds the lane the validator checks what needs no reading (count, sizes,
+    types) and leaves the reading to the handler, which waits its turn; with the lane free it reads."""
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(256)) * 8)
+    exe = tmp_path / "program.exe"
+    exe.write_bytes(b"MZ" * 10)
+    serving = Serving(budget=Budget())
+    assert "looks binary" in validation.validate_upload([str(binary)], None, serving)[0]["message"]
+    with serving.upload_lane():
+        busy = validation.validate_upload([str(binary)], None, serving)
+        assert busy[0]["is_valid"]  # not read here: the handler reads it in its turn
+        assert "unsupported type .exe" in validation.validate_upload([str(exe)], None, serving)[0]["message"]
+    with pytest.raises(ValueError, match="looks binary"):
+        validation.check_upload([str(binary)])
