@@ -173,6 +173,26 @@ class ConfidenceModel:
         return path
 
 
+def outside_fit(about: Mapping[str, Any], k: int | None, retriever: str, corpus: str, measured_weights: bool) -> list[str]:
+    """What of a request lies outside the settings a confidence model was fitted at (its `about`:
+    K, the dense retriever, the built-in corpus its runs read, the measured weights), each said as
+    "this answer's ... (fitted ...)"; [] when the fit covers the request. `retriever` is the
+    answer's ("dense", or "bm25 ..." while the dense index is built), `corpus` "name (N passages)"."""
+    out = []
+    fit_k = about.get("k")
+    if k is not None and fit_k is not None and int(k) != int(fit_k):
+        out.append(f"K {k} (fitted at K {fit_k})")
+    fit_retriever = about.get("retriever", "dense")
+    if retriever and retriever.split()[0] != fit_retriever:
+        out.append(f"the {retriever.split()[0]} retriever (fitted on {fit_retriever})")
+    fit_corpus = about.get("corpus")
+    if fit_corpus and corpus and corpus != fit_corpus:
+        out.append(f"{corpus} (fitted on {fit_corpus})")
+    if not measured_weights:
+        out.append("other generator weights than those measured")
+    return out
+
+
 @lru_cache(maxsize=4)
 def load_model(path: str | Path = CONFIDENCE_PATH) -> ConfidenceModel | None:
     """The shipped model (None when the file is absent: answers then carry no confidence)."""

@@ -17,7 +17,7 @@ import torch
 from rag_demo.answer import (
     Answer, AnswerEvent, Listen, RetrievedDoc, cues, inspector_rows, kept_by, passage_drops, ranked_candidates, unread,
 )
-from rag_demo.confidence import judge
+from rag_demo.confidence import judge, outside_fit
 from rag_demo.config import RagSettings
 from rag_demo.knowledge.corpus import Passage
 from rag_demo.models.cost import Timed
@@ -166,6 +166,14 @@ class Generating:
         a.signals, a.confidence, cue = judge(view, self.pipe.confidence_model)
         model = self.pipe.confidence_model
         a.confidence_model = None if model is None else model.quoted(a.stack, a.settings["preset"], a.mode)
+        if a.confidence_model is not None and a.mode != "closed-book":  # closed-book reads no K, retriever or corpus
+            weights = getattr(self.pipe.stack, "weights", None)
+            corpus = f"{self.pipe.index.corpus.name} ({len(self.pipe.index):,} passages)"
+            a.confidence_model["outside"] = outside_fit(model.about, a.settings.get("k"), a.retriever or "", corpus,
+                                                        weights is None or weights.measured)
+        elif a.confidence_model is not None:
+            weights = getattr(self.pipe.stack, "weights", None)
+            a.confidence_model["outside"] = outside_fit({}, None, "", "", weights is None or weights.measured)
         if cue is not None:
             a.cues.insert(0, cue)
 

@@ -81,3 +81,25 @@ def test_each_card_quotes_what_its_own_model_was_fitted_on():
         assert f"fitted on {about[(preset, 'token')]} questions of this preset and mode" in shown
         assert "at K 5" in shown
     assert about[("trained", "token")] != about[("aided", "token")]
+
+
+def test_a_request_outside_the_fit_is_named_and_one_inside_is_not():
+    about = {"k": 5, "corpus": "Wikipedia Vital Articles (en) (11,485 passages)"}
+    vital = "Wikipedia Vital Articles (en) (11,485 passages)"
+    assert cf.outside_fit(about, 5, "dense", vital, True) == []
+    said = cf.outside_fit(about, 3, "bm25 (dense index building: 40%)", "Your documents: notes.txt (12 passages)", False)
+    assert said == ["K 3 (fitted at K 5)", "the bm25 retriever (fitted on dense)",
+                    "Your documents: notes.txt (12 passages) (fitted on Wikipedia Vital Articles (en) (11,485 passages))",
+                    "other generator weights than those measured"]
+
+
+def test_the_card_says_when_its_confidence_was_fitted_elsewhere():
+    from rag_demo.web.render import render_confidence
+
+    base = {"confidence": 0.46, "stopped": "eos", "cues": [],
+            "confidence_model": {"fitted_questions": 306, "questions": 452, "precision": 0.9, "recall": 0.5,
+                                 "auroc": 0.8, "features": ["logprob"], "outside": []}}
+    inside = render_confidence(base)
+    assert 'data-outside="0"' in inside and "fitted elsewhere" not in inside
+    out = render_confidence({**base, "confidence_model": {**base["confidence_model"], "outside": ["K 3 (fitted at K 5)"]}})
+    assert 'data-outside="1"' in out and "this answer used K 3 (fitted at K 5), so this number and its cue may not hold" in out

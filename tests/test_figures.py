@@ -110,6 +110,14 @@ def test_accuracy_vs_k_draws_each_modes_mean_per_k_and_closed_book_flat(df):
     assert "x" not in rule_enc and rule_enc["y"]["field"] == "value"
 
 
+def test_accuracy_vs_k_speaks_of_a_slope_only_where_several_k_were_run(df):
+    several = " ".join(fig.accuracy_vs_k(df).to_dict()["title"]["subtitle"])
+    assert "slope between K = 1, 3, 5" in several
+    one = df[df["k"].isna() | (df["k"] == 5)]
+    said = " ".join(fig.accuracy_vs_k(one).to_dict()["title"]["subtitle"])
+    assert "Only K = 5 was run" in said and "one point, not a curve" in said and "slope" not in said
+
+
 def test_accuracy_vs_k_tells_the_presets_apart_by_dash_and_names_them(df):
     _, _, enc = layers(fig.accuracy_vs_k(df))[0]
     scale = enc["strokeDash"]["scale"]

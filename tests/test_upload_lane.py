@@ -140,3 +140,39 @@ def test_the_validator_reads_the_files_only_in_the_upload_lane(tmp_path):
         assert "unsupported type .exe" in validation.validate_upload([str(exe)], None, serving)[0]["message"]
     with pytest.raises(ValueError, match="looks binary"):
         validation.check_upload([str(binary)])
+
+
+def test_every_kind_of_request_gives_its_freed_memory_back(monkeypatch):
+    """Every endpoint is wrapped by logs_refusals, which trims the heap however the request ends:
+    returned, refused, failed, streamed to its end or refused mid-stream."""
+    import gradio as gr
+
+    from rag_demo.serving import memory
+
+    trims = []
+    monkeypatch.setattr(memory, "trim", lambda: trims.append(1) or True)
+
+    @validation.logs_refusals
+    def upload(x):
+        if x == "refuse":
+            raise gr.Error("no", print_exception=False)
+        if x == "fail":
+            raise RuntimeError("pypdf broke")
+        return x
+
+    @validation.logs_refusals
+    def choose_corpus(x):
+        yield 1
+        if x == "refuse":
+            raise ValueError("refused mid-stream")
+        yield 2
+
+    assert upload("ok") == "ok" and len(trims) == 1
+    for bad in ("refuse", "fail"):
+        with pytest.raises(gr.Error):
+            upload(bad)
+    assert len(trims) == 3
+    assert list(choose_corpus("ok")) == [1, 2] and len(trims) == 4
+    with pytest.raises(gr.Error):
+        list(choose_corpus("refuse"))
+    assert len(trims) == 5

@@ -271,9 +271,15 @@ def accuracy_vs_k(df: pd.DataFrame, metric: str = "em", retriever: str = "dense"
         mine = _yours(pd.concat([y_rag, flat], ignore_index=True), colour, x=x, y=y, tooltip=[
             alt.Tooltip("source:N", title="from"), *tip])
     chart = _layered(lines, points, rule, mine)
-    return finish_chart(chart, f"Answer accuracy ({METRICS[metric]}) against K",
-                   f"Where a RAG line stands above closed-book's flat rule, the {retriever} retriever's "
-                   "passages help; the slope is what more passages buy.")
+    if len({int(k) for k in rag["k"]}) < 2:  # one K: points, not lines, and no slope to read
+        sub = (f"Only K = {int(rag['k'].iloc[0])} was run on these questions: each RAG mode is one point, not a "
+               f"curve. Where a point stands above closed-book's flat rule, the {retriever} retriever's passages "
+               "help; the sets run at several K (the dev set, the older file) show what more passages buy.")
+    else:
+        sub = (f"Where a RAG line stands above closed-book's flat rule, the {retriever} retriever's passages help; "
+               f"the slope between K = {', '.join(str(k) for k in sorted({int(k) for k in rag['k']}))} is what "
+               "more passages buy.")
+    return finish_chart(chart, f"Answer accuracy ({METRICS[metric]}) against K", sub)
 
 
 # ---------------------------------------------------------------- recall against K (Figure 3, centre)

@@ -14,7 +14,6 @@ from typing import Any
 import gradio as gr
 
 from rag_demo.config import MODE_TITLES, MODES, RagSettings, check_question
-from rag_demo.serving import memory
 from rag_demo.serving.admission import Serving, throttled, within_defaults
 from rag_demo.serving.session import Session
 from rag_demo.runs import Run
@@ -70,20 +69,17 @@ def answering(pipe: Any, question: str, settings: RagSettings, progress=None, *,
             progress(len(answers) / len(MODES), desc=f"Answering in {len(MODES)} modes{done}")
 
     with user_errors(), (serving.heavy_slot(cost) if serving else contextlib.nullcontext()):
-        try:
-            # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
-            # of the K prompts and each passage's drafts (docs/DESIGN.md §5)
-            step()
-            events = pipe.answer_modes(q, list(MODES), settings, run, partials=partials)
-            for latest in throttled(events):
-                for mode, a in latest.items():
-                    if not isinstance(a, dict) and mode not in answers:  # this mode's final Answer
-                        answers[mode] = json_safe(a.to_dict())
-                        step()
-                if partials:
-                    yield "partial", {m: {**answers[m], "final": True} if m in answers else a for m, a in latest.items()}
-        finally:
-            memory.trim()  # give the request's freed buffers back to the OS (rag_demo/serving/memory.py)
+        # one call for the three modes: RAG-Sequence and RAG-Token share the retrieval, the prefill
+        # of the K prompts and each passage's drafts (docs/DESIGN.md §5)
+        step()
+        events = pipe.answer_modes(q, list(MODES), settings, run, partials=partials)
+        for latest in throttled(events):
+            for mode, a in latest.items():
+                if not isinstance(a, dict) and mode not in answers:  # this mode's final Answer
+                    answers[mode] = json_safe(a.to_dict())
+                    step()
+            if partials:
+                yield "partial", {m: {**answers[m], "final": True} if m in answers else a for m, a in latest.items()}
     yield "done", ({"question": q, "stack": pipe.stack.name, "corpus": pipe.index.corpus.name,
                     "weights": weights_of(pipe), "settings": settings.to_dict(),
                     "answers": {m: answers[m] for m in MODES if m in answers}}, s)

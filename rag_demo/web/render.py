@@ -353,8 +353,12 @@ def render_confidence(a: dict) -> str:
                 'stack, preset and mode">Confidence: not calibrated for these settings</div>')
     level = "low" if any(c.get("kind") == "probably_wrong" for c in a.get("cues") or []) else (
         "high" if p >= 0.7 else "mid")
-    return (f'<div class="rag-confidence rag-conf-{level}" data-confidence="{p:.3f}" title="{esc(why)}">'
-            f'Confidence it is right: <b>{100 * p:.0f}%</b></div>')
+    outside = q.get("outside") or []
+    note = (f'<span class="rag-conf-outside"> (fitted elsewhere: this answer used {esc("; ".join(outside))}, so '
+            'this number and its cue may not hold)</span>' if outside else "")
+    return (f'<div class="rag-confidence rag-conf-{level}" data-confidence="{p:.3f}" '
+            f'data-outside="{len(outside)}" title="{esc(why)}">'
+            f'Confidence it is right: <b>{100 * p:.0f}%</b>{note}</div>')
 
 
 def render_retriever(a: dict) -> str:

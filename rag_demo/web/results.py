@@ -23,6 +23,7 @@ from rag_demo.measure import figures as fig
 from rag_demo.measure.curve import load_curve, training_curve
 from rag_demo.questions import read_qa, sample_items
 from rag_demo.measure.run_rows import REQUIRED, tidy, with_answerable
+from rag_demo.serving import memory
 from rag_demo.serving.session import Session, session_pipeline
 from rag_demo.web.answering import TYPICAL_QUESTION
 from rag_demo.web.api import page_event
@@ -246,6 +247,7 @@ class ResultsHandlers:
         finally:
             with self._lock:
                 self._running.pop(key, None)
+            memory.trim()  # the sweep's freed buffers back to the OS, as after every request
         yield self._update(rows, done, total, t0, seconds, metric, finished=not stop.is_set(), stopped=stop.is_set())
 
     def _update(self, rows, done, total, t0, estimate, metric, finished=False, stopped=False) -> tuple:

@@ -30,6 +30,7 @@ import gradio as gr
 from rag_demo.config import KNOBS, MODES, RagSettings, check_question
 from rag_demo.knowledge.uploads import MAX_UPLOAD_BYTES, check_type, load_documents, supported_extensions
 from rag_demo.knowledge.corpus import check_passage_text, check_passage_title
+from rag_demo.serving import memory
 from rag_demo.serving.session import Session
 from rag_demo.web.inputs import NotFiles
 
@@ -75,7 +76,9 @@ def logs_refusals(fn: Callable) -> Callable:
     """An endpoint (a handler method; its name is its api_name) whose refusals, any gr.Error it
     raises, each make one line in the server's log, "/name refused: message", and no traceback;
     any other exception becomes `unexpected`'s message, its traceback logged under an id.
-    A generator stays a generator (gradio streams what a generator function yields)."""
+    A generator stays a generator (gradio streams what a generator function yields). However it
+    ends, the request's freed buffers go back to the OS (`memory.trim`): after every kind of
+    request, not only a question (an upload's embedding, a corpus built, a stack loaded)."""
     name = fn.__name__
 
     def say(e: gr.Error) -> None:
@@ -94,6 +97,8 @@ def logs_refusals(fn: Callable) -> Callable:
                 raise
             except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
                 raise unexpected(name, e) from None
+            finally:
+                memory.trim()
         return streamed
 
     @functools.wraps(fn)
@@ -105,6 +110,8 @@ def logs_refusals(fn: Callable) -> Callable:
             raise
         except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
             raise unexpected(name, e) from None
+        finally:
+            memory.trim()
     return called
 
 
