@@ -19,10 +19,12 @@ defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
   --max-request-gb G     RAG_DEMO_MAX_REQUEST_GB    refuse a question estimated to need more extra memory
   --time-limit S         RAG_DEMO_TIME_LIMIT        stop decoding after S seconds (partial answers say so)
   --heavy-seconds S      RAG_DEMO_HEAVY_SECONDS     questions estimated above S run at low priority
-  --model-concurrency N  RAG_DEMO_MODEL_CONCURRENCY model events running at once (default 2)
+  --model-concurrency N  RAG_DEMO_MODEL_CONCURRENCY model events running at once (default 20: a class's
+                                                    decoding steps batched, serving/scheduler.py)
 
 Memory: at most MALLOC_ARENA_MAX (default 2) glibc malloc arenas, set before any thread starts,
-and freed memory is given back after each request (rag_demo/serving/memory.py says why).
+at most 128 compiled oneDNN kernels (ONEDNN_PRIMITIVE_CACHE_CAPACITY), and freed memory is given
+back after each request (rag_demo/serving/memory.py says why).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage pings fro
 from rag_demo.serving import memory  # noqa: E402 - torch-free, before anything starts threads
 
 memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
+memory.limit_kernel_cache()  # before torch compiles its first kernel
 
 from rag_demo.config import GENERATOR_DTYPES, STACKS  # noqa: E402
 from rag_demo.models.stack_spec import StackSpec  # noqa: E402

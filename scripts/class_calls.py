@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     pipe = RagPipeline.load()
     pipe.warm_up()
+    from rag_demo.serving.memory import rss_bytes, trim
+
+    trim()
+    ready_rss = rss_bytes()
     qs, s = class_questions(a.visitors + a.alone), RagSettings(preset="aided")
     sched = StepScheduler()
     sched.recent = collections.deque(maxlen=1_000_000)
@@ -66,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         t.join()
     wall = time.perf_counter() - t0
     calls = by_call(sched.recent)
+    from rag_demo.serving.memory import rss_bytes, trim
+
+    trim()
+    print(f"RSS after the wave, trimmed: {rss_bytes() / 1e9:.2f} GB (after warm-up {ready_rss / 1e9:.2f} GB)")
     print(f"{a.visitors} visitors at once: {wall:.1f} s wall, the model busy {sum(c[1] for c in calls.values()):.1f} s; "
           f"calls {calls}; serial estimate {a.visitors * sum(alone) / len(alone):.1f} s "
           f"({a.visitors * sum(alone) / len(alone) / wall:.2f}x)")

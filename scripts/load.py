@@ -173,9 +173,10 @@ def class_questions(n: int) -> list[str]:
     return qs[:n]
 
 
-def class_wave(url: str, n: int, n_alone: int, timeout: float, pid: int | None) -> dict:
-    """n_alone questions one after another, then n visitors at once, each its own question; prints
-    and returns the wave's numbers."""
+def class_wave(url: str, n: int, n_alone: int, timeout: float, pid: int | None, upload_during: bool = False) -> dict:
+    """n_alone questions one after another, then n visitors at once, each its own question (and with
+    `upload_during` one more visitor uploading a document and asking it); prints and returns the
+    wave's numbers, with the CPU seconds the app and this script's clients used during it."""
     qs = class_questions(n + n_alone)
     alone = []
     for q in qs[n:]:
@@ -193,10 +194,20 @@ def class_wave(url: str, n: int, n_alone: int, timeout: float, pid: int | None) 
     for t in threads:
         t.start()
     time.sleep(2.0)  # every client connected before the wave
+    cpu0, mine0 = cpu_seconds(pid), _own_cpu()
+    upload: dict = {}
+    up = (threading.Thread(target=edit_or_upload, args=(url, "upload", start, upload, timeout), daemon=True)
+          if upload_during else None)
+    if up is not None:
+        up.start()
+        time.sleep(1.0)  # its client connected too
     t0 = time.perf_counter()
     start.set()
     for t in threads:
         t.join(max(0.1, t0 + timeout + 5 - time.perf_counter()))
+    if up is not None:
+        up.join(max(0.1, t0 + timeout + 5 - time.perf_counter()))
+    app_cpu, clients_cpu = (cpu_seconds(pid) - cpu0 if pid else float("nan")), _own_cpu() - mine0
     ok = [r for r in results if r.get("ok")]
     makespan = max((r["latency"] for r in ok), default=float("nan"))
     lat = [r["latency"] for r in ok]
@@ -206,14 +217,38 @@ def class_wave(url: str, n: int, n_alone: int, timeout: float, pid: int | None) 
     print(f"class of {n} on {machine_name()}: one alone {one_alone:.2f} s (median of {len(alone)}); "
           f"{len(ok)}/{n} answered, {n - len(ok)} failed, {cut} cut for time; makespan {makespan:.1f} s, "
           f"p50 {pct(lat, 50):.1f} s, p95 {pct(lat, 95):.1f} s; throughput {gain:.2f}x serial "
-          f"({n} x {one_alone:.2f} s / {makespan:.1f} s); RSS after the wave {gb(rss)}; load avg {load_avg()}",
+          f"({n} x {one_alone:.2f} s / {makespan:.1f} s); RSS after the wave {gb(rss)}; load avg {load_avg()}; "
+          f"CPU seconds during the wave: the app {app_cpu:.0f}, this script's {n} clients {clients_cpu:.0f}",
           flush=True)
+    if up is not None:
+        said = (f"answered in {upload['latency']:.1f} s" if upload.get("ok") else
+                f"refused: {upload.get('error')}" if upload.get("refused") else f"FAILED: {upload.get('error')}")
+        print(f"an upload ({len(UPLOAD_TEXT.encode()) / 1e3:.0f} KB) and its question sent with the wave: {said}",
+              flush=True)
     for r in results:
         if not r.get("ok"):
             print(f"  failed: {r.get('error')}", flush=True)
     return {"n": n, "one_alone_s": one_alone, "alone_s": alone, "answered": len(ok), "cut": cut,
             "makespan_s": makespan, "p50_s": pct(lat, 50), "p95_s": pct(lat, 95), "gain": gain, "rss": rss,
-            "latencies_s": lat}
+            "latencies_s": lat, "app_cpu_s": app_cpu, "clients_cpu_s": clients_cpu,
+            "upload": {k: upload.get(k) for k in ("ok", "refused", "latency", "error")} if up is not None else None}
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a process has used (/proc/PID/stat); NaN where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return float("nan")
+
+
+def _own_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _started() -> threading.Event:
@@ -412,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: a class of N visitors asking at once with the page's defaults")
     p.add_argument("--alone", type=int, default=3, help="--class: questions asked alone first, for serial (default 3)")
     p.add_argument("--out", help="--class: write the wave's numbers to this JSON file")
+    p.add_argument("--upload-during", action="store_true",
+                   help="--class: one more visitor uploads a document and asks it while the wave runs")
     p.add_argument("--k", type=int, default=2, help="--burst: passages per question (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=4, help="--burst: default 4")
     p.add_argument("--decoding", default="fast", choices=("fast", "thorough"),
@@ -434,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.klass is not None:
             print(f"ready after {wait_ready(url, 900):.0f} s; RSS {gb(rss_bytes(pid) if pid else None)}", flush=True)
-            wave = class_wave(url, args.klass, args.alone, args.burst_timeout, pid)
+            wave = class_wave(url, args.klass, args.alone, args.burst_timeout, pid, args.upload_during)
             if args.out:
                 Path(args.out).write_text(json.dumps(wave, indent=1) + "\n")
             return 0 if wave["answered"] == args.klass and not wave["cut"] else 1

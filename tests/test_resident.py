@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,3 +54,27 @@ def test_the_parts_add_up_to_the_resident_set_and_name_the_pipelines_tensors():
     named = sum(v for k, v in parts.items() if k != "not attributed")
     assert abs(statm - named) < 0.1 * statm, (statm, parts)
     assert abs(parts["not attributed"]) < 0.1 * rss, parts
+
+
+def test_the_kernel_cache_is_bounded_unless_the_environment_says(monkeypatch):
+    from rag_demo.serving import memory as mem
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert mem.limit_kernel_cache() is True
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(mem.KERNEL_CACHE)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    assert mem.limit_kernel_cache() is False and os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+def test_the_app_bounds_the_kernel_cache_before_torch_starts():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    code = ("import sys; sys.argv=['app.py','--help']\n"
+            "import runpy\n"
+            "try:\n runpy.run_path('app.py', run_name='not_main')\nexcept SystemExit: pass\n"
+            "import os; print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.stdout.split()[-1:] == ["128"], out.stdout + out.stderr

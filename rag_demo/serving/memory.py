@@ -8,6 +8,10 @@ own arena, so RSS crept from 0.8 GB to 3.5 GB under load with nothing alive. Two
 Setting `MALLOC_ARENA_MAX=2` in the environment before Python starts has the same effect as
 `limit_arenas(2)`; `limit_arenas` is for when the launcher cannot set it.
 
+oneDNN, which runs the linear layers, keeps a compiled kernel (and its buffers) for every shape it
+has met, up to 1024 of them: every prefill and teacher-forced pass has its own number of tokens, so a
+class's wave left ~0.3 GB of them. `limit_kernel_cache` bounds them (docs/results.md §3.6).
+
 Torch-free, and a no-op (returns False) where glibc is not the allocator (macOS, musl).
 """
 from __future__ import annotations
@@ -40,6 +44,20 @@ def limit_arenas(n: int = 2) -> bool:
     """At most `n` malloc arenas from now on (call before worker threads start). True if set."""
     lib = _glibc()
     return bool(lib and lib.mallopt(M_ARENA_MAX, int(n)) == 1)
+
+
+# oneDNN kernels kept (its default is 1024): the shapes a question meets again (decoding steps, the
+# common prompt lengths) stay compiled, the long tail is recompiled when it comes back
+KERNEL_CACHE = 128
+
+
+def limit_kernel_cache(n: int = KERNEL_CACHE) -> bool:
+    """Keep at most `n` oneDNN kernels (ONEDNN_PRIMITIVE_CACHE_CAPACITY), unless the environment
+    already says; call before torch runs its first matrix product. True if set here."""
+    if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:
+        return False
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(int(n))
+    return True
 
 
 def trim() -> bool:
