@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--cost-out", default="assets/cost_fit.json", help="--fit-cost: where to write the fit")
     be.add_argument("--fit-rows-out", default=None, help="--fit-cost: also write every answer measured (id, preset, "
                     "mode, seconds, text) as JSON Lines here")
+    be.add_argument("--batched", action="store_true", help="instead: one batched decoding step (a class's visitors "
+                    "served by one model call) over 1, 5 and 20 visitors' RAG-Token states, against its bound "
+                    "(rag_demo/measure/batched.py); needs 20 questions")
     be.add_argument("--scale", action="store_true", help="instead: the index kinds (flat, hnsw, ivfpq, ivfpq + re-rank) "
                     "on synthetic vectors around the real ones, and their RAM projected to wiki_dpr's 21M passages")
     be.add_argument("--scale-n", type=int, default=1_000_000, help="vectors for --scale (default 1,000,000)")
@@ -468,9 +471,38 @@ def cmd_bench(args) -> int:
         out = args.out if args.out != "artifacts/bench.json" else "artifacts/bench_scale.json"
         run_scale(args.scale_n, dims, say=_progress, out=out, cache_dir=_spec(args).cache_dir)
         return 0
+    if args.batched:
+        return _bench_batched(args)
     from rag_demo.measure.bench import run_bench
 
     return run_bench(args, _spec(args), _progress)
+
+
+def _bench_batched(args) -> int:
+    """`bench --batched`: one batched decoding step over 1, 5 and 20 visitors against its bound."""
+    import json
+
+    from rag_demo.measure.batched import batched_steps
+    from rag_demo.measure.bound import rates
+    from rag_demo.measure.evaluate import machine_info
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.questions import load_qa
+
+    pipe = RagPipeline.load(_spec(args), progress=_load_progress)
+    settings = RagSettings.for_stack(pipe.stack.name, preset=getattr(args, "preset", None),
+                                     **{n: getattr(args, n, None) for n in KNOBS})
+    questions = list(dict.fromkeys(it.question for it in load_qa(args.qa)))[: max(args.n, 20)]
+    model = pipe.stack.modes["token"].generator.model
+    _progress("This CPU's rates (matrix multiplies at the generator's shapes, weight reads) ...")
+    rate = rates(model)
+    steps = batched_steps(pipe, questions, settings, rate, say=_progress)
+    out = args.out if args.out != "artifacts/bench.json" else "artifacts/bench_batched.json"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"command": "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]),
+                                     "machine": machine_info(), "rates": rate.to_dict(), "settings": settings.to_dict(),
+                                     "visitors": steps}, indent=1) + "\n", encoding="utf-8")
+    _progress(f"Saved {out}")
+    return 0
 
 
 def cmd_tables(args) -> int:

@@ -70,3 +70,34 @@ def test_the_cpu_flags_are_this_machines():
     flags = cpu_flags()
     text = open("/proc/cpuinfo").read()
     assert all(f" {f}" in text for f in flags) and ("avx2" in flags) == (" avx2" in text)
+
+
+def test_a_batched_steps_bound_reads_the_weights_once_for_every_visitors_rows(smollm_tokenizer_folder):
+    """Two visitors of 5 rows (attending to 100 and 300 positions) in one step: the FLOPs of all 10
+    rows, the weights' bytes once (not once per visitor, as two separate calls would cost)."""
+    from rag_demo.measure.batched import step_bound
+
+    d = Dims.of(tiny(smollm_tokenizer_folder))
+    r = Rates(prefill_flops=1e9, decode_flops=1e8, read_bytes=1e6)  # reading dominates at these rates
+    both = step_bound(d, r, [(5, 100), (5, 300)])
+    body_flops = 2 * 4608 * 10 + 4 * 2 * 16 * (5 * 100 + 5 * 300)
+    # FLOPs at the best rate measured (the prefill's), bytes at the read rate
+    expected = max(body_flops / 1e9, 4608 * 4 / 1e6) + max(2 * d.vocab * 16 * 10 / 1e9, d.vocab * 16 * 4 / 1e6)
+    assert both == pytest.approx(expected)
+    apart = step_bound(d, r, [(5, 100)]) + step_bound(d, r, [(5, 300)])
+    assert both < apart  # one read of the weights for both
+
+
+def test_bench_times_a_batched_step_for_each_number_of_visitors(gen, three_passage_pipe):
+    from rag_demo.config import RagSettings
+    from rag_demo.measure.batched import batched_steps
+
+    pipe = three_passage_pipe(gen, ["Paris is the capital of France.", "Berlin is in Germany.", "Rome is old."],
+                              RagSettings(k=2))
+    rate = Rates(prefill_flops=1e9, decode_flops=1e9, read_bytes=1e9)
+    out = batched_steps(pipe, ["Where is Paris?", "Where is Berlin?", "Is Rome old?"], RagSettings(k=2), rate,
+                        visitors=(1, 3), steps=2)
+    assert set(out) == {1, 3} and out[1]["rows"] == 2 and out[3]["rows"] == 6
+    assert all(v["step_s"] > 0 and v["bound_s"] > 0 and v["multiple"] == v["step_s"] / v["bound_s"] for v in out.values())
+    with pytest.raises(ValueError, match="needs 3 questions"):
+        batched_steps(pipe, ["Where is Paris?"], RagSettings(k=2), rate, visitors=(1, 3))
