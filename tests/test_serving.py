@@ -90,9 +90,15 @@ def test_maximum_settings_are_answered_or_refused_within_the_limit_and_memory_st
         for a in r["answers"].values():
             assert a["stopped"] in ("eos", "max_new_tokens", "time_limit")
     assert peak < warm + budget.max_request_bytes + 0.5e9, (peak, warm, budget.max_request_bytes)
-    # and the app keeps serving: a normal question right after
+    # and the app keeps serving: a normal question right after, at the page's defaults (always admitted;
+    # a costlier one is priced by the CPU's measured speed, and on a busy shared CPU its estimate
+    # crossed the 45 s limit)
+    from rag_demo.config import RagSettings
+
+    d = RagSettings(preset="aided").decoding
     t1 = time.monotonic()
-    ok = c.predict("Who painted The Starry Night?", 5, 1, 32, "thorough", "offline", api_name="/ask")
+    ok = c.predict("Who painted The Starry Night?", d.k, d.num_beams, d.max_new_tokens, d.sequence_decoding,
+                   "offline", api_name="/ask")
     took = time.monotonic() - t1
     print(f"then a normal question in {took:.1f} s: {ok['answers']['token']['text']!r} "
           f"({ok['answers']['token']['stopped']})")

@@ -91,7 +91,8 @@ class PipelinePool:
     `get` waits for the load and relays its progress. `lock` serialises the builds of the other
     built-in corpora's indexes (each built once, then loaded from the disk cache); answers never
     hold it (the StepScheduler orders their model steps), nor do uploads and edits (their batches
-    are the scheduler's calls, in the upload lane: admission.Serving). `corpus_index` gives the index of another built-in corpus (the
+    are the scheduler's calls, in the upload lane: admission.Serving). `corpus_index` gives the index of
+    another built-in corpus (the
     CIA World Factbook) under a stack's models: built or loaded from the disk cache once per
     stack, then shared by every session (the paper's index hot-swap).
     """
