@@ -394,3 +394,31 @@ def test_the_shipped_files_match_their_meta():
         meta, data = json.loads(m.read_text()), (m.parent / "embeddings.npy").read_bytes()
         assert hashlib.sha256(data).hexdigest() == meta["sha256"] and len(data) < 20e6, m
         assert np.load(m.parent / "embeddings.npy").shape == (meta["n"], meta["dim"]) and meta["stored_as"] == "float16"
+
+
+def test_a_sessions_edits_are_a_recipe_whose_copy_is_kept_bounded_and_rebuilt(base: PassageIndex, encoder):
+    """A session holds its edits, not a copy of the index: the edited copy lives in a store of at
+    most EDITED_KEPT shared by every session, and a copy dropped from it is rebuilt from the edits,
+    the same passages and vectors as the copy made at the edit."""
+    from types import SimpleNamespace
+
+    from rag_demo.serving import session as sess
+
+    pid = "Mount Everest#0"
+    first = sess.Edits(base).then(pid, "Mount Everest is a river polluted by plastic waste.", None, encoder)
+    both = first.then(pid, "Mount Everest is a lake in Peru.", "Everest lake", encoder)
+    made = both.index(encoder)
+    direct = (base.with_edited_passage(pid, "Mount Everest is a river polluted by plastic waste.", encoder)
+              .with_edited_passage(pid, "Mount Everest is a lake in Peru.", encoder, "Everest lake"))
+    assert [p.text for p in made.corpus.passages] == [p.text for p in direct.corpus.passages]
+    np.testing.assert_allclose(made.embeddings, direct.embeddings, atol=1e-6)
+    assert both.passage_ids == (pid,) and base.corpus.passages[2].text != "Mount Everest is a lake in Peru."
+    others = [sess.Edits(base).then(pid, f"Mount Everest is peak number {i}.", None, encoder)
+              for i in range(sess.EDITED_KEPT + 1)]
+    assert sess.Edits.kept() == sess.EDITED_KEPT  # bounded whatever the number of sessions
+    again = both.index(encoder)  # dropped by the others, rebuilt from its edits
+    assert again is not made and [p.title for p in again.corpus.passages] == [p.title for p in made.corpus.passages]
+    np.testing.assert_allclose(again.embeddings, made.embeddings, atol=1e-6)
+    pipe = SimpleNamespace(index=base, stack=SimpleNamespace(ctx_encoder=encoder))
+    assert sess.active_index(sess.Session(edited=others[-1], edits=(pid,)), pipe).corpus.passages[2].text == (
+        f"Mount Everest is peak number {sess.EDITED_KEPT}.")

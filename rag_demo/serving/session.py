@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +25,8 @@ class Session:
     """What one browser tab (or one gradio_client.Client) has chosen; stored in a gr.State.
 
     The shared pipelines and their indexes are never changed: an upload gets its own index,
-    an edit makes a copy of the active index (PassageIndex.with_edited_passage).
+    an edit a copy of the active index (PassageIndex.with_edited_passage), held for the session
+    as its recipe (`Edits`).
     """
 
     stack: str = "offline"
@@ -33,7 +36,7 @@ class Session:
     upload_stack: str | None = None
     named_index: Any = None  # the shared index of the other built-in corpus chosen (pool.corpus_index)
     named_stack: str | None = None  # the stack whose passage encoder made `named_index`
-    edited: Any = None  # the active index with this visitor's edits (None: no edits)
+    edited: Any = None  # this visitor's edits of the active index (`Edits`; None: no edits)
     edits: tuple[str, ...] = ()  # ids of edited passages
     last_docs: tuple[tuple[str, str, str], ...] = ()  # (id, title, text) of the last answer's passages
     # what this server computed for the last answers, per RAG mode: (mode, passage ids, each passage's
@@ -43,11 +46,70 @@ class Session:
     warned: frozenset[str] = frozenset()  # warnings this visitor has seen (each is shown once)
 
 
+# Edited copies of an index kept at once, server-wide: a copy of the Vital Articles index (its
+# passages, vectors and search index) is ~50 MB, and a class's sessions each holding one took the
+# app from 1.3 to 2.4 GB within minutes (docs/results.md §3.6); one dropped is rebuilt from its edits.
+EDITED_KEPT = 3
+
+
+class Edits:
+    """A visitor's edits of an index, as a recipe: the index they were made on (shared, never
+    changed) and each edit (passage id, text, title or None) in order. The edited copy is kept in a
+    bounded store shared by every session (EDITED_KEPT, least recently used dropped first) and
+    rebuilt from the recipe when it was dropped: a session holds a few hundred bytes, not a copy."""
+
+    _kept: "OrderedDict[int, tuple[Edits, Any]]" = OrderedDict()  # id(recipe) -> (recipe, its edited index)
+    _lock = threading.Lock()
+
+    def __init__(self, base: Any, edits: tuple[tuple[str, str, str | None], ...] = ()) -> None:
+        self.base, self.edits = base, tuple(edits)
+
+    def then(self, passage_id: str, text: str, title: str | None, encoder: Any) -> "Edits":
+        """These edits and one more, its copy built now (ValueError for a passage or text the
+        index refuses, before anything is kept)."""
+        index = self.index(encoder).with_edited_passage(passage_id, text, encoder, title)
+        out = Edits(self.base, (*self.edits, (passage_id, text, title)))
+        out._keep(index)
+        return out
+
+    @property
+    def passage_ids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(pid for pid, _, _ in self.edits))
+
+    def index(self, encoder: Any) -> Any:
+        """The edited copy: kept, or rebuilt from the base and the edits (one passage embedded each)."""
+        if not self.edits:
+            return self.base
+        with self._lock:
+            got = self._kept.get(id(self))
+            if got is not None and got[0] is self:
+                self._kept.move_to_end(id(self))
+                return got[1]
+        index = self.base
+        for pid, text, title in self.edits:
+            index = index.with_edited_passage(pid, text, encoder, title)
+        self._keep(index)
+        return index
+
+    def _keep(self, index: Any) -> None:
+        with self._lock:
+            self._kept[id(self)] = (self, index)
+            self._kept.move_to_end(id(self))
+            while len(self._kept) > EDITED_KEPT:
+                self._kept.popitem(last=False)
+
+    @classmethod
+    def kept(cls) -> int:
+        """How many edited copies are held now (tests)."""
+        with cls._lock:
+            return len(cls._kept)
+
+
 def active_index(s: Session, base: Any) -> Any:
     """The index this visitor answers from: its edited copy, its upload, the other built-in corpus
     it chose, or the stack's own."""
     if s.edited is not None:
-        return s.edited
+        return s.edited.index(base.stack.ctx_encoder)
     if s.corpus == "upload" and s.upload_index is not None:
         return s.upload_index
     if s.corpus not in ("builtin", "upload") and s.named_index is not None and s.named_stack == base.stack.name:

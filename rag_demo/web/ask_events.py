@@ -10,7 +10,7 @@ import gradio as gr
 
 from rag_demo.config import MODE_TITLES, MODES, check_question
 from rag_demo.runs import Run
-from rag_demo.serving.session import session_pipeline
+from rag_demo.serving.session import Edits, session_pipeline
 from rag_demo.web.answering import (
     answer_again, answer_all, answer_without, answering, ask_outputs, partial_outputs, settings_of, stop_button,
 )
@@ -86,10 +86,11 @@ class AskEvents(Part):
             check_question(question)
             pipe, s = session_pipeline(self.pool, s, progress, self.serving)
             progress(0.0, desc="Re-embedding the edited passage")
+            recipe = s.edited if s.edited is not None else Edits(pipe.index)
             with self.serving.embed_turn() if self.serving is not None else contextlib.nullcontext():
-                edited = pipe.index.with_edited_passage(pid, new_text, pipe.stack.ctx_encoder, new_title or None)
-        s = dataclasses.replace(s, edited=edited, edits=tuple(dict.fromkeys((*s.edits, pid))))
-        pipe = pipe.with_index(edited)
+                recipe = recipe.then(pid, new_text, new_title or None, pipe.stack.ctx_encoder)
+        s = dataclasses.replace(s, edited=recipe, edits=recipe.passage_ids)
+        pipe = pipe.with_index(recipe.index(pipe.stack.ctx_encoder))
         result, s = answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request,
                                 cancelled=turn.cancelled)
         if turn.superseded():  # a newer question or a corpus switch took over: write nothing
