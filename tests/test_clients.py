@@ -155,6 +155,13 @@ def test_an_oversized_upload_is_refused_before_it_is_written(free_port, tmp_path
         small = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": ("a.txt", b"Mars is red.")},
                            timeout=60)
         assert small.status_code == 200
+        # the server holds the state of at most STATE_SESSIONS sessions, the least recently used dropped
+        holder = demo.state_holder
+        for i in range(page.STATE_SESSIONS + 5):
+            holder[f"visitor-{i}"]
+            holder.update(f"visitor-{i}")
+        assert len(holder.session_data) == page.STATE_SESSIONS
+        assert "visitor-0" not in holder and f"visitor-{page.STATE_SESSIONS + 4}" in holder
     finally:
         demo.close()
         os.environ.pop("GRADIO_TEMP_DIR", None)

@@ -38,6 +38,10 @@ UPLOAD_CACHE_S = 3600  # gradio's cache of uploaded files is swept this often, o
 QUEUE_CONCURRENCY = 1  # events outside the model group (none of them run a model)
 QUEUE_MAX_SIZE = 32  # a burst of ~30 waiting requests; more get "queue full" instead of waiting minutes
 STATE_TTL_S = 3600  # a session's uploads and edits are dropped an hour after their last change
+# Sessions whose state the server holds, the least recently used dropped first: gradio keeps for each
+# a copy of the page's whole configuration (~0.5 MB here) and by default 10,000 of them, so API
+# clients, which never close a tab, grew the app ~8 MB a minute under load (docs/results.md §3.6)
+STATE_SESSIONS = 100
 
 
 
@@ -390,6 +394,8 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     # gradio refuses a far larger file while it streams in, before it is written to disk (with its own
     # toast and a bare "Error" on the box); one a little over the limit gets check_upload's message
     kwargs.setdefault("max_file_size", TRANSFER_LIMIT_BYTES)
+    # a class's tabs and its API clients, not every session since the start (STATE_SESSIONS)
+    kwargs.setdefault("state_session_capacity", STATE_SESSIONS)
     # the named API endpoints are MCP tools too (gradio[mcp]; streamable HTTP at /gradio_api/mcp/):
     # an agent calls `ask` with the question and gets /ask's dict
     kwargs.setdefault("mcp_server", True)
