@@ -685,13 +685,18 @@ def test_bad_reader_settings_get_the_library_message(name, value, message):
 
 
 class EditablePipe(AnsweringPipe):
-    """An AnsweringPipe whose index takes edits (recorded, the index is unchanged)."""
+    """An AnsweringPipe whose index takes edits (recorded; the edited index is the same index, as
+    PassageIndex.with_edited_passage returns an index)."""
 
     def __init__(self, name="offline"):
         super().__init__(name)
         self.edited = []
         self.stack.ctx_encoder = None
-        self.index.with_edited_passage = lambda pid, text, enc, title=None: self.edited.append((pid, text, title))
+
+        def edit(pid, text, enc, title=None):
+            self.edited.append((pid, text, title))
+            return self.index
+        self.index.with_edited_passage = edit
 
 
 class CostPipe(AnsweringPipe):
