@@ -166,14 +166,13 @@ class Generating:
         a.signals, a.confidence, cue = judge(view, self.pipe.confidence_model)
         model = self.pipe.confidence_model
         a.confidence_model = None if model is None else model.quoted(a.stack, a.settings["preset"], a.mode)
-        if a.confidence_model is not None and a.mode != "closed-book":  # closed-book reads no K, retriever or corpus
+        if a.confidence_model is not None:
             weights = getattr(self.pipe.stack, "weights", None)
-            corpus = f"{self.pipe.index.corpus.name} ({len(self.pipe.index):,} passages)"
-            a.confidence_model["outside"] = outside_fit(model.about, a.settings.get("k"), a.retriever or "", corpus,
+            rag = a.mode != "closed-book"  # closed-book reads no K, retriever or corpus
+            corpus = f"{self.pipe.index.corpus.name} ({len(self.pipe.index):,} passages)" if rag else ""
+            a.confidence_model["outside"] = outside_fit(model.about if rag else {}, a.settings.get("k") if rag else None,
+                                                        (a.retriever or "") if rag else "", corpus,
                                                         weights is None or weights.measured)
-        elif a.confidence_model is not None:
-            weights = getattr(self.pipe.stack, "weights", None)
-            a.confidence_model["outside"] = outside_fit({}, None, "", "", weights is None or weights.measured)
         if cue is not None:
             a.cues.insert(0, cue)
 

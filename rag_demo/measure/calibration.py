@@ -115,7 +115,7 @@ def cv_logloss(x: np.ndarray, y: np.ndarray, features: tuple[str, ...], folds: i
 def _cue_at_bound(p: np.ndarray, y: np.ndarray, w: np.ndarray, a: np.ndarray) -> tuple[float, dict]:
     """(the cue's threshold, its recall, right flagged and precision on the answerable answers and,
     weighted, on the mix)."""
-    t = cue_threshold(p, y, a, w)
+    t = cue_threshold(p, y, w)
     a = np.asarray(a, dtype=bool)
     return t, {"answerable": weighted_cue(p[a] < t, y[a], np.ones(int(a.sum()))), "mix": weighted_cue(p < t, y, w)}
 
@@ -169,15 +169,14 @@ def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION,
     model = _logistic(x, y, features, w)
     p = cross_validated(x, y, features, w, 2 * y + a)
     return Logistic(*[getattr(model, f) for f in ("features", "mean", "scale", "coef", "intercept")],
-                    threshold=cue_threshold(p, y, a, w, precision))
+                    threshold=cue_threshold(p, y, w, precision))
 
 
-def cue_threshold(p: np.ndarray, y: np.ndarray, answerable: np.ndarray, w: np.ndarray,
-                  precision: float = PRECISION) -> float:
+def cue_threshold(p: np.ndarray, y: np.ndarray, w: np.ndarray, precision: float = PRECISION) -> float:
     """The cue's threshold: on the weighted mix (`mix_weights`), the most wrong answers flagged with
     at most RIGHT_FLAGGED of the right ones and precision at least `precision` (`choose_threshold`).
     Bounding it on the answerable answers alone was measured and not kept (docs/results.md §8):
-    fifty-odd answers place it too loosely. `answerable` is kept for that comparison's callers."""
+    fifty-odd answers place it too loosely."""
     return choose_threshold(p, y, precision, RIGHT_FLAGGED, w)
 
 
