@@ -132,6 +132,61 @@ def test_selected_rows_are_an_independent_copy_with_room_to_grow():
     torch.testing.assert_close(again.keys[..., 5:, :], nk[:1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1, 0, 2], [0, 0, 2], [2, 2, 1], [2, 0], [1]])
+def test_rows_kept_in_place_are_the_rows_a_copy_holds(rows):
+    """GrowingLayer.reselect (a search's own cache reordered in place) holds what `selected` would:
+    kept, swapped, repeated and dropped rows; it allocates nothing, and grows on as before."""
+    from rag_demo.models.kv_cache import GrowingLayer
+
+    torch.manual_seed(0)
+    k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)  # (R, heads, L, d)
+    layer, ref = GrowingLayer(), GrowingLayer()
+    layer.update(k, v)
+    ref.update(k, v)
+    idx = torch.tensor(rows)
+    want = ref.selected(idx)
+    buffer = layer._k.untyped_storage().data_ptr()
+    assert layer.can_reselect(len(rows)) and not layer.can_reselect(4)  # more rows than held: a copy instead
+    layer.reselect(idx)
+    torch.testing.assert_close(layer.keys, want.keys, rtol=0, atol=0)
+    torch.testing.assert_close(layer.values, want.values, rtol=0, atol=0)
+    assert layer._k.untyped_storage().data_ptr() == buffer  # in place: the same buffer
+    nk, nv = torch.randn(len(rows), 2, 1, 4), torch.randn(len(rows), 2, 1, 4)
+    layer.update(nk, nv)
+    want.update(nk, nv)
+    torch.testing.assert_close(layer.keys, want.keys, rtol=0, atol=0)
+
+
+def test_a_search_reordered_in_place_answers_as_with_copies(smollm_tokenizer_folder, monkeypatch):
+    """Beam searches reorder their own rows in place after their first copy: RAG-Token,
+    RAG-Sequence and closed-book give the same answers and log-probs as when every reorder copies
+    (`select`)."""
+    from rag_demo.models.decoder_only import DecoderOnlyGenerator
+
+    gen = _gen(smollm_tokenizer_folder, 4)
+    s = RagSettings(preset="paper", max_new_tokens=6, num_beams=3, answer_style="short").decoding
+    scores = torch.tensor([3.0, 2.0, 1.0])
+    in_place = []
+    reorder = DecoderOnlyGenerator.reorder
+    monkeypatch.setattr(DecoderOnlyGenerator, "reorder",
+                        lambda self, st, rows: in_place.append(1) or reorder(self, st, rows))
+    got = []
+    for q in QUESTIONS:
+        prompts = _prompts(gen, q)
+        cb = gen.prompt(q, None, 192, "short", examples=WORKED_EXAMPLES[:2])
+        got.append([engine.rag_token(gen, prompts, scores, s), engine.rag_sequence(gen, prompts, scores, s),
+                    engine.closed_book(gen, cb, s)])
+    assert in_place  # the searches did reorder in place
+    monkeypatch.setattr(DecoderOnlyGenerator, "reorder", DecoderOnlyGenerator.select)  # every reorder a copy
+    for q, answers in zip(QUESTIONS, got):
+        prompts = _prompts(gen, q)
+        cb = gen.prompt(q, None, 192, "short", examples=WORKED_EXAMPLES[:2])
+        for a, b in zip(answers, [engine.rag_token(gen, prompts, scores, s), engine.rag_sequence(gen, prompts, scores, s),
+                                  engine.closed_book(gen, cb, s)]):
+            assert a.tokens == b.tokens
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+
+
 @pytest.mark.parametrize("eager_max", [0, 2, 10_000])  # every call through SDPA / steps eager, runs SDPA / all eager
 @pytest.mark.parametrize("kv_heads", [1, 2])  # 1: two query heads read one kv head (grouped-query, as SmolLM2)
 def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokenizer_folder, kv_heads, eager_max,

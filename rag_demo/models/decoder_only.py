@@ -19,7 +19,7 @@ from rag_demo.models.generators import (
     DECODER_ONLY, GenState, Generator, LazyPrefill, last_tokens, log_softmax_f32, pad_rows,
 )
 from rag_demo.models.kv_cache import (
-    MIN_SHARED_PREFIX, GrowingCache, select_cache, shared_prefix, use_shared_prefix_attention,
+    MIN_SHARED_PREFIX, GrowingCache, reselect_cache, select_cache, shared_prefix, use_shared_prefix_attention,
 )
 from rag_demo.models.opening_kv import OpeningKV
 from rag_demo.models.passage_prefill import PassagePrefill
@@ -256,6 +256,20 @@ class DecoderOnlyGenerator(Generator):
 
     def _logits(self, hidden):
         return self.model.lm_head(hidden)  # (..., V)
+
+    def reorder(self, state, rows):
+        """`select` in place where the cache allows (kv_cache.reselect_cache: only the rows whose
+        source differs are copied, no new buffers); else `select`. The values are those `select`
+        gives: copies either way."""
+        if state.cache is None or not reselect_cache(state.cache, rows):
+            return self.select(state, rows)
+        picked = rows.tolist()
+        state.mask = state.mask.index_select(0, rows)
+        state.next_pos = None if state.next_pos is None else state.next_pos.index_select(0, rows)
+        state.digests = None if state.digests is None else [state.digests[i] for i in picked]
+        state.pending = None if state.pending is None else state.pending.index_select(0, rows)
+        state.prompt_lp = None  # as `select` leaves it
+        return state
 
     def select(self, state, rows):
         picked = rows.tolist()

@@ -233,6 +233,11 @@ class Generator:
         """A new state made of `rows` of `state` (a row may repeat); `state` is left as it was."""
         raise NotImplementedError
 
+    def reorder(self, state: GenState, rows: torch.Tensor) -> GenState:
+        """`select` for a state only the caller holds (a search's own copy), which may be changed
+        in place and is then returned; the state must not be read afterwards (use the return)."""
+        return self.select(state, rows)
+
     def start_tokens(self) -> list[int]:
         """Tokens every output begins with that the model did not choose (BART's decoder start)."""
         return []

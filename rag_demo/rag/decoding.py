@@ -100,6 +100,7 @@ class Rows:
         self.processors = sorted(processors, key=lambda p: p.stage)
         self.stopped: str | None = None  # why a search ended early ("time_limit", "cancelled"), if it did
         self.n_rows: int | None = None  # the state's rows once a step has told us; unknown at first
+        self._owned = False  # whether self.state is a copy only this search holds (made by its first reorder)
 
     def pick(self, groups: list[int], tokens: list[list[int]], lp: torch.Tensor) -> torch.Tensor:
         """lp (N, V) the beams' log-probs -> what the search's choice sees (lp itself without processors)."""
@@ -125,10 +126,13 @@ class Rows:
     def reorder(self, beams: torch.Tensor) -> None:
         """Keep these beams (N',), in this order: their rows of the state, copied; when every beam
         stays where it is the state is kept as it is (the search alone holds it), which spares a
-        copy of every layer's cache at most steps of a beam search."""
+        copy of every layer's cache at most steps of a beam search. After the first copy the state
+        is the search's own and is reordered in place (`Generator.reorder`: only moved rows copied)."""
         rows = self.rows_of(beams)  # (N'*r,)
         if self.n_rows is None or rows.numel() != self.n_rows or not torch.equal(rows, torch.arange(self.n_rows)):
-            self.state = self.gen.select(self.state, rows)
+            # the first copy is the search's own (the state it was given may be shared): later ones in place
+            self.state = self.gen.reorder(self.state, rows) if self._owned else self.gen.select(self.state, rows)
+            self._owned = True
             self.n_rows = rows.numel()
         for p in self.processors:
             p.reorder(beams)
