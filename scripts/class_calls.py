@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--visitors", type=int, default=20)
     ap.add_argument("--alone", type=int, default=3)
+    ap.add_argument("--trim-each", action="store_true",
+                    help="give freed memory back after each visitor's answer, as the app does after every request")
     a = ap.parse_args(argv)
     pipe = RagPipeline.load()
     pipe.warm_up()
@@ -61,20 +63,25 @@ def main(argv: list[str] | None = None) -> int:
         alone.append(time.perf_counter() - t0)
     print(f"{cpu_name()}: {len(alone)} questions alone, {sum(alone):.1f} s; calls {by_call(sched.recent)}")
     sched.recent.clear()
-    threads = [threading.Thread(target=lambda q=q: pipe.answers(q, list(MODES), s, Run(share=lambda g: sched.gated(g))))
-               for q in qs[: a.visitors]]
+    def visit(q: str) -> None:
+        pipe.answers(q, list(MODES), s, Run(share=lambda g: sched.gated(g)))
+        if a.trim_each:
+            trim()
+
+    threads = [threading.Thread(target=visit, args=(q,)) for q in qs[: a.visitors]]
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     calls = by_call(sched.recent)
-    from rag_demo.serving.memory import rss_bytes, trim
 
     trim()
     print(f"RSS after the wave, trimmed: {rss_bytes() / 1e9:.2f} GB (after warm-up {ready_rss / 1e9:.2f} GB)")
-    print(f"{a.visitors} visitors at once: {wall:.1f} s wall, the model busy {sum(c[1] for c in calls.values()):.1f} s; "
+    print(f"{a.visitors} visitors at once: {wall:.1f} s wall, {cpu:.0f} CPU s, the model busy {sum(c[1] for c in calls.values()):.1f} s; "
           f"calls {calls}; serial estimate {a.visitors * sum(alone) / len(alone):.1f} s "
           f"({a.visitors * sum(alone) / len(alone) / wall:.2f}x)")
     return 0
