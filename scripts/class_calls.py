@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     trim()
     print(f"RSS after the wave, trimmed: {rss_bytes() / 1e9:.2f} GB (after warm-up {ready_rss / 1e9:.2f} GB)")
-    print(f"{a.visitors} visitors at once: {wall:.1f} s wall, {cpu:.0f} CPU s, the model busy {sum(c[1] for c in calls.values()):.1f} s; "
+    busy = sum(c[1] for c in calls.values())
+    print(f"{a.visitors} visitors at once: {wall:.1f} s wall, {cpu:.0f} CPU s, the model busy {busy:.1f} s; "
           f"calls {calls}; serial estimate {a.visitors * sum(alone) / len(alone):.1f} s "
           f"({a.visitors * sum(alone) / len(alone) / wall:.2f}x)")
     return 0
