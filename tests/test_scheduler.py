@@ -69,9 +69,19 @@ def _prefilled(gen, q, docs, s):
     return gen.prefill(_prompts(gen, q, s, docs))
 
 
-def test_two_states_in_one_forward_give_what_each_gets_alone(smollm_tokenizer_folder):
+@pytest.mark.parametrize("garbage", [False, True])
+def test_two_states_in_one_forward_give_what_each_gets_alone(smollm_tokenizer_folder, garbage, monkeypatch):
     """advance_many over two questions' rows (K 3 and K 4, different lengths) gives each state the
-    log-probs advance gives it alone, step after step of greedy decoding."""
+    log-probs advance gives it alone, step after step of greedy decoding; also when every buffer
+    made without a fill holds NaN (garbage): padding and spare room are never read as numbers."""
+    if garbage:
+        new_empty = torch.Tensor.new_empty
+
+        def nan_empty(self, *args, **kwargs):
+            out = new_empty(self, *args, **kwargs)
+            return out.fill_(float("nan")) if out.is_floating_point() else out
+
+        monkeypatch.setattr(torch.Tensor, "new_empty", nan_empty)
     gen = _gen(smollm_tokenizer_folder)
     s = RagSettings(preset="paper", answer_style="short")
     (lp_a, st_a), (lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)

@@ -273,20 +273,23 @@ def prefix_group_attention(layer: "SharedPrefixLayer", queries: list[torch.Tenso
 
 def _padded_own(qs, keys, values, masks, s_pre, pv, sizes, H, d) -> list[torch.Tensor]:
     """`prefix_group_attention` at one query a row (a decoding step) for several states: their own
-    keys and values copied into one zero-padded batch (N, Hkv, n_max, d), the padding masked out,
+    keys and values copied into one padded batch (N, Hkv, n_max, d), the padding masked out,
     so the rows' own scores, the softmax and the values' product are one call each, not one per
     state. Padding adds exact zeros to every sum: the same numbers up to summation order."""
     Hkv, P = pv.shape[0], pv.shape[1]
     gL = qs[0].shape[2]
     N, n_max = sum(sizes), max(k.shape[2] for k in keys)
-    k_all = keys[0].new_zeros((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
-    v_all = values[0].new_zeros((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
+    # not zero-filled whole: a padded key's score is masked to -inf whatever it holds; a padded
+    # value is read with probability 0, so it is zeroed (0 x garbage could be NaN)
+    k_all = keys[0].new_empty((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
+    v_all = values[0].new_empty((N, Hkv, n_max, d))  # (N, Hkv, n_max, d)
     seen = torch.zeros((N, 1, 1, n_max), dtype=torch.bool)  # (N, 1, 1, n_max) real, unmasked positions
     at = 0
     for key, value, mask, R in zip(keys, values, masks, sizes):
         n = key.shape[2]
         k_all[at: at + R, :, :n] = key
         v_all[at: at + R, :, :n] = value
+        v_all[at: at + R, :, n:] = 0
         seen[at: at + R, ..., :n] = True if mask is None else mask[..., -n:]  # (R|1, 1, 1, n)
         at += R
     q_all = torch.cat(qs)  # (N, Hkv, gL, d)
