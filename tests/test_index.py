@@ -107,6 +107,38 @@ def test_edited_title_is_embedded_with_the_text(base: PassageIndex, encoder: Min
     assert not np.allclose(retitled.embeddings[2], base.embeddings[2], atol=1e-3)  # the title is embedded
 
 
+def test_an_edited_index_shares_the_base_and_searches_as_a_rebuilt_one(encoder: MiniLMEncoder):
+    """Edits are held beside the base's vectors and search index, not in a copy of them: two edits
+    in turn search (top k for several k, the whole corpus included) and score passages as an index
+    rebuilt from the edited vectors does, while the base's arrays are shared and unchanged."""
+    from rag_demo.knowledge.corpus import Passage
+    from rag_demo.knowledge.retrievers import DenseRetriever
+
+    rng = np.random.default_rng(0)
+    n = 60
+    vecs = rng.standard_normal((n, 384)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    base = PassageIndex(Corpus("random", [Passage(f"p{i}", f"Title {i}", f"Text number {i}.") for i in range(n)]), vecs)
+    before = base.embeddings.copy()
+    once = base.with_edited_passage("p7", "A passage about rivers and plastic.", encoder)
+    twice = once.with_edited_passage("p40", "A passage about mountains.", encoder, new_title="Peaks")
+    assert twice.index is base.index and twice._vectors is base._vectors  # shared, not copied
+    rebuilt = PassageIndex(twice.corpus, twice.embeddings)  # what a copy with the edits would search
+    q = np.vstack([encoder.encode_questions(["Which river is polluted by plastic?", "What is the highest peak?"]),
+                   rng.standard_normal((3, 384)).astype(np.float32)])  # (5, D)
+    for k in (1, 3, 10, n):
+        got_s, got_i = twice.search_rows(q, k)
+        want_s, want_i = rebuilt.search_rows(q, k)
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_allclose(got_s, want_s, rtol=0, atol=1e-5)
+    assert twice.search_rows(q[:1], 1)[1][0, 0] == 7  # the edited passage is found by what it says now
+    passages = [twice.corpus.passages[i] for i in (7, 40, 3)]
+    np.testing.assert_allclose(DenseRetriever(twice).scores(q[:1], passages),
+                               DenseRetriever(rebuilt).scores(q[:1], passages), rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(base.embeddings, before)
+    np.testing.assert_array_equal(once.embeddings[40], before[40])  # the second edit is not in the first
+
+
 # ---------------------------------------------------------------- cache
 
 

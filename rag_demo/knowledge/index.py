@@ -15,6 +15,7 @@ restarted Space) embeds only what it had not saved; the folder goes once the ind
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import io
@@ -71,15 +72,36 @@ class PassageIndex:
             raise ValueError(
                 f"the FAISS index holds {index.ntotal} x {index.d} vectors, not {embeddings.shape}: rebuild it."
             )
-        self.corpus, self.embeddings, self.index, self.ann = corpus, embeddings, index, ann
+        self.corpus, self.index, self.ann = corpus, index, ann
+        self._vectors = embeddings  # (N, D) the vectors `index` searches: never written
+        self._edited: dict[int, np.ndarray] = {}  # row -> its edited vector (D,), over `_vectors` and `index`
         self._searcher = Searcher(index, ann, embeddings if ann.rerank else None)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """Every passage's vector (N, D), row i `corpus.passages[i]`: with edits, a new array each call
+        (an export, training); retrieval reads `vectors(rows)`."""
+        if not self._edited:
+            return self._vectors
+        out = self._vectors.copy()  # (N, D)
+        for i, v in self._edited.items():
+            out[i] = v
+        return out
+
+    def vectors(self, rows) -> np.ndarray:
+        """The vectors (K, D) of corpus rows, edits included."""
+        out = np.asarray(self._vectors[rows], np.float32)  # (K, D) a copy
+        for j, i in enumerate(rows):
+            if int(i) in self._edited:
+                out[j] = self._edited[int(i)]
+        return out
 
     def __len__(self) -> int:
         return len(self.corpus)
 
     @property
     def dim(self) -> int:
-        return self.embeddings.shape[1]
+        return self._vectors.shape[1]
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[Passage]]]:
         """Top-k passages by inner product for each of B question vectors: scores (B, k), passages B x k."""
@@ -93,7 +115,7 @@ class PassageIndex:
             raise ValueError(
                 f"k={k} is out of range for corpus {self.corpus.name!r} of {len(self)} passages: use 1 to {len(self)}."
             )
-        scores, ids = self._searcher.search(q, k)  # (B, k), (B, k)
+        scores, ids = self._search(q, k)  # (B, k), (B, k)
         if (ids < 0).any():  # an approximate index (e.g. a loaded HNSW one) may find fewer than k
             raise ValueError(
                 f"the FAISS index of {self.corpus.name!r} found fewer than k={k} passages for a question: "
@@ -106,12 +128,32 @@ class PassageIndex:
         q = np.ascontiguousarray(q, dtype=np.float32)  # (B, D)
         if q.ndim != 2 or q.shape[1] != self.dim or not 1 <= k <= len(self):
             raise ValueError(f"question vectors {q.shape} with k={k}: expected (B, {self.dim}) and k from 1 to {len(self)}.")
-        return self._searcher.search(q, k)  # (B, k), (B, k)
+        return self._search(q, k)  # (B, k), (B, k)
+
+    def _search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The searcher's top k (B, k) scores and rows; with edits, the index's top k + m (m edited
+        rows) without the edited rows, merged with the edited rows' own scores q·v: the top k the
+        edited vectors would give in an index of their own (exact for a flat index)."""
+        if not self._edited:
+            return self._searcher.search(q, k)  # (B, k), (B, k)
+        rows = np.array(sorted(self._edited), dtype=np.int64)  # (m,)
+        edited = q @ np.stack([self._edited[int(i)] for i in rows]).T  # (B, m)
+        found, ids = self._searcher.search(q, min(k + len(rows), len(self)))  # (B, k + m)
+        out_s, out_i = np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)  # (B, k)
+        for b in range(len(q)):
+            keep = (ids[b] >= 0) & ~np.isin(ids[b], rows)  # the unedited rows the index found
+            s = np.concatenate([found[b][keep], edited[b]])
+            i = np.concatenate([ids[b][keep], rows])
+            best = np.argsort(-s, kind="stable")[:k]
+            out_s[b, : len(best)], out_i[b, : len(best)] = s[best], i[best]
+        return out_s, out_i
 
     def with_edited_passage(self, passage_id: str, new_text: str, encoder: Encoder,
                             new_title: str | None = None) -> PassageIndex:
         """A new index with one passage's text (and title, if `new_title` is not blank) replaced and
-        re-embedded; self is untouched (sessions share it)."""
+        re-embedded; self is untouched (sessions share it). The new index shares this one's
+        vectors and search index and holds only the edited rows' vectors beside them (a copy of
+        the Vital Articles' vectors and search index was ~35 MB per editing visitor)."""
         corpus = self.corpus.with_passage_text(passage_id, new_text, new_title)
         i = corpus.position(passage_id)
         vec = encoder.encode_passages([corpus.passages[i]])  # (1, D)
@@ -120,9 +162,10 @@ class PassageIndex:
                 f"{encoder.name} gives {vec.shape[1]}-d vectors, this index holds {self.dim}-d: "
                 "use the encoder that built it."
             )
-        embeddings = self.embeddings.copy()  # (N, D)
-        embeddings[i] = vec[0]
-        return PassageIndex(corpus, embeddings, ann=self.ann)
+        out = copy.copy(self)  # the same vectors, search index and searcher
+        out.corpus = corpus
+        out._edited = {**self._edited, i: np.asarray(vec[0], np.float32)}
+        return out
 
 
 @dataclass

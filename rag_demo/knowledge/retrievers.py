@@ -51,7 +51,7 @@ class DenseRetriever:
     def scores(self, qv: np.ndarray, passages: list[Passage]) -> np.ndarray:
         """q(x)·d(z) (K,) of given passages of this index, as `search` would score them."""
         rows = [self.index.corpus.position(p.id) for p in passages]
-        return (np.asarray(self.index.embeddings[rows]) @ qv[0]).astype(np.float32)  # (K,)
+        return (self.index.vectors(rows) @ qv[0]).astype(np.float32)  # (K,)
 
 
 class BM25WhileBuilding:

@@ -46,9 +46,10 @@ class Session:
     warned: frozenset[str] = frozenset()  # warnings this visitor has seen (each is shown once)
 
 
-# Edited copies of an index kept at once, server-wide: a copy of the Vital Articles index (its
-# passages, vectors and search index) is ~50 MB, and a class's sessions each holding one took the
-# app from 1.3 to 2.4 GB within minutes (docs/results.md §3.6); one dropped is rebuilt from its edits.
+# Edited copies of an index kept at once, server-wide: an edited Vital Articles index holds its own
+# copy of the passages' table (~10 MB; the vectors and search index are the base's, the edited rows'
+# vectors beside them), and a class's sessions each holding a whole copy took the app from 1.3 to
+# 2.4 GB within minutes (docs/results.md §3.6); one dropped is rebuilt from its edits.
 EDITED_KEPT = 3
 
 
