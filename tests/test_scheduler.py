@@ -204,6 +204,47 @@ def test_cheap_before_expensive_and_one_call_at_a_time():
     assert order == ["first", "cheap", "expensive"]
 
 
+def test_a_turn_wakes_the_call_whose_turn_it_is_not_every_waiting_one(monkeypatch):
+    """Twenty calls queue behind a held one: each is woken about once, when its turn comes (one
+    condition for all woke every waiting call at every turn: up to N²/2 wakeups), and all run, in order."""
+    wakeups = []
+    wait = threading.Condition.wait
+
+    def counted(self, timeout=None):  # every condition's wait, the scheduler's included
+        got = wait(self, timeout)
+        wakeups.append(1)
+        return got
+
+    monkeypatch.setattr(threading.Condition, "wait", counted)
+    sched = StepScheduler()
+    order: list[int] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def holder():
+        with sched.step(0):
+            entered.set()
+            assert release.wait(10)
+
+    def worker(i: int):
+        with sched.step(0):
+            order.append(i)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert entered.wait(10)
+    n = 20
+    for i in range(n):
+        threads.append(threading.Thread(target=worker, args=(i,)))
+        threads[-1].start()
+        assert sched.wait_queued(i + 1, 10)
+    wakeups.clear()  # wait_queued's own
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == list(range(n))
+    assert len(wakeups) <= 2 * n, len(wakeups)
+
+
 def test_a_batch_holds_one_priority_and_at_most_max_rows(smollm_tokenizer_folder):
     """Steps queued behind a held call: the cheap ones run together first (as many rows as fit),
     the expensive one after them, alone."""

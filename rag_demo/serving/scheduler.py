@@ -76,6 +76,7 @@ class _Ticket:
     rows: int = 0
     clock: WaitClock | None = None
     since: float = field(default_factory=time.perf_counter)  # when it began to wait
+    wake: threading.Condition | None = None  # its own, over the scheduler's lock: only it is woken
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -100,7 +101,11 @@ class StepScheduler:
 
     max_rows: int = MAX_BATCH_ROWS
     gather_s: float = GATHER_S
-    _cv: threading.Condition = field(default_factory=threading.Condition)
+    # one lock; each waiting call sleeps on its own condition over it and is woken alone when its
+    # turn comes or its batch is done (a condition for all woke every waiting visitor at every call)
+    _mutex: threading.RLock = field(default_factory=threading.RLock)
+    _cv: threading.Condition = field(init=False)  # over _mutex: `wait_queued` and tests' `held` wait on it
+    _gathering: _Ticket | None = None  # the leader waiting for the last batch's streams, if one is
     _busy: bool = False
     _waiting: list = field(default_factory=list)  # heap of _Ticket
     _tickets: Any = field(default_factory=itertools.count)
@@ -111,6 +116,7 @@ class StepScheduler:
     hold: str | None = field(default_factory=lambda: os.environ.get(TEST_HOLD_ENV) or None)
 
     def __post_init__(self) -> None:
+        self._cv = threading.Condition(self._mutex)
         if not isinstance(self.max_rows, int) or self.max_rows < 1:
             raise ValueError(f"max_rows={self.max_rows!r} must be a positive number of rows.")
         if not isinstance(self.gather_s, (int, float)) or self.gather_s < 0:
@@ -124,7 +130,7 @@ class StepScheduler:
         me = self._enqueue(_Ticket(priority, next(self._tickets), stream, clock=clock))
         with self._cv:
             while self._busy or self._waiting[0] is not me:
-                self._cv.wait()
+                me.wake.wait()
             heapq.heappop(self._waiting)
             self._busy = True
         t0 = time.perf_counter()
@@ -144,7 +150,7 @@ class StepScheduler:
                                    clock))
         with self._cv:
             while not me.done and (self._busy or self._waiting[0] is not me):
-                self._cv.wait()
+                me.wake.wait()
             if not me.done:
                 batch = self._gather(me)
         if not me.done:
@@ -157,7 +163,7 @@ class StepScheduler:
         """The stream will not come back for a step: no batch waits for it."""
         with self._cv:
             self._expected.discard(stream)
-            self._cv.notify_all()
+            self._wake_gathering()
 
     def wait_queued(self, n: int, timeout: float | None = None) -> bool:
         """Block until at least n calls wait for the model; False if `timeout` passes first."""
@@ -185,24 +191,33 @@ class StepScheduler:
 
     # -- inside ------------------------------------------------------------------------------
     def _enqueue(self, ticket: _Ticket) -> _Ticket:
+        ticket.wake = threading.Condition(self._mutex)  # the scheduler's lock: waited on under it
         with self._cv:
             heapq.heappush(self._waiting, ticket)
             self._expected.discard(ticket.stream)
-            self._cv.notify_all()
+            self._wake_gathering()
+            self._cv.notify_all()  # `wait_queued` alone waits on the scheduler's own condition
         return ticket
+
+    def _wake_gathering(self) -> None:
+        """(Under the lock) wake the leader waiting for the last batch's streams: one came or left."""
+        if self._gathering is not None:
+            self._gathering.wake.notify()
 
     def _gather(self, head: _Ticket) -> list[_Ticket]:
         """(Under the lock, the model free, `head` first in line) take the model, wait briefly for
         the last batch's streams still decoding, and take the waiting steps that batch with `head`."""
         self._busy = True
         deadline = self._last_end + self.gather_s
+        self._gathering = head
         while True:
             here = {t.stream for t in self._waiting}
             missing = self._expected - here
             left = deadline - time.perf_counter()
             if not missing or left <= 0:
                 break
-            self._cv.wait(left)
+            head.wake.wait(left)
+        self._gathering = None
         key = getattr(head.gen, "batch_key", None)
         batch, rows, rest = [], 0, []
         for t in sorted(self._waiting):
@@ -250,7 +265,11 @@ class StepScheduler:
             self._last_end = time.perf_counter()
             self.recent.append(stat)
             self._busy = False
-            self._cv.notify_all()
+            for t in batch:  # the batch's members: their results are in
+                t.wake.notify()
+            if self._waiting:  # the next in line: the model is its
+                self._waiting[0].wake.notify()
+            self._cv.notify_all()  # tests' `held` waits on the scheduler's own condition
 
 
 _STREAMS = itertools.count(1)
