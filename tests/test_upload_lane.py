@@ -176,35 +176,3 @@ def test_every_kind_of_request_gives_its_freed_memory_back(monkeypatch):
     with pytest.raises(gr.Error):
         list(choose_corpus("refuse"))
     assert len(trims) == 5
-
-
-def test_freed_memory_goes_back_when_the_last_request_in_flight_ends(monkeypatch):
-    """While other requests run, an ending one does not trim (their next buffers would be faulted
-    in afresh); the last one out does, whichever ends last, a streamed one included."""
-    from rag_demo.serving import memory
-
-    trims = []
-    monkeypatch.setattr(memory, "trim", lambda: trims.append(1) or True)
-    started, release = threading.Event(), threading.Event()
-
-    @validation.logs_refusals
-    def ask(x):
-        yield "first"
-        started.set()
-        release.wait(10)
-        yield x
-
-    @validation.logs_refusals
-    def price(x):
-        return x
-
-    streamed = ask("answer")
-    assert next(streamed) == "first" and len(memory.requests) == 1
-    t = threading.Thread(target=lambda: list(streamed))
-    t.start()
-    assert started.wait(10)
-    assert price("cost") == "cost" and trims == []  # the question still runs: nothing given back
-    release.set()
-    t.join(10)
-    assert trims == [1] and len(memory.requests) == 0  # the last one out gave it back
-    assert price("alone") == "alone" and trims == [1, 1]  # alone, a request trims as it ends

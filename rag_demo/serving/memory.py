@@ -4,9 +4,7 @@ Why: PyTorch frees its activation buffers (KV caches, (K, V) log-prob rows) with
 glibc keeps freed blocks in per-thread arenas (up to 8 x cores of them) instead of returning
 them to the OS. With gradio running handlers on a pool of worker threads, each thread grows its
 own arena, so RSS crept from 0.8 GB to 3.5 GB under load with nothing alive. Two arenas and a
-`malloc_trim(0)` once the last request in flight ends (`requests`) keep RSS near its warm value
-(docs/results.md §4). Not after each request while others run: their next buffers would be mapped
-and faulted in afresh, and a class's wave took a third more CPU so (docs/results.md §3.6).
+`malloc_trim(0)` after each request keep RSS near its warm value (docs/results.md §4).
 Setting `MALLOC_ARENA_MAX=2` in the environment before Python starts has the same effect as
 `limit_arenas(2)`; `limit_arenas` is for when the launcher cannot set it.
 
@@ -22,8 +20,6 @@ import ctypes
 import ctypes.util
 import os
 import sys
-import threading
-from contextlib import contextmanager
 
 M_ARENA_MAX = -8  # glibc malloc.h
 
@@ -68,36 +64,6 @@ def trim() -> bool:
     """Give free heap memory back to the OS (glibc `malloc_trim(0)`); True if something was released."""
     lib = _glibc()
     return bool(lib and lib.malloc_trim(0))
-
-
-class InFlight:
-    """The requests running now; the last one to end gives the freed memory back (`trim`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._n = 0
-
-    @contextmanager
-    def request(self):
-        """Hold for one request: counted while it runs; when it ends with no other running, `trim`."""
-        with self._lock:
-            self._n += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._n -= 1
-                last = self._n == 0
-            if last:
-                trim()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return self._n
-
-
-# every endpoint's request (web/validation.logs_refusals) and a learner's sweep
-requests = InFlight()
 
 
 def _status_kb(field: str, pid: int | str = "self") -> int | None:

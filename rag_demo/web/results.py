@@ -230,8 +230,7 @@ class ResultsHandlers:
 
         rows: list[dict] = []
         try:
-            # counted as a request: its freed buffers go back to the OS once no request runs
-            with memory.requests.request(), self.serving.sweep_slot() if self.serving is not None else _nothing():
+            with self.serving.sweep_slot() if self.serving is not None else _nothing():
                 run = (self.serving.background_run(request, stop.is_set) if self.serving is not None else None)
                 total = len(items) * grid.answers_per_question()
                 done, t0 = 0, time.monotonic()
@@ -248,6 +247,7 @@ class ResultsHandlers:
         finally:
             with self._lock:
                 self._running.pop(key, None)
+            memory.trim()  # the sweep's freed buffers back to the OS, as after every request
         yield self._update(rows, done, total, t0, seconds, metric, finished=not stop.is_set(), stopped=stop.is_set())
 
     def _update(self, rows, done, total, t0, estimate, metric, finished=False, stopped=False) -> tuple:

@@ -77,9 +77,8 @@ def logs_refusals(fn: Callable) -> Callable:
     raises, each make one line in the server's log, "/name refused: message", and no traceback;
     any other exception becomes `unexpected`'s message, its traceback logged under an id.
     A generator stays a generator (gradio streams what a generator function yields). However it
-    ends, freed buffers go back to the OS (`memory.trim`) once no other request runs
-    (`memory.requests`): after every kind of request, not only a question (an upload's embedding,
-    a corpus built, a stack loaded)."""
+    ends, the request's freed buffers go back to the OS (`memory.trim`): after every kind of
+    request, not only a question (an upload's embedding, a corpus built, a stack loaded)."""
     name = fn.__name__
 
     def say(e: gr.Error) -> None:
@@ -91,26 +90,28 @@ def logs_refusals(fn: Callable) -> Callable:
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def streamed(*args, **kwargs):
-            with memory.requests.request():
-                try:
-                    yield from fn(*args, **kwargs)
-                except gr.Error as e:
-                    say(e)
-                    raise
-                except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
-                    raise unexpected(name, e) from None
-        return streamed
-
-    @functools.wraps(fn)
-    def called(*args, **kwargs):
-        with memory.requests.request():
             try:
-                return fn(*args, **kwargs)
+                yield from fn(*args, **kwargs)
             except gr.Error as e:
                 say(e)
                 raise
             except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
                 raise unexpected(name, e) from None
+            finally:
+                memory.trim()
+        return streamed
+
+    @functools.wraps(fn)
+    def called(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error as e:
+            say(e)
+            raise
+        except Exception as e:  # noqa: BLE001 - shown as an id, logged whole
+            raise unexpected(name, e) from None
+        finally:
+            memory.trim()
     return called
 
 
