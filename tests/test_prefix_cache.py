@@ -187,6 +187,28 @@ def test_a_search_reordered_in_place_answers_as_with_copies(smollm_tokenizer_fol
             assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
 
 
+@pytest.mark.parametrize("per_beam", [1, 3])  # RAG-Sequence's K groups; RAG-Token's one group of K rows
+def test_a_beam_search_leaves_the_state_it_was_given_as_it_was(smollm_tokenizer_folder, per_beam):
+    """The engine hands a beam search the prefill state itself (it scores the winner from that state
+    afterwards): the search's first reorder copies the rows, and every later step and reorder
+    writes only the copy."""
+    from rag_demo.rag.decoding import Rows, search
+
+    gen = _gen(smollm_tokenizer_folder, 4)
+    gen.hidden_cache.resize(0)  # the state holds its cache: no lazy prefill
+    d = RagSettings(preset="paper", max_new_tokens=6, num_beams=3, answer_style="short").decoding
+    lp, state = gen.prefill(_prompts(gen, QUESTIONS[0]))  # (K, V)
+    keys = [layer.keys.clone() for layer in state.cache.layers]
+    mask, n = state.mask.clone(), state.cache.layers[0]._n
+    groups = 3 // per_beam
+    rows = Rows(gen, state, per_beam=per_beam, prior=None if per_beam == 1 else torch.zeros(3).log_softmax(0))
+    hyps = search(rows, lp, groups, d, gen.stop_token_ids("short"))
+    assert hyps and rows.state is not state
+    assert state.cache.layers[0]._n == n and torch.equal(state.mask, mask)
+    for layer, before in zip(state.cache.layers, keys):
+        torch.testing.assert_close(layer.keys, before, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("eager_max", [0, 2, 10_000])  # every call through SDPA / steps eager, runs SDPA / all eager
 @pytest.mark.parametrize("kv_heads", [1, 2])  # 1: two query heads read one kv head (grouped-query, as SmolLM2)
 def test_shared_prefix_attention_reads_what_the_plain_model_reads(smollm_tokenizer_folder, kv_heads, eager_max,

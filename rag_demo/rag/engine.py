@@ -174,10 +174,12 @@ def rag_token(gen: Generator, prompts: list[list[int]], doc_scores: torch.Tensor
     t0 = time.perf_counter()
     q = prefill(gen, prompts, doc_scores, d, reader, stop)
     K = len(prompts)
-    # Beam search scores its winner afterwards from the prefill state, and a reader hook may
-    # decode again from it: then the search runs on a copy. Greedy alone records attribution as
-    # it goes and may consume the state (copying BART's cross-attention cache costs more than a step).
-    state = gen.select(q.state0, torch.arange(K)) if d.num_beams > 1 or reader.keeps_prefill else q.state0
+    # The prefill state is read again afterwards (beam search scores its winner from it; a reader
+    # hook may decode again from it). Beam search never writes the state it is given (its first
+    # reorder copies each row once per beam); greedy records attribution as it goes and writes it,
+    # so it runs on a copy only when a hook needs the state (copying BART's cross-attention cache
+    # costs more than a step).
+    state = gen.select(q.state0, torch.arange(K)) if d.num_beams == 1 and reader.keeps_prefill else q.state0
     rows = Rows(gen, state, per_beam=K, prior=q.prior, processors=reader.processors(q, "mixture", [0]))
     step = _streaming(on_partial, "token", q.prior)
     hyps = search(rows, q.first_lp, 1, d, q.ends, stop, step, top_n=INSPECT_TOP)  # one group of B beams
@@ -216,8 +218,9 @@ def doc_searches(q: Prefilled, on_step=None) -> tuple[list[list[Hyp]], str | Non
     def run() -> tuple[list[list[Hyp]], str | None]:
         K = q.first_lp.shape[0]
         groups = list(range(K))
-        rows = Rows(q.gen, q.gen.select(q.state0, torch.arange(K)), per_beam=1, prior=None,
-                    processors=q.reader.processors(q, "per_doc", groups))
+        # a beam search copies the rows at its first reorder; greedy would write the shared state
+        state = q.state0 if q.d.num_beams > 1 else q.gen.select(q.state0, torch.arange(K))
+        rows = Rows(q.gen, state, per_beam=1, prior=None, processors=q.reader.processors(q, "per_doc", groups))
         hyps = search(rows, q.first_lp, K, q.d, q.ends, q.stop, on_step)
         hyps = q.reader.review(Search(q, "per_doc", rows), hyps)  # a search run again does not stream
         if not rows.stopped:
@@ -301,7 +304,8 @@ def closed_book(gen: Generator, prompt: list[int], d: Decoding, reader: Reader =
     t0 = time.perf_counter()
     first_lp, state0 = gen.prefill([prompt])  # (1, V)
     q = Prefilled(gen, [prompt], first_lp, state0, None, gen.stop_token_ids(d.answer_style), d, stop, reader)
-    state = gen.select(state0, torch.arange(1)) if reader.keeps_prefill else state0  # a hook may search again
+    # a hook may search again from state0: greedy, which writes its state, runs on a copy
+    state = gen.select(state0, torch.arange(1)) if reader.keeps_prefill and d.num_beams == 1 else state0
     rows = Rows(gen, state, per_beam=1, prior=None, processors=reader.processors(q, "closed_book", [0]))
     step = _streaming(on_partial, "closed-book", None)
     hyps = search(rows, first_lp, 1, d, q.ends, stop, step)
