@@ -157,12 +157,16 @@ def test_rows_kept_in_place_are_the_rows_a_copy_holds(rows):
     torch.testing.assert_close(layer.keys, want.keys, rtol=0, atol=0)
 
 
-def test_a_search_reordered_in_place_answers_as_with_copies(smollm_tokenizer_folder, monkeypatch):
+@pytest.mark.parametrize("grow", [64, 1])  # 1: every step outgrows its buffer (made by the model's call, inference mode)
+def test_a_search_reordered_in_place_answers_as_with_copies(smollm_tokenizer_folder, monkeypatch, grow):
     """Beam searches reorder their own rows in place after their first copy: RAG-Token,
     RAG-Sequence and closed-book give the same answers and log-probs as when every reorder copies
-    (`select`)."""
+    (`select`), also when the buffers reordered were made inside torch's inference mode and the
+    search runs outside it (the app's visitors do)."""
     from rag_demo.models.decoder_only import DecoderOnlyGenerator
+    from rag_demo.models.kv_cache import GrowingLayer
 
+    monkeypatch.setattr(GrowingLayer, "GROW", grow)
     gen = _gen(smollm_tokenizer_folder, 4)
     s = RagSettings(preset="paper", max_new_tokens=6, num_beams=3, answer_style="short").decoding
     scores = torch.tensor([3.0, 2.0, 1.0])

@@ -257,6 +257,7 @@ class DecoderOnlyGenerator(Generator):
     def _logits(self, hidden):
         return self.model.lm_head(hidden)  # (..., V)
 
+    @torch.inference_mode()  # the buffers a step grew were made in inference mode: written only inside it
     def reorder(self, state, rows):
         """`select` in place where the cache allows (kv_cache.reselect_cache: only the rows whose
         source differs are copied, no new buffers); else `select`. The values are those `select`
