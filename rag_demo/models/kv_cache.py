@@ -163,27 +163,6 @@ class SharedPrefixLayer(GrowingLayer):
     def get_seq_length(self) -> int:
         return self.prefix_k.shape[-2] + super().get_seq_length()
 
-    def can_reselect(self, rows: int) -> bool:
-        """Whether `reselect` can keep `rows` rows in place: an empty layer, or one whose own
-        buffer holds at least that many rows."""
-        return not (self.is_initialized and self._n) or (self._k is not None and rows <= self._k.shape[0])
-
-    def reselect(self, rows: torch.Tensor) -> None:
-        """`selected` made in place, for a layer only its caller holds (a search's own rows): row i
-        becomes row rows[i] (R',), R' at most the rows held (`can_reselect`). Only the rows whose
-        source differs are copied, and only their held positions: a beam search that keeps most of
-        its beams where they were copies a few rows, not every row's whole buffer."""
-        if not (self.is_initialized and self._n):
-            return
-        n = self._n
-        moved = (rows != torch.arange(rows.numel())).nonzero().squeeze(1)  # (M,) rows given another's
-        if moved.numel():
-            src = rows.index_select(0, moved)  # (M,) read whole before any is written
-            self._k[moved, :, :n] = self._k[src, :, :n]  # (M, heads, n, d)
-            self._v[moved, :, :n] = self._v[src, :, :n]
-        self._k, self._v = self._k[: rows.numel()], self._v[: rows.numel()]  # (R', heads, capacity, d) views
-        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
-
     def cropped(self, n: int) -> "GrowingLayer":
         raise ValueError("cropped() of a SharedPrefixLayer: crop the one-row cache the prefix came from instead.")
 
