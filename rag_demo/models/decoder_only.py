@@ -5,6 +5,8 @@ values kept (passage_prefill.py) and answers' hidden states kept (passage_kv.py)
 """
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from typing import Sequence
 
@@ -264,13 +266,9 @@ class DecoderOnlyGenerator(Generator):
         gives: copies either way."""
         if state.cache is None or not reselect_cache(state.cache, rows):
             return self.select(state, rows)
-        picked = rows.tolist()
-        state.mask = state.mask.index_select(0, rows)
-        state.next_pos = None if state.next_pos is None else state.next_pos.index_select(0, rows)
-        state.digests = None if state.digests is None else [state.digests[i] for i in picked]
-        state.pending = None if state.pending is None else state.pending.index_select(0, rows)
-        state.prompt_lp = None  # as `select` leaves it
-        return state
+        out = self.select(dataclasses.replace(state, cache=None), rows)  # every other field, as always
+        out.cache = state.cache  # its rows kept in place
+        return out
 
     def select(self, state, rows):
         picked = rows.tolist()
