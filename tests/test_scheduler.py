@@ -98,6 +98,53 @@ def test_two_states_in_one_forward_give_what_each_gets_alone(smollm_tokenizer_fo
         tok_a, tok_b = together[0][:, -1].argmax(-1, keepdim=True), together[1][:, -1].argmax(-1, keepdim=True)
 
 
+def test_a_teacher_forced_pass_in_the_same_forward_as_decoding_steps(smollm_tokenizer_folder):
+    """advance_many with one state decoding a token and another teacher-forcing a 4-token answer
+    (lengths 1 and 4 in one forward): the step's log-probs are those advance gives alone, and the
+    pass's are those advance_gather gives alone; both caches then hold what they hold alone."""
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", answer_style="short")
+    (lp_a, st_a), (lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    alone_a, alone_b = gen.select(st_a, torch.arange(3)), gen.select(st_b, torch.arange(4))
+    tok_a = lp_a.argmax(-1, keepdim=True)  # (3, 1)
+    answer = torch.tensor([[11, 12, 13, 14, 15]]).expand(4, -1)  # (4, 5) one answer under each doc
+    got_a, got_b = gen.advance_many([(st_a, tok_a), (st_b, answer[:, :-1], answer[:, 1:])])
+    want_a, want_b = gen.advance(alone_a, tok_a), gen.advance_gather(alone_b, answer[:, :-1], answer[:, 1:])
+    assert got_a.shape == (3, 1, gen.vocab_size) and got_b.shape == (4, 4)
+    torch.testing.assert_close(got_a, want_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_b, want_b, atol=1e-5, rtol=0)
+    nxt = got_a[:, -1].argmax(-1, keepdim=True)  # (3, 1): one more step from the caches each call left
+    torch.testing.assert_close(gen.advance_many([(st_a, nxt), (st_b, answer[:, -1:])]),
+                               [gen.advance(alone_a, nxt), gen.advance(alone_b, answer[:, -1:])], atol=1e-5, rtol=0)
+
+
+def test_a_visitors_scoring_joins_anothers_decoding_step(smollm_tokenizer_folder):
+    """Through the scheduler, a teacher-forced pass (advance_gather) waiting beside a decoding step
+    runs in the same model call, and each gets what it gets alone."""
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="paper", answer_style="short")
+    (lp_a, st_a), (_lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    tok_a = lp_a.argmax(-1, keepdim=True)  # (3, 1)
+    answer = torch.tensor([[11, 12, 13]]).expand(4, -1)  # (4, 3)
+    want = [gen.advance(gen.select(st_a, torch.arange(3)), tok_a),
+            gen.advance_gather(gen.select(st_b, torch.arange(4)), answer[:, :-1], answer[:, 1:])]
+    sched = StepScheduler()
+    with sched.step():  # the model busy: both calls queue, then run as one
+        got = [None, None]
+        ga, gb = sched.gated(gen), sched.gated(gen)
+        ta = threading.Thread(target=lambda: got.__setitem__(0, ga.advance(st_a, tok_a)))
+        tb = threading.Thread(target=lambda: got.__setitem__(1, gb.advance_gather(st_b, answer[:, :-1], answer[:, 1:])))
+        ta.start()
+        tb.start()
+        assert sched.wait_queued(2, timeout=60)
+    ta.join(60)
+    tb.join(60)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+    last = sched.recent[-1]
+    assert (last.members, last.forced, last.rows) == (2, 1, 3 + 4 * 2)
+
+
 def test_a_bad_step_gets_its_error_and_the_others_run(smollm_tokenizer_folder):
     gen = _gen(smollm_tokenizer_folder)
     s = RagSettings(preset="paper", answer_style="short")

@@ -10,9 +10,9 @@ is the model's own forward, layer for layer; the generator runs every step throu
 numbers do not depend on which other rows share its step beyond the summation order of the
 matrix products.
 
-    h_0 = embed(tokens)                                    (N, L, H)   N = Σ_i R_i rows
+    h_0 = embed(tokens)                                    (T, H)   T = Σ_i R_i L_i tokens
     per layer: a = attn_i(norm(h)) for each state i's rows; h = h + o(a); h = h + mlp(norm(h))
-    out = norm(h), split back into (R_i, L, H)
+    out = norm(h), split back into (R_i, L_i, H)
 """
 from __future__ import annotations
 
@@ -38,55 +38,64 @@ def step_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
 @torch.inference_mode()
 def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                  masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run each state's tokens (R_i, L) at positions (R_i, L), its 2-D mask (R_i, S_i + L) covering
-    the new tokens, through `model` (a *ForCausalLM of the Llama family) in one pass; every cache
-    (R_i rows) gets its new keys and values in place. -> each state's last hidden states (R_i, L, H)."""
+    """Run each state's tokens (R_i, L_i) at positions (R_i, L_i), its 2-D mask (R_i, S_i + L_i)
+    covering the new tokens, through `model` (a *ForCausalLM of the Llama family) in one pass;
+    every cache (R_i rows) gets its new keys and values in place. States may feed different
+    lengths (a decoding step's one token beside a teacher-forced answer's L): the linear layers
+    run over all of their T = Σ_i R_i L_i tokens as one matrix. -> each state's last hidden
+    states (R_i, L_i, H)."""
     core = model.model
     # each state's call as the model's own forward would make it, for hooks on the body that count
     # or time model calls (measure/bound.WorkCounter): the layers below are called one by one
     calls = [{"input_ids": t, "attention_mask": m, "position_ids": p} for t, m, p in zip(tokens, masks, positions)]
     for kw in calls:
         _body_hooks(core, kw)
-    sizes = [t.shape[0] for t in tokens]
-    ids = torch.cat(list(tokens))  # (N, L)
-    N, L = ids.shape
-    hidden = core.embed_tokens(ids)  # (N, L, H)
-    cos, sin = core.rotary_emb(hidden, position_ids=torch.cat(list(positions)))  # (N, L, d) each
-    attn_masks = [step_mask(m, L) for m in masks]  # (R_i, 1, L, S_i)
+    shapes = [tuple(t.shape) for t in tokens]  # [(R_i, L_i)]
+    sizes = [r * n for r, n in shapes]  # tokens per state
+    ids = torch.cat([t.reshape(-1) for t in tokens])  # (T,)
+    T = ids.shape[0]
+    hidden = core.embed_tokens(ids).unsqueeze(0)  # (1, T, H)
+    cos, sin = core.rotary_emb(hidden, position_ids=torch.cat([p.reshape(-1) for p in positions]).unsqueeze(0))
+    cos, sin = cos[0], sin[0]  # (T, d) each
+    attn_masks = [step_mask(m, n) for m, (_, n) in zip(masks, shapes)]  # (R_i, 1, L_i, S_i)
     bounds = [0]
-    for r in sizes:
-        bounds.append(bounds[-1] + r)
+    for n in sizes:
+        bounds.append(bounds[-1] + n)
     for layer in core.layers[: core.config.num_hidden_layers]:
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden)  # (N, L, H)
-        shape = (N, L, -1, attn.head_dim)
-        q = attn.q_proj(x).view(shape).transpose(1, 2)  # (N, heads, L, d)
-        k = attn.k_proj(x).view(shape).transpose(1, 2)  # (N, kv heads, L, d)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)  # (N, kv heads, L, d)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        x = layer.input_layernorm(hidden)  # (1, T, H)
+        q = attn.q_proj(x).view(T, -1, attn.head_dim)  # (T, heads, d)
+        k = attn.k_proj(x).view(T, -1, attn.head_dim)  # (T, kv heads, d)
+        v = attn.v_proj(x).view(T, -1, attn.head_dim)  # (T, kv heads, d)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # each token at its own position
+
+        def rows(t: torch.Tensor, i: int) -> torch.Tensor:  # state i's part of (T, h, d) -> (R_i, h, L_i, d)
+            R, n = shapes[i]
+            return t[bounds[i]: bounds[i + 1]].view(R, n, t.shape[1], t.shape[2]).transpose(1, 2)
+
         outs: list = [None] * len(caches)
-        groups: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # prefix tensor -> its states
+        groups: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # (prefix, L) -> states
         for i, cache in enumerate(caches):
-            a, b = bounds[i], bounds[i + 1]
-            keys, values = cache.update(k[a:b], v[a:b], attn.layer_idx)  # (R_i, kv heads, n, d)
+            keys, values = cache.update(rows(k, i), rows(v, i), attn.layer_idx)  # (R_i, kv heads, n, d)
             layer_i = cache.layers[attn.layer_idx]
-            if isinstance(layer_i, SharedPrefixLayer) and L <= EAGER_MAX_QUERIES:
-                groups.setdefault(id(layer_i.prefix_k), []).append((i, keys, values))
+            n = shapes[i][1]
+            if isinstance(layer_i, SharedPrefixLayer) and n <= EAGER_MAX_QUERIES:
+                groups.setdefault((id(layer_i.prefix_k), n), []).append((i, keys, values))
             else:
-                outs[i], _ = shared_prefix_attention(attn, q[a:b], keys, values, attn_masks[i], scaling=attn.scaling,
-                                                     prefix_cache=cache)  # (R_i, L, heads, d)
+                outs[i], _ = shared_prefix_attention(attn, rows(q, i), keys, values, attn_masks[i],
+                                                     scaling=attn.scaling, prefix_cache=cache)  # (R_i, L_i, heads, d)
         for members in groups.values():  # the states that open with the same prefix: its scores at once
             first = caches[members[0][0]].layers[attn.layer_idx]
-            got = prefix_group_attention(first, [q[bounds[i]: bounds[i + 1]] for i, _, _ in members],
+            got = prefix_group_attention(first, [rows(q, i) for i, _, _ in members],
                                          [kk for _, kk, _ in members], [vv for _, _, vv in members],
                                          [attn_masks[i] for i, _, _ in members], attn.scaling)
             for (i, _, _), out in zip(members, got):
-                outs[i] = out  # (R_i, L, heads, d)
-        a_out = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(N, L, -1)  # (N, L, heads·d)
-        hidden = hidden + attn.o_proj(a_out)  # (N, L, H)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (N, L, H)
-    hidden = core.norm(hidden)  # (N, L, H)
-    out = list(hidden.split(sizes))  # [(R_i, L, H)]
+                outs[i] = out  # (R_i, L_i, heads, d)
+        a_out = (outs[0] if len(outs) == 1 else torch.cat([o.reshape(-1, *o.shape[2:]) for o in outs]))
+        hidden = hidden + attn.o_proj(a_out.reshape(1, T, -1))  # (1, T, H)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (1, T, H)
+    hidden = core.norm(hidden)[0]  # (T, H)
+    out = [h.view(R, n, -1) for h, (R, n) in zip(hidden.split(sizes), shapes)]  # [(R_i, L_i, H)]
     for kw, h in zip(calls, out):
         _body_hooks(core, kw, h)
     return out

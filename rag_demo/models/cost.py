@@ -287,8 +287,9 @@ class Timed:
         """The generator's `advance_many`, timed as one model call over all of the items' rows."""
         before, t0 = self._ran(), time.perf_counter()
         out = self._gen.advance_many(items)
-        rows = sum(int(t.shape[0]) for _, t in items)
-        ran = sum(int(t.numel()) for _, t in items)
-        if (before is None or self._ran() - before == ran) and all(t.shape[1] == 1 for _, t in items):
+        rows = sum(int(item[1].shape[0]) for item in items)
+        ran = sum(int(item[1].numel()) for item in items)
+        # timed as a decoding step only when it was one: teacher-forced answers in it cost per token
+        if (before is None or self._ran() - before == ran) and all(item[1].shape[1] == 1 for item in items):
             self._speed.observe(self._model.step_s + rows * self._model.row_s, time.perf_counter() - t0)
         return out

@@ -188,31 +188,40 @@ class DecoderOnlyGenerator(Generator):
 
     @torch.inference_mode()
     def advance_many(self, items):
-        """`advance` of several states at once, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)]:
-        the states whose tokens need the model run in one forward per length L (batched_step.py),
-        and the vocabulary projection runs once over every row. Each state's log-probs are those
-        `advance` gives it alone, up to the summation order of the matrix products. An item that
-        cannot run (`check_step`) gets its ValueError in its place; the others run."""
-        bad = [self.check_step(state, tokens) for state, tokens in items]
+        """`advance` of several states at once, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)],
+        and `advance_gather` of those given targets, [(state, tokens, targets (R_i, L_i))] ->
+        [log p(targets) (R_i, L_i)]: every state whose tokens need the model runs in one forward,
+        whatever its length (batched_step.py), and the vocabulary projection runs once over the
+        steps' rows. Each state's numbers are those it gets alone, up to the summation order of
+        the matrix products. An item that cannot run (`check_step`) gets its ValueError in its
+        place; the others run."""
+        bad = [self.check_step(*item) for item in items]
         if any(bad):  # the items that cannot run get their error; the others run as one
             good = [i for i, b in enumerate(bad) if b is None]
             ran = iter(self.advance_many([items[i] for i in good]) if good else [])
             return [b if b is not None else next(ran) for b in bad]
-        hidden = self._hidden_many(items)  # [(R_i, L_i, H)]
-        flat = torch.cat([h.reshape(-1, h.shape[-1]) for h in hidden])  # (Σ R_i L_i, H)
-        lp = log_softmax_f32(self._logits(flat))  # (Σ R_i L_i, V)
-        return [part.view(*h.shape[:2], -1) for part, h in zip(lp.split([h.shape[0] * h.shape[1] for h in hidden]),
-                                                                hidden)]
+        hidden = self._hidden_many([item[:2] for item in items])  # [(R_i, L_i, H)]
+        out: list = [None] * len(items)
+        steps = [i for i, item in enumerate(items) if len(item) < 3]  # full distributions wanted
+        if steps:
+            flat = torch.cat([hidden[i].reshape(-1, hidden[i].shape[-1]) for i in steps])  # (Σ R_i L_i, H)
+            lp = log_softmax_f32(self._logits(flat))  # (Σ R_i L_i, V)
+            for i, part in zip(steps, lp.split([hidden[i].shape[0] * hidden[i].shape[1] for i in steps])):
+                out[i] = part.view(*hidden[i].shape[:2], -1)  # (R_i, L_i, V)
+        for i, item in enumerate(items):
+            if len(item) == 3:
+                out[i] = self._gathered(hidden[i], item[2])  # (R_i, L_i)
+        return out
 
     def _hidden_many(self, items) -> list[torch.Tensor]:
         """`_hidden` of several (state, tokens (R_i, L_i)): what is kept is read, the rest runs in
-        one forward per fed length. -> [(R_i, L_i, H)]."""
+        one forward. -> [(R_i, L_i, H)]."""
         out: list[torch.Tensor | None] = [None] * len(items)
-        runs: dict[int, list[tuple[int, GenState, torch.Tensor]]] = {}  # fed length -> (item, state, fed)
+        runs: list[tuple[int, GenState, torch.Tensor]] = []  # (item, state, fed)
         after: list[tuple[int, list, list, int]] = []  # (item, digests, kept, L): what to keep once run
         for i, (state, tokens) in enumerate(items):
             if state.digests is None:  # no hidden states kept for this state
-                runs.setdefault(tokens.shape[1], []).append((i, state, tokens))
+                runs.append((i, state, tokens))
                 continue
             L = tokens.shape[1]
             digs = [chain(d, row) for d, row in zip(state.digests, tokens.tolist())]  # (R, L) after each new token
@@ -227,10 +236,10 @@ class DecoderOnlyGenerator(Generator):
             if state.cache is None:  # not even the prompts ran: their prefill runs (once for every copy)
                 ran = state.lazy[0].rows(self, state.lazy[1])
                 state.cache, state.mask, state.next_pos, state.lazy = ran.cache, ran.mask, ran.next_pos, None
-            runs.setdefault(fed.shape[1], []).append((i, state, fed))
+            runs.append((i, state, fed))
             after.append((i, digs, kept, L))
-        for group in runs.values():
-            for (i, _, _), h in zip(group, self._run_many([(st, fed) for _, st, fed in group])):
+        if runs:
+            for (i, _, _), h in zip(runs, self._run_many([(st, fed) for _, st, fed in runs])):
                 out[i] = h  # (R_i, L_fed, H)
         for i, digs, kept, L in after:
             out[i] = out[i][:, -L:]  # (R, L, H)
@@ -242,18 +251,17 @@ class DecoderOnlyGenerator(Generator):
         return self._run_many([(state, tokens)])[0]
 
     def _run_many(self, items: list[tuple[GenState, torch.Tensor]]) -> list[torch.Tensor]:
-        """The model over each state's tokens (R_i, L), one length for all, from its cache (updated
-        in place), in one forward (batched_step.forward_many) -> [(R_i, L, H)]."""
+        """The model over each state's tokens (R_i, L_i) from its cache (updated in place), in one
+        forward (batched_step.forward_many) -> [(R_i, L_i, H)]."""
         for state, tokens in items:
             rows, length = tokens.shape
             self._positions_run += rows * length
             state.mask = torch.cat([state.mask, torch.ones((rows, length), dtype=state.mask.dtype)], dim=1)  # (R, S+L)
-        length = items[0][1].shape[1]
         hidden = forward_many(self.model, [st.cache for st, _ in items], [t for _, t in items],
-                              [st.next_pos.unsqueeze(1) + torch.arange(length) for st, _ in items],  # (R_i, L)
+                              [st.next_pos.unsqueeze(1) + torch.arange(t.shape[1]) for st, t in items],  # (R_i, L_i)
                               [st.mask for st, _ in items])
-        for state, _ in items:
-            state.next_pos = state.next_pos + length
+        for state, tokens in items:
+            state.next_pos = state.next_pos + tokens.shape[1]
         return hidden
 
     def _logits(self, hidden):

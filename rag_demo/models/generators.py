@@ -158,15 +158,16 @@ class Generator:
         """Feed tokens (R, L) to every row, in place; -> float32 log-probs (R, L, V) of the next tokens."""
         return log_softmax_f32(self._logits(self._hidden(state, tokens)))  # (R, L, V)
 
-    def advance_many(self, items: Sequence[tuple[GenState, torch.Tensor]]) -> list:
-        """`advance` of several states, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)], each
-        what `advance` gives it alone; an item that cannot run gets its ValueError in its place and
-        the others run. Here one after another; a generator that batches (decoder_only.py) runs
+    def advance_many(self, items: Sequence[tuple]) -> list:
+        """`advance` of several states, [(state, tokens (R_i, L_i))] -> [log-probs (R_i, L_i, V)], and
+        `advance_gather` of those given targets, [(state, tokens, targets (R_i, L_i))] -> [log p(targets)
+        (R_i, L_i)]: each what it gets alone; an item that cannot run gets its ValueError in its place
+        and the others run. Here one after another; a generator that batches (decoder_only.py) runs
         them as one forward."""
         out = []
-        for state, tokens in items:
+        for item in items:
             try:
-                out.append(self.advance(state, tokens))
+                out.append(self.advance(*item) if len(item) < 3 else self.advance_gather(*item))
             except ValueError as e:
                 out.append(e)
         return out
@@ -176,9 +177,9 @@ class Generator:
         """Steps with the same key may run in one `advance_many` call: the same model."""
         return id(self)
 
-    def check_step(self, state: GenState, tokens: torch.Tensor) -> ValueError | None:
+    def check_step(self, state: GenState, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ValueError | None:
         """Why tokens (R, L) cannot be fed to the state (None: they can): one row of token ids
-        per state row, each id in the vocabulary."""
+        per state row, each id in the vocabulary; and targets, when given, the same for each token's next."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             return ValueError(f"tokens of shape {tuple(tokens.shape)} and dtype {tokens.dtype}: feed (rows, length) "
                               "token ids (torch.long).")
@@ -188,6 +189,11 @@ class Generator:
         if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < self.vocab_size):
             return ValueError(f"token ids from {int(tokens.min())} to {int(tokens.max())}: use ids from 0 to "
                               f"{self.vocab_size - 1}, the generator's vocabulary.")
+        if targets is not None:
+            if targets.shape != tokens.shape or targets.dtype != torch.long:
+                return ValueError(f"targets of shape {tuple(targets.shape)} and dtype {targets.dtype} for tokens of shape "
+                                  f"{tuple(tokens.shape)}: give one target id (torch.long) per token fed.")
+            return self.check_step(state, targets)
         return None
 
     @torch.inference_mode()
@@ -197,8 +203,12 @@ class Generator:
         targets[:, j] as the token after tokens[:, :j+1]. The vocabulary projection runs over
         slices of positions so at most `max_logits` logits exist at once: teacher-forcing many
         candidates never builds an (R, L, V) tensor."""
-        hidden = self._hidden(state, tokens)  # (R, L, H)
-        R, L = tokens.shape
+        return self._gathered(self._hidden(state, tokens), targets, max_logits)  # (R, L)
+
+    def _gathered(self, hidden: torch.Tensor, targets: torch.Tensor, max_logits: int = LOGITS_CHUNK) -> torch.Tensor:
+        """log p(targets) (R, L) from hidden states (R, L, H): log_softmax(W h)[target], a slice of
+        positions at a time so that at most `max_logits` logits exist at once."""
+        R, L = targets.shape
         step = max(1, max_logits // max(1, R * self.vocab_size))  # positions per slice
         out = []
         for a in range(0, L, step):

@@ -9,8 +9,10 @@ running batch:
 * a decoding step (`advance`) waits with the others; when the model is free the first in line
   leads: it takes every waiting step of the same model and priority (up to `max_rows` rows) and
   runs them as one call of the generator's `advance_many`, then hands each its own log-probs;
-* any other model call (a prefill, teacher forcing) is a step of its own, taken in turn, so a new
-  visitor's prefill runs between two batched steps and delays the others by that one call;
+* a teacher-forced pass (`advance_gather`: an answer's tokens scored under its passages) joins
+  the same batch: its tokens are rows of the same forward, and it gets its tokens' log-probs;
+* any other model call (a prefill) is a step of its own, taken in turn, so a new visitor's
+  prefill runs between two batched steps and delays the others by that one call;
 * the lowest priority number goes first (cheap before expensive), first come first served within
   it, and a batch holds one priority;
 * before a batched step the leader waits up to `gather_s` for the visitors of the last batch who
@@ -31,9 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-# Rows one batched step may hold: twenty visitors at the page's defaults (K 5, 2 beams: 10 rows
-# each at most) fit in one step; more rows make every member's step slower (docs/results.md §3.6).
-MAX_BATCH_ROWS = 200
+# Tokens one batched step may hold (a decoding row is one token, a teacher-forced row its answer's
+# length): twenty visitors at the page's defaults (K 5, 2 beams: 10 rows each at most) fit in one
+# step beside a few teacher-forced answers; more make every member's step slower (docs/results.md §3.6).
+MAX_BATCH_ROWS = 320
 # How long a batch waits for the visitors of the last one who are still between steps: their
 # bookkeeping takes a few milliseconds each, one at a time (Python's lock).
 GATHER_S = 0.02
@@ -73,7 +76,8 @@ class _Ticket:
     gen: Any = None
     state: Any = None
     tokens: Any = None
-    rows: int = 0
+    targets: Any = None  # a teacher-forced pass's targets (advance_gather), None for a decoding step
+    rows: int = 0  # tokens it feeds
     clock: WaitClock | None = None
     since: float = field(default_factory=time.perf_counter)  # when it began to wait
     wake: threading.Condition | None = None  # its own, over the scheduler's lock: only it is woken
@@ -93,6 +97,7 @@ class BatchStat:
     rows: int
     seconds: float
     what: str = "advance"  # the call: "advance" (decoding steps), or the generator method that ran alone
+    forced: int = 0  # of the members, teacher-forced passes (advance_gather)
 
 
 @dataclass
@@ -142,12 +147,14 @@ class StepScheduler:
             self._release(BatchStat(1, 0, time.perf_counter() - t0, what))
 
     # -- a decoding step, batched -----------------------------------------------------------
-    def advance(self, gen, state, tokens, priority: int = 0, stream: int | None = None, clock: WaitClock | None = None):
-        """gen.advance(state, tokens), run in one call with every other waiting step of the same
-        model and priority (gen.advance_many); -> this state's log-probs. A step whose own item
-        failed raises its error here, in its own thread; the others' are untouched."""
-        me = self._enqueue(_Ticket(priority, next(self._tickets), stream, gen, state, tokens, int(tokens.shape[0]),
-                                   clock))
+    def advance(self, gen, state, tokens, priority: int = 0, stream: int | None = None, clock: WaitClock | None = None,
+                targets=None):
+        """gen.advance(state, tokens), or with targets gen.advance_gather(state, tokens, targets), run
+        in one call with every other waiting step of the same model and priority (gen.advance_many);
+        -> this state's log-probs. A step whose own item failed raises its error here, in its own
+        thread; the others' are untouched."""
+        me = self._enqueue(_Ticket(priority, next(self._tickets), stream, gen, state, tokens, targets,
+                                   int(tokens.numel()), clock))
         with self._cv:
             while not me.done and (self._busy or self._waiting[0] is not me):
                 me.wake.wait()
@@ -240,12 +247,14 @@ class StepScheduler:
                 t.clock.add(t0 - t.since)
         head = batch[0]
         try:
-            if len(batch) == 1:  # alone: checked as a batch's items are, then the generator's own step
+            if len(batch) == 1:  # alone: checked as a batch's items are, then the generator's own call
                 check = getattr(head.gen, "check_step", None)
-                bad = check(head.state, head.tokens) if check is not None else None
-                outs = [bad if bad is not None else head.gen.advance(head.state, head.tokens)]
+                item = _item(head)
+                bad = check(*item) if check is not None else None
+                outs = [bad if bad is not None else
+                        head.gen.advance(*item) if head.targets is None else head.gen.advance_gather(*item)]
             else:
-                outs = head.gen.advance_many([(t.state, t.tokens) for t in batch])
+                outs = head.gen.advance_many([_item(t) for t in batch])
             for t, out in zip(batch, outs):
                 if isinstance(out, BaseException):
                     t.error = out
@@ -254,7 +263,9 @@ class StepScheduler:
         except BaseException as e:  # noqa: BLE001 - handed to each member, raised in its own thread
             for t in batch:
                 t.error = e
-        self._release(BatchStat(len(batch), sum(t.rows for t in batch), time.perf_counter() - t0), batch)
+        forced = sum(t.targets is not None for t in batch)
+        self._release(BatchStat(len(batch), sum(t.rows for t in batch), time.perf_counter() - t0,
+                                "advance" if forced < len(batch) else "advance_gather", forced), batch)
 
     def _release(self, stat: BatchStat, batch: list[_Ticket] = ()) -> None:
         with self._cv:
@@ -272,13 +283,18 @@ class StepScheduler:
             self._cv.notify_all()  # tests' `held` waits on the scheduler's own condition
 
 
+def _item(t: _Ticket) -> tuple:
+    """A ticket's item for the generator's advance_many: (state, tokens), or (state, tokens, targets)."""
+    return (t.state, t.tokens) if t.targets is None else (t.state, t.tokens, t.targets)
+
+
 _STREAMS = itertools.count(1)
 
 
 class Gated:
-    """A generator whose model calls go through a StepScheduler: decoding steps batched with other
-    visitors', prefills and teacher forcing each a call of their own; `select` (a copy of rows,
-    no model call) and everything else are the wrapped generator's. `leave()` when done."""
+    """A generator whose model calls go through a StepScheduler: decoding steps and teacher-forced
+    passes batched with other visitors', prefills each a call of their own; `select` (a copy of
+    rows, no model call) and everything else are the wrapped generator's. `leave()` when done."""
 
     def __init__(self, gen, scheduler: StepScheduler, priority: int, stream: int, cancelled=None,
                  clock: WaitClock | None = None) -> None:
@@ -302,7 +318,9 @@ class Gated:
         return self._scheduler.advance(self._gen, state, tokens, self._priority, self.stream, self._clock)
 
     def advance_gather(self, state, tokens, targets, *args, **kwargs):
-        return self._call(self._gen.advance_gather, state, tokens, targets, *args, **kwargs)
+        if args or kwargs:  # a bound on its logits of its own: a call of its own
+            return self._call(self._gen.advance_gather, state, tokens, targets, *args, **kwargs)
+        return self._scheduler.advance(self._gen, state, tokens, self._priority, self.stream, self._clock, targets)
 
     def leave(self) -> None:
         self._scheduler.leave(self.stream)
