@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
          "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi",
-         "off_subject", "question_tower")
+         "off_subject", "question_tower", "cue_signals")
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +242,22 @@ def test_off_subject_names_a_copy_from_a_passage_about_something_unasked(exp, ca
     out = capsys.readouterr().out
     assert out.startswith(f"{len(rows)} RAG answers, {sum(a['off'] for a in rows)} off-subject")
     assert all(f"| {m} | " in out for m in ("sequence", "token")) and "| closed-book |" not in out
+
+
+def test_cue_signals_reads_each_answers_type_and_support_and_compares_the_cue(exp, capsys):
+    mod = exp("cue_signals")
+    assert mod.type_fit("When did the war end?", "1945.") == 1.0
+    assert mod.type_fit("When did the war end?", "The treaty.") == -1.0
+    assert mod.type_fit("Who painted it?", "Vincent van Gogh") == 1.0 and mod.type_fit("Who painted it?", "a man") == -1.0
+    assert mod.type_fit("What is jazz?", "music") == 0.0
+    passages = [("Paris", "Paris is the capital of France. It has a river."), ("Rome", "Rome is old.")]
+    got = mod.support("What is the capital of France?", "Paris", passages, [0.7, 0.3])
+    assert got == {"support": 1.0, "answer_mass": 0.7}  # "capital" and "france" both in Paris's sentence
+    assert mod.support("What is the capital of France?", "Lyon", passages, [0.7, 0.3]) == {"support": 0.0,
+                                                                                            "answer_mass": 0.0}
+    assert mod.main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "aided sequence: 12 answerable answers, 6 right" in out and "logprob+type_fit+support+answer_mass" in out
 
 
 def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
