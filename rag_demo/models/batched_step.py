@@ -35,6 +35,15 @@ def step_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
     return mask.bool()[:, None, None, :] & seen  # (R, 1, L, S)
 
 
+def padded_tokens(n: int) -> int:
+    """The rows the linear layers run for n tokens: n itself up to 16 (a visitor's own step), above
+    that n rounded up to a multiple of 16. Every distinct row count compiles and keeps its own
+    oneDNN kernels and leaves differently sized blocks in the heap; a class's steps, with
+    teacher-forced answers of every length among them, would otherwise bring a new count nearly
+    every step (docs/results.md §3.6)."""
+    return n if n <= 16 else -(-n // 16) * 16
+
+
 @torch.inference_mode()
 def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                  masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -54,9 +63,12 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
     sizes = [r * n for r, n in shapes]  # tokens per state
     ids = torch.cat([t.reshape(-1) for t in tokens])  # (T,)
     T = ids.shape[0]
-    hidden = core.embed_tokens(ids).unsqueeze(0)  # (1, T, H)
-    cos, sin = core.rotary_emb(hidden, position_ids=torch.cat([p.reshape(-1) for p in positions]).unsqueeze(0))
-    cos, sin = cos[0], sin[0]  # (T, d) each
+    spare = padded_tokens(T) - T  # rows that only fill the linear layers' matrix to a common size
+    ids = torch.cat([ids, ids.new_zeros(spare)])  # (T + spare,)
+    hidden = core.embed_tokens(ids).unsqueeze(0)  # (1, T + spare, H)
+    pos = torch.cat([p.reshape(-1) for p in positions] + [torch.zeros(spare, dtype=torch.long)])  # (T + spare,)
+    cos, sin = core.rotary_emb(hidden, position_ids=pos.unsqueeze(0))
+    cos, sin = cos[0], sin[0]  # (T + spare, d) each
     attn_masks = [step_mask(m, n) for m, (_, n) in zip(masks, shapes)]  # (R_i, 1, L_i, S_i)
     bounds = [0]
     for n in sizes:
@@ -64,9 +76,9 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
     for layer in core.layers[: core.config.num_hidden_layers]:
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)  # (1, T, H)
-        q = attn.q_proj(x).view(T, -1, attn.head_dim)  # (T, heads, d)
-        k = attn.k_proj(x).view(T, -1, attn.head_dim)  # (T, kv heads, d)
-        v = attn.v_proj(x).view(T, -1, attn.head_dim)  # (T, kv heads, d)
+        q = attn.q_proj(x).view(T + spare, -1, attn.head_dim)  # (T + spare, heads, d)
+        k = attn.k_proj(x).view(T + spare, -1, attn.head_dim)  # (T + spare, kv heads, d)
+        v = attn.v_proj(x).view(T + spare, -1, attn.head_dim)  # (T + spare, kv heads, d)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # each token at its own position
 
         def rows(t: torch.Tensor, i: int) -> torch.Tensor:  # state i's part of (T, h, d) -> (R_i, h, L_i, d)
@@ -91,10 +103,10 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
                                          [attn_masks[i] for i, _, _ in members], attn.scaling)
             for (i, _, _), out in zip(members, got):
                 outs[i] = out  # (R_i, L_i, heads, d)
-        a_out = (outs[0] if len(outs) == 1 else torch.cat([o.reshape(-1, *o.shape[2:]) for o in outs]))
-        hidden = hidden + attn.o_proj(a_out.reshape(1, T, -1))  # (1, T, H)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (1, T, H)
-    hidden = core.norm(hidden)[0]  # (T, H)
+        a_out = torch.cat([o.reshape(-1, *o.shape[2:]) for o in outs] + [q.new_zeros((spare, *q.shape[1:]))])
+        hidden = hidden + attn.o_proj(a_out.reshape(1, T + spare, -1))  # (1, T + spare, H)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (1, T + spare, H)
+    hidden = core.norm(hidden)[0, :T]  # (T, H)
     out = [h.view(R, n, -1) for h, (R, n) in zip(hidden.split(sizes), shapes)]  # [(R_i, L_i, H)]
     for kw, h in zip(calls, out):
         _body_hooks(core, kw, h)
