@@ -118,6 +118,18 @@ def test_a_teacher_forced_pass_in_the_same_forward_as_decoding_steps(smollm_toke
                                [gen.advance(alone_a, nxt), gen.advance(alone_b, answer[:, -1:])], atol=1e-5, rtol=0)
 
 
+def test_a_class_s_steps_bring_few_distinct_row_counts_to_the_linear_layers():
+    """Steps of 1 to 320 tokens run the linear layers over at most 36 distinct row counts (each count
+    compiles its own kernels), never fewer rows than tokens and never 16 more; a visitor's own step
+    (up to 16 tokens) runs exactly its rows."""
+    from rag_demo.models.batched_step import padded_tokens
+
+    counts = {padded_tokens(n) for n in range(1, 321)}
+    assert len(counts) <= 36
+    assert all(n <= padded_tokens(n) < n + 16 for n in range(1, 321))
+    assert all(padded_tokens(n) == n for n in range(1, 17))
+
+
 def test_a_visitors_scoring_joins_anothers_decoding_step(smollm_tokenizer_folder):
     """Through the scheduler, a teacher-forced pass (advance_gather) waiting beside a decoding step
     runs in the same model call, and each gets what it gets alone."""
