@@ -167,6 +167,14 @@ def test_a_bad_step_gets_its_error_and_the_others_run(smollm_tokenizer_folder):
     got = gen.advance_many([(st_a, tok), (st_b, bad)])
     assert isinstance(got[1], ValueError) and str(gen.vocab_size - 1) in str(got[1])
     torch.testing.assert_close(got[0], gen.advance(alone, tok), atol=1e-5, rtol=0)
+    # a teacher-forced pass whose targets cannot be scored (ids outside the vocabulary, or not one a token)
+    nxt = got[0][:, -1].argmax(-1, keepdim=True)  # (3, 1)
+    answer = torch.tensor([[11, 12, 13]]).expand(4, -1)  # (4, 3)
+    got = gen.advance_many([(st_a, nxt), (st_b, answer[:, :-1], torch.full((4, 2), gen.vocab_size)),
+                            (st_b, answer[:, :-1], answer[:, 1:2])])
+    assert isinstance(got[1], ValueError) and str(gen.vocab_size - 1) in str(got[1])
+    assert isinstance(got[2], ValueError) and "one target id" in str(got[2])
+    torch.testing.assert_close(got[0], gen.advance(alone, nxt), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
