@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             ret = pipe.retrieve(q, "token", 5)
-            return [(p.title, p.text) for p in ret.passages], torch.softmax(torch.as_tensor(ret.scores, dtype=torch.float32), 0).tolist()
+            prior = torch.softmax(torch.as_tensor(ret.scores, dtype=torch.float32), 0)  # (K,) p(z|x) at temperature 1
+            return [(p.title, p.text) for p in ret.passages], prior.tolist()
     for r in compare(with_signals(rows, questions, retrieve), None if a.tiny else REPORT_SHARE):
         print(f"{r['preset']} {r['mode']}: {r['answerable']} answerable answers, {r['right']} right; "
               f"AUROC among them {r['auroc_answerable']}")

@@ -104,7 +104,7 @@ def test_a_teacher_forced_pass_in_the_same_forward_as_decoding_steps(smollm_toke
     pass's are those advance_gather gives alone; both caches then hold what they hold alone."""
     gen = _gen(smollm_tokenizer_folder)
     s = RagSettings(preset="paper", answer_style="short")
-    (lp_a, st_a), (lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
+    (lp_a, st_a), (_lp_b, st_b) = _prefilled(gen, QUESTIONS[0], DOCS[:3], s), _prefilled(gen, QUESTIONS[1], DOCS, s)
     alone_a, alone_b = gen.select(st_a, torch.arange(3)), gen.select(st_b, torch.arange(4))
     tok_a = lp_a.argmax(-1, keepdim=True)  # (3, 1)
     answer = torch.tensor([[11, 12, 13, 14, 15]]).expand(4, -1)  # (4, 5) one answer under each doc
