@@ -103,7 +103,8 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
                                          [attn_masks[i] for i, _, _ in members], attn.scaling)
             for (i, _, _), out in zip(members, got):
                 outs[i] = out  # (R_i, L_i, heads, d)
-        a_out = torch.cat([o.reshape(-1, *o.shape[2:]) for o in outs] + [q.new_zeros((spare, *q.shape[1:]))])
+        parts = [o.reshape(-1, *o.shape[2:]) for o in outs] + ([q.new_zeros((spare, *q.shape[1:]))] if spare else [])
+        a_out = parts[0] if len(parts) == 1 else torch.cat(parts)  # (T + spare, heads, d): a lone state's, uncopied
         hidden = hidden + attn.o_proj(a_out.reshape(1, T + spare, -1))  # (1, T + spare, H)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (1, T + spare, H)
     hidden = core.norm(hidden)[0, :T]  # (T, H)
