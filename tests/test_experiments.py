@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
          "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi",
-         "off_subject", "question_tower", "cue_signals")
+         "off_subject", "question_tower", "cue_signals", "cue_enlarged")
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +258,31 @@ def test_cue_signals_reads_each_answers_type_and_support_and_compares_the_cue(ex
     assert mod.main(["--tiny"]) == 0
     out = capsys.readouterr().out
     assert "aided sequence: 12 answerable answers, 6 right" in out and "logprob+type_fit+support+answer_mass" in out
+
+
+def _answers(n: int, separable: bool, seed: int = 0):
+    """n answerable and 3n unanswerable answers with one signal, log p: for the right ones drawn
+    well above the wrong ones (`separable`) or from the same spread."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(4 * n):
+        answerable = i < n
+        right = int(rng.random() < (0.5 if answerable else 0.1))
+        lp = (-1.0 if right else -6.0) if separable else -3.0
+        rows.append({"question_id": f"q{i}", "answerable": answerable, "contains": float(right),
+                     "signals": {"logprob": lp + rng.normal(0, 0.5 if separable else 2.0)}})
+    return pd.DataFrame(rows)
+
+
+def test_cue_enlarged_reads_the_cue_on_held_out_answerable_halves(exp):
+    mod = exp("cue_enlarged")
+    clear = mod.summary(mod.held_out_halves(_answers(40, True), ("logprob",), "answerable", 0.2, reps=4))
+    assert clear["recall"][0] > 0.9 and clear["right_flagged"][0] <= 0.2 and clear["holds"] == 1.0
+    blind = mod.summary(mod.held_out_halves(_answers(40, False), ("logprob",), "mix", 0.2, reps=4))
+    assert blind["holds"] < 1.0 and blind["recall"][0] < 0.5  # a signal that says nothing cannot meet the bar
 
 
 def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
