@@ -28,10 +28,9 @@ import sys
 
 import _shared  # noqa: F401 - puts the repository on sys.path
 from _shared import ROOT
+from cue_signals import REPORT_SHARE, RUNS  # the shipped sweep runs and report's answerable share
 
-RUNS = [ROOT / "assets" / "results" / "qa_open_vital.jsonl", ROOT / "assets" / "results" / "qa_train_vital.jsonl"]
 TRAIN_RUN = ROOT / "assets" / "results" / "qa_open_vital_train.jsonl"
-REPORT_SHARE = 0.122  # report's answerable share (its questions' labels; assets/confidence.json "answerable_share")
 RULES = (("mix", 0.2), ("answerable", 0.2), ("answerable", 0.15), ("answerable", 0.1))
 BAR = {"recall": 0.5, "right_flagged": 0.2, "precision": 0.8}
 
@@ -39,7 +38,6 @@ BAR = {"recall": 0.5, "right_flagged": 0.2, "precision": 0.8}
 def place(fit, features: tuple[str, ...], rule: str, bound: float):
     """(the logistic model fitted on `fit`'s mix, its cue threshold by `rule`), the threshold placed on
     cross-validated confidences as measure/calibration.py places it."""
-
     from rag_demo.measure import calibration as cal
 
     x, y, a = cal._matrix(fit, features), (fit["contains"].to_numpy() > 0).astype(int), cal._answerable(fit)
