@@ -1,8 +1,8 @@
 """Where a class's time goes, in one process: N visitors answer N different questions at once at the
 page's defaults through one StepScheduler, after a few questions alone; prints each kind of model
 call the scheduler ran (how many, seconds, visitors and rows a call) and the wall time, beside the
-same for the questions alone. No web server: the model's share of a class wave (scripts/load.py
---class measures the app).
+same for the questions alone, and the resident set after the wave by part (measure/resident.py).
+No web server: the model's share of a class wave (scripts/load.py --class measures the app).
 
     .venv/bin/python scripts/class_calls.py --visitors 20 --alone 3
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 import threading
 import time
@@ -33,6 +34,12 @@ def by_call(stats) -> dict[str, tuple[int, float, float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rag_demo.serving import memory
+
+    # the app's allocator and kernel-cache bounds (app.py), before torch runs anything: the resident
+    # set after the wave is then the one the app's pipeline holds
+    memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
+    memory.limit_kernel_cache()
     from load import class_questions
 
     from rag_demo.config import MODES, RagSettings
@@ -47,12 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trim-each", action="store_true",
                     help="give freed memory back after each visitor's answer, as the app does after every request")
     a = ap.parse_args(argv)
+    from rag_demo.measure.resident import mapped, memory_parts
+
+    before = mapped()  # the interpreter and the libraries imported so far, nothing loaded
     pipe = RagPipeline.load()
     pipe.warm_up()
-    from rag_demo.serving.memory import rss_bytes, trim
 
-    trim()
-    ready_rss = rss_bytes()
+    memory.trim()
+    ready_rss = memory.rss_bytes()
     qs, s = class_questions(a.visitors + a.alone), RagSettings(preset="aided")
     sched = StepScheduler()
     sched.recent = collections.deque(maxlen=1_000_000)
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     def visit(q: str) -> None:
         pipe.answers(q, list(MODES), s, Run(share=lambda g: sched.gated(g)))
         if a.trim_each:
-            trim()
+            memory.trim()
 
     threads = [threading.Thread(target=visit, args=(q,)) for q in qs[: a.visitors]]
     cpu0 = time.process_time()
@@ -79,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu = time.process_time() - cpu0
     calls = by_call(sched.recent)
 
-    trim()
-    print(f"RSS after the wave, trimmed: {rss_bytes() / 1e9:.2f} GB (after warm-up {ready_rss / 1e9:.2f} GB)")
+    memory.trim()
+    after = memory.rss_bytes()
+    print(f"RSS after the wave, trimmed: {after / 1e9:.2f} GB (after warm-up {ready_rss / 1e9:.2f} GB); by part: "
+          + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in memory_parts(pipe, before, after).items()))
     busy = sum(c[1] for c in calls.values())
     print(f"{a.visitors} visitors at once: {wall:.1f} s wall, {cpu:.0f} CPU s, the model busy {busy:.1f} s; "
           f"calls {calls}; serial estimate {a.visitors * sum(alone) / len(alone):.1f} s "
