@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub
 from rag_demo.config import RagSettings  # noqa: E402
 from rag_demo.rag import engine  # noqa: E402
 from rag_demo.rag.hooks import PAPER  # noqa: E402
+from rag_demo.serving.model_thread import ModelThread  # noqa: E402
 from rag_demo.serving.scheduler import StepScheduler  # noqa: E402
 from tests.aids import aided  # noqa: E402
 from tests.test_passage_cache import ATOL, DOCS, QUESTIONS, SCORES, _prompts, _same_generation  # noqa: E402
@@ -177,17 +178,20 @@ def test_a_bad_step_gets_its_error_and_the_others_run(smollm_tokenizer_folder):
     torch.testing.assert_close(got[0], gen.advance(alone, nxt), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("model_thread", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("preset", ["paper", "aided"])
-def test_visitors_batched_get_the_answers_they_get_alone(smollm_tokenizer_folder, preset, dtype):
+def test_visitors_batched_get_the_answers_they_get_alone(smollm_tokenizer_folder, preset, dtype, model_thread):
     """Three visitors at once (RAG-Token, RAG-Sequence, closed-book, two questions) through one
-    scheduler: every answer equals the one it gets alone, and steps really were batched."""
+    scheduler: every answer equals the one it gets alone, and steps really were batched; also with
+    every model call on the model's own thread."""
     gen = _gen(smollm_tokenizer_folder, dtype)
     s = RagSettings(preset=preset, max_new_tokens=6, answer_style="short")
     jobs = [("token", QUESTIONS[0], DOCS[:3]), ("sequence", QUESTIONS[1], DOCS), ("closed-book", QUESTIONS[1], ()),
             ("token", QUESTIONS[1], DOCS[1:])]
     want = [_answer(gen, m, q, d, s) for m, q, d in jobs]
-    sched = StepScheduler(gather_s=10.0)  # a batch waits for everyone still decoding: the test's order
+    # a batch waits for everyone still decoding: the test's order
+    sched = StepScheduler(gather_s=10.0, model_thread=ModelThread() if model_thread else None)
     got = _together([(sched.gated(gen), lambda g, j=j: _answer(g, *j, s)) for j in jobs], sched)
     for g, w in zip(got, want):
         assert not isinstance(g, Exception), g
@@ -393,3 +397,37 @@ def test_the_scheduler_clocks_what_a_request_waits():
     a.join(10)
     b.join(10)
     assert mine() > 0.0 and theirs() < mine()
+
+
+def test_with_a_model_thread_every_model_call_runs_on_it_and_the_other_threads_take_one(smollm_tokenizer_folder):
+    """Prefills, batched steps and teacher-forced passes all run on the model's thread, with its own
+    intra-op threads, while the visitors' threads, started after it was made with others=1, run
+    their own work on one; a model call's error is raised in the visitor's thread."""
+    gen = _gen(smollm_tokenizer_folder)
+    before = torch.get_num_threads()
+    try:
+        mt = ModelThread(threads=2, others=1)
+        sched = StepScheduler(gather_s=10.0, model_thread=mt)
+        s = RagSettings(preset="paper", max_new_tokens=4, answer_style="short")
+        ran_on, counts, visitors = set(), [], []
+        for name in ("prefill", "advance", "advance_many", "advance_gather"):
+            def spy(*a, _f=getattr(gen, name), **k):
+                ran_on.add(threading.get_ident())
+                counts.append(torch.get_num_threads())
+                return _f(*a, **k)
+            setattr(gen, name, spy)
+
+        def job(g, mode, q, docs):
+            visitors.append(torch.get_num_threads())
+            return _answer(g, mode, q, docs, s)
+
+        got = _together([(sched.gated(gen), lambda g: job(g, "token", QUESTIONS[0], DOCS[:3])),
+                         (sched.gated(gen), lambda g: job(g, "sequence", QUESTIONS[1], DOCS))], sched)
+        assert not any(isinstance(g, Exception) for g in got), got
+        assert ran_on == {mt.ident} and set(counts) == {2} and visitors == [1, 1]
+        with pytest.raises(ZeroDivisionError):
+            mt.run(lambda: 1 / 0)
+        with pytest.raises(ValueError, match="threads=0"):
+            ModelThread(threads=0)
+    finally:
+        torch.set_num_threads(before)

@@ -106,6 +106,9 @@ class StepScheduler:
 
     max_rows: int = MAX_BATCH_ROWS
     gather_s: float = GATHER_S
+    # where model calls run: an object with run(fn, *args) (model_thread.ModelThread); None: in the
+    # thread of the visitor first in line
+    model_thread: Any = None
     # one lock; each waiting call sleeps on its own condition over it and is woken alone when its
     # turn comes or its batch is done (a condition for all woke every waiting visitor at every call)
     _mutex: threading.RLock = field(default_factory=threading.RLock)
@@ -165,6 +168,10 @@ class StepScheduler:
         if me.error is not None:
             raise me.error
         return me.result
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), a model call, where model calls run (`model_thread`)."""
+        return fn(*args, **kwargs) if self.model_thread is None else self.model_thread.run(fn, *args, **kwargs)
 
     def leave(self, stream: int) -> None:
         """The stream will not come back for a step: no batch waits for it."""
@@ -252,9 +259,9 @@ class StepScheduler:
                 item = _item(head)
                 bad = check(*item) if check is not None else None
                 outs = [bad if bad is not None else
-                        head.gen.advance(*item) if head.targets is None else head.gen.advance_gather(*item)]
+                        self.call(head.gen.advance if head.targets is None else head.gen.advance_gather, *item)]
             else:
-                outs = head.gen.advance_many([_item(t) for t in batch])
+                outs = self.call(head.gen.advance_many, [_item(t) for t in batch])
             for t, out in zip(batch, outs):
                 if isinstance(out, BaseException):
                     t.error = out
@@ -306,7 +313,7 @@ class Gated:
 
     def _call(self, fn, *args, **kwargs):
         with self._scheduler.step(self._priority, self.stream, fn.__name__, self._clock):
-            return fn(*args, **kwargs)
+            return self._scheduler.call(fn, *args, **kwargs)
 
     def prefill(self, prompts, keep_prompt_logprobs: int = 0):
         return self._call(self._gen.prefill, prompts, keep_prompt_logprobs=keep_prompt_logprobs)
