@@ -6,8 +6,8 @@ Why: GNU OpenMP (torch's) lets a team's idle threads spin between parallel regio
 threads it manages are no more than the CPUs; past that, every region sleeps and wakes its threads
 through the kernel. A thread that runs torch at two intra-op threads grows a team of its own, so
 once the warm-up's thread and a request's thread had each grown one, a decoding step in the
-request's thread took 75-95 ms against 31-37 ms (~1,500 sleeps and wake-ups a step), and a class,
-each visitor's thread leading in turn, paid it on every step. The count is each thread's own, fixed
+request's thread took over twice as long, and a class, each visitor's thread leading in turn, paid
+it on every step. The count is each thread's own, fixed
 on its first use of torch from the process's count: `others` sets the count of the thread that makes
 the model thread, and of every thread that first uses torch after it, so it must come before
 anything else grows a team (loading and warm-up included). Not yet the app's: its warm-up, which
