@@ -34,27 +34,6 @@ def by_call(stats) -> dict[str, tuple[int, float, float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rag_demo.serving import memory
-
-    # the app's allocator and kernel-cache bounds (app.py), before torch runs anything: the resident
-    # set after the wave is then the one the app's pipeline holds
-    memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
-    memory.limit_kernel_cache()
-    model_thread = "--model-thread" in (sys.argv[1:] if argv is None else argv)
-    if model_thread:  # one OpenMP team in the process: no other thread may grow one, loading included
-        import torch
-
-        cores = torch.get_num_threads()
-        torch.set_num_threads(1)
-    from load import class_questions
-
-    from rag_demo.config import MODES, RagSettings
-    from rag_demo.models.machine import cpu_name
-    from rag_demo.pipeline import RagPipeline
-    from rag_demo.runs import Run
-    from rag_demo.serving.model_thread import ModelThread
-    from rag_demo.serving.scheduler import StepScheduler
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--visitors", type=int, default=20)
     ap.add_argument("--alone", type=int, default=3)
@@ -64,7 +43,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="every model call on one thread with torch's threads, every other thread at one from the "
                          "start, loading and warm-up included (serving/model_thread.py; not yet the app's)")
     a = ap.parse_args(argv)
+    from rag_demo.serving import memory
+
+    # the app's allocator and kernel-cache bounds (app.py), before torch runs anything: the resident
+    # set after the wave is then the one the app's pipeline holds
+    memory.limit_arenas(int(os.environ.get("MALLOC_ARENA_MAX", "2")))
+    memory.limit_kernel_cache()
+    model_thread = None
+    if a.model_thread:  # one OpenMP team in the process: no other thread may grow one, loading included
+        from rag_demo.serving.model_thread import ModelThread
+
+        model_thread = ModelThread(others=1)
+    from load import class_questions
+
+    from rag_demo.config import MODES, RagSettings
+    from rag_demo.models.machine import cpu_name
+    from rag_demo.pipeline import RagPipeline
+    from rag_demo.runs import Run
     from rag_demo.measure.resident import mapped, memory_parts
+    from rag_demo.serving.scheduler import StepScheduler
 
     before = mapped()  # the interpreter and the libraries imported so far, nothing loaded
     pipe = RagPipeline.load()
@@ -73,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     memory.trim()
     ready_rss = memory.rss_bytes()
     qs, s = class_questions(a.visitors + a.alone), RagSettings(preset="aided")
-    sched = StepScheduler(model_thread=ModelThread(threads=cores, others=1) if model_thread else None)
+    sched = StepScheduler(model_thread=model_thread)
     sched.recent = collections.deque(maxlen=1_000_000)
     alone = []
     for q in qs[a.visitors:]:
