@@ -21,6 +21,9 @@ defaults to the library's value, sized for a 16 GB, 2-vCPU Space):
   --heavy-seconds S      RAG_DEMO_HEAVY_SECONDS     questions estimated above S run at low priority
   --model-concurrency N  RAG_DEMO_MODEL_CONCURRENCY model events running at once (default 20: a class's
                                                     decoding steps batched, serving/scheduler.py)
+  --model-thread on|off  RAG_DEMO_MODEL_THREAD      on (default): every model call on one thread with
+                                                    torch's intra-op threads, every other thread on one
+                                                    (serving/model_thread.py says why)
 
 Memory: at most MALLOC_ARENA_MAX (default 2) glibc malloc arenas, set before any thread starts,
 at most 128 compiled oneDNN kernels (ONEDNN_PRIMITIVE_CACHE_CAPACITY), and freed memory is given
@@ -84,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     b.add_argument("--model-concurrency", type=int,
                    default=int(os.environ.get("RAG_DEMO_MODEL_CONCURRENCY", MODEL_CONCURRENCY)),
                    help=f"model events running at once (default {MODEL_CONCURRENCY})")
+    b.add_argument("--model-thread", default=os.environ.get("RAG_DEMO_MODEL_THREAD", "on"), choices=("on", "off"),
+                   help="on (default): every model call runs on one thread with torch's intra-op threads, every "
+                   "other thread on one (serving/model_thread.py); off: each on its visitor's thread")
     return p.parse_args(argv)
 
 
@@ -114,6 +120,11 @@ def cli_flags(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    model_thread = None
+    if args.model_thread == "on":  # before anything runs torch: no other thread may grow a team of threads
+        from rag_demo.serving.model_thread import ModelThread
+
+        model_thread = ModelThread(others=1)
     corpus_fn = None
     if args.corpus_file:
         from rag_demo.knowledge.uploads import load_documents
@@ -131,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"error: {e}")
     pool = PipelinePool(stack_factory(corpus_fn, knowledge=knowledge, generator_dtype=args.generator_dtype,
-                                      passage_cache_mb=args.passage_cache_mb, hidden_cache_mb=args.hidden_cache_mb))
+                                      passage_cache_mb=args.passage_cache_mb, hidden_cache_mb=args.hidden_cache_mb),
+                        model_thread=model_thread)
     pool.cli_flags = cli_flags(args)
     stack = args.stack
     reason = pool.unavailable(stack)

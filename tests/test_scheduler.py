@@ -431,3 +431,28 @@ def test_with_a_model_thread_every_model_call_runs_on_it_and_the_other_threads_t
             ModelThread(threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+
+def test_a_pool_with_a_model_thread_warms_up_on_it_and_the_page_runs_its_model_calls_there(three_passage_pipe):
+    """The app's wiring: the pool's warm-up (which calibrates the budget's speed) runs on the model
+    thread, as every answer's model calls will, and the page's StepScheduler runs its calls there."""
+    from rag_demo.serving.pool import PipelinePool
+    from rag_demo.web.page import build_app
+
+    mt = ModelThread()
+    warmed_on = []
+
+    class Pipe:  # loads at once; its warm-up records where it ran
+        def warm_up(self, progress=None):
+            warmed_on.append(threading.get_ident())
+            return 0.0
+
+    pool = PipelinePool(lambda stack, progress: Pipe(), unavailable=lambda s: None, corpora={}, model_thread=mt)
+    pool.get("offline", timeout=30)
+    assert warmed_on == [mt.ident]
+    page_pool = PipelinePool.of(three_passage_pipe)
+    page_pool.model_thread = mt
+    gate = build_app(page_pool).rag_serving.gate
+    assert gate.model_thread is mt and gate.call(threading.get_ident) == mt.ident
+    assert build_app(PipelinePool.of(three_passage_pipe)).rag_serving.gate.model_thread is None  # none given

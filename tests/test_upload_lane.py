@@ -45,11 +45,11 @@ def test_a_visitors_step_waits_on_an_upload_for_one_batch_at_most(minilm):
 
             @contextmanager
             def watched():
-                with turn:
+                with turn as run:
                     if not in_batch.is_set():  # the first batch holds the model
                         in_batch.set()
                         assert other_queued.wait(30)
-                    yield
+                    yield run
             return watched()
 
     serving = Watched(budget=Budget(), gate=sched)
@@ -176,3 +176,35 @@ def test_every_kind_of_request_gives_its_freed_memory_back(monkeypatch):
     with pytest.raises(gr.Error):
         list(choose_corpus("refuse"))
     assert len(trims) == 5
+
+
+def test_with_a_model_thread_an_uploads_batches_and_an_edits_passage_are_embedded_on_it(minilm):
+    """Each batch of an upload runs on the server's model thread (where every model call runs, with
+    torch's intra-op threads), not in the visitor's thread; the vectors are those it gets without."""
+    from rag_demo.serving.model_thread import ModelThread
+    from rag_demo.serving.session import Edits
+
+    mt = ModelThread()
+    ran_on = []
+
+    class Watched(type(minilm)):
+        def passage_vectors(self, passages):
+            ran_on.append(threading.get_ident())
+            return super().passage_vectors(passages)
+
+    encoder = object.__new__(Watched)
+    encoder.__dict__.update(minilm.__dict__)
+    serving = Serving(budget=Budget(), gate=StepScheduler(model_thread=mt))
+    corpus = _corpus(PASSAGE_BATCH + 1)
+    index = embed_corpus(_base(encoder), corpus, _quiet, serving)
+    assert ran_on and set(ran_on) == {mt.ident}, ran_on  # two batches, both on the model thread
+    alone = embed_corpus(_base(minilm), corpus, _quiet, None)
+    assert abs(index.embeddings - alone.embeddings).max() < 1e-5
+
+    ran_on.clear()  # an edit's passage, as the page's edit_passage embeds it, inside the upload turn
+    with serving.embed_turn() as run:
+        edited = run(Edits(index).then, "notes-0", "The river floods in autumn.", None, encoder)
+    assert ran_on == [mt.ident]
+    assert "autumn" in edited.index(encoder).corpus.passages[0].text
+    with Serving(budget=Budget()).embed_turn() as run:  # no gate: nothing to run through, run it here
+        assert run is None

@@ -121,6 +121,13 @@ class Encoder(abc.ABC):
         with torch.inference_mode():
             return _to_numpy(self._questions_batch(list(questions)))  # (N, D)
 
+    def passage_vectors(self, passages: list[Doc]) -> np.ndarray:
+        """(B, D) float32 vectors of one batch, in `passage_dtype` (bfloat16: under autocast). Its
+        modes are set here, not by the caller: thread-local, and a server may run it on its own thread."""
+        with (torch.inference_mode(),
+              torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.passage_dtype == torch.bfloat16)):
+            return _to_numpy(self._passages_batch(passages))  # (B, D)
+
     def encode_passages(
         self, passages: list[Doc], batch_size: int = PASSAGE_BATCH, progress: Progress | None = None,
         show_bar: bool = True, turn: Callable[[], ContextManager] | None = None,
@@ -134,9 +141,11 @@ class Encoder(abc.ABC):
         `progress(done, total)` is called after every batch. With `passage_dtype` bfloat16 the
         forward passes run under bfloat16 autocast; the vectors come back float32.
 
-        A server shares the CPU: each batch's forward runs inside `turn()` (its model lane, one call
-        at a time), and `price(seconds, done, total)` is told the first batch's own seconds and how
-        many of all the passages' lengths it held: it raises (ValueError) to refuse the rest.
+        A server shares the CPU: each batch runs inside `turn()` (its model lane, one call at a
+        time), through the runner the turn yields when it yields one (run(fn, *args): where the
+        server runs model calls), and `price(seconds, done, total)` is told the first batch's own
+        seconds and how many of all the passages' lengths it held: it raises (ValueError) to refuse
+        the rest.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is out of range: use 1 or more ({PASSAGE_BATCH} is a good default).")
@@ -144,22 +153,14 @@ class Encoder(abc.ABC):
                    else [0] * len(passages))
         order = sorted(range(len(passages)), key=lambda i: -lengths[i])
         out = np.zeros((len(passages), self.dim), np.float32)  # (N, D)
-        with (
-            torch.inference_mode(),
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.passage_dtype == torch.bfloat16),
-            tqdm(
-                total=len(passages),
-                desc=f"embedding ({self.name})",
-                unit="passage",
-                file=sys.stderr,
-                disable=not passages or not show_bar,
-            ) as bar,
-        ):
+        with tqdm(total=len(passages), desc=f"embedding ({self.name})", unit="passage", file=sys.stderr,
+                  disable=not passages or not show_bar) as bar:
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                with turn() if turn is not None else nullcontext():
+                with turn() if turn is not None else nullcontext() as run:
                     t0 = time.perf_counter()
-                    out[rows] = _to_numpy(self._passages_batch([passages[i] for i in rows]))  # (B, D)
+                    batch = [passages[i] for i in rows]
+                    out[rows] = self.passage_vectors(batch) if run is None else run(self.passage_vectors, batch)  # (B, D)
                     seconds = time.perf_counter() - t0
                 if price is not None and start == 0:
                     price(seconds, sum(lengths[i] for i in rows), sum(lengths))

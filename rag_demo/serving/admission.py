@@ -9,7 +9,6 @@ most ~10 page updates a second). Imports neither torch nor gradio.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -111,13 +110,17 @@ class Serving:
             if held:
                 self._uploads.release()
 
+    @contextmanager
     def embed_turn(self):
-        """The context one batch of an upload's embedding runs in: a model call of its own at the
-        shared gate, in line with the questions' steps (so no answer waits on an upload for more
-        than one batch); no gate, no wait."""
+        """The context one batch of an upload's embedding (or an edit's passage) runs in: a model call
+        of its own at the shared gate, in line with the questions' steps (so no answer waits on an
+        upload for more than one batch); it yields the runner that puts the batch where the gate
+        runs model calls (run(fn, *args)). No gate: no wait, and None (run it here)."""
         if self.gate is None:
-            return contextlib.nullcontext()
-        return self.gate.step(0, what="embed")
+            yield None
+            return
+        with self.gate.step(0, what="embed"):
+            yield self.gate.call
 
     def upload_price(self, passages: int) -> Callable[[float, int, int], None] | None:
         """The `price` an upload's embedding calls after its first batch: ValueError (the message says

@@ -10,9 +10,11 @@ request's thread took over twice as long, and a class, each visitor's thread lea
 it on every step. The count is each thread's own, fixed
 on its first use of torch from the process's count: `others` sets the count of the thread that makes
 the model thread, and of every thread that first uses torch after it, so it must come before
-anything else grows a team (loading and warm-up included). Not yet the app's: its warm-up, which
-calibrates the budget's speed, and the embedding of uploads and corpus builds run outside the
-scheduler and would run on one thread; `scripts/class_calls.py --model-thread` measures it.
+anything else grows a team (loading included). The app makes it first (app.py --model-thread); its
+StepScheduler runs every answer's model calls on it, the pool its warm-up (which calibrates the
+budget's speed), and the upload lane each batch of an upload's or an edit's embedding
+(admission.Serving.embed_turn). A background build of a corpus's dense index and a first build of
+another built-in corpus's index run in their own threads, at one thread.
 """
 from __future__ import annotations
 

@@ -103,8 +103,12 @@ class PipelinePool:
         preloaded: dict[str, Any] | None = None,
         unavailable: Callable[[str], str | None] = default_unavailable,
         corpora: dict[str, tuple[str, Callable[[], Any]]] | None = None,
+        model_thread: Any = None,
     ):
         self._factory = factory or stack_factory()
+        # where the server runs model calls (serving.model_thread.ModelThread; None: the caller's
+        # thread): warm-up runs there too, so that it measures the CPU as the answers will use it
+        self.model_thread = model_thread
         self._corpora = default_corpora() if corpora is None else dict(corpora)
         self._indexes: dict[tuple[str, str], Any] = {}
         self._pipes: dict[str, Any] = dict(preloaded or {})
@@ -179,7 +183,8 @@ class PipelinePool:
             warm = getattr(pipe, "warm_up", None)
             if warm is not None:  # ready means warm: the first question must not pay for lazy set-up
                 report(0.95, f"Warming up the {stack} stack: one question in every mode ...")
-                secs = warm(lambda msg: report(None, msg))
+                say = lambda msg: report(None, msg)  # noqa: E731
+                secs = warm(say) if self.model_thread is None else self.model_thread.run(warm, say)
                 report(None, f"Warmed up in {secs:.1f} s")
             self._pipes[stack] = pipe
             weights = getattr(getattr(pipe, "stack", None), "weights", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import gradio as gr
 
@@ -87,8 +88,9 @@ class AskEvents(Part):
             pipe, s = session_pipeline(self.pool, s, progress, self.serving)
             progress(0.0, desc="Re-embedding the edited passage")
             recipe = s.edited if s.edited is not None else Edits(pipe.index)
-            with self.serving.embed_turn() if self.serving is not None else contextlib.nullcontext():
-                recipe = recipe.then(pid, new_text, new_title or None, pipe.stack.ctx_encoder)
+            with self.serving.embed_turn() if self.serving is not None else contextlib.nullcontext() as run:
+                edit = functools.partial(recipe.then, pid, new_text, new_title or None, pipe.stack.ctx_encoder)
+                recipe = edit() if run is None else run(edit)  # the server's model thread embeds it
         s = dataclasses.replace(s, edited=recipe, edits=recipe.passage_ids)
         pipe = pipe.with_index(recipe.index(pipe.stack.ctx_encoder))
         result, s = answer_all(pipe, question, settings, progress, s=s, serving=self.serving, request=request,

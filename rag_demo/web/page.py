@@ -181,7 +181,7 @@ def build_app(pool: PipelinePool, *, default_stack: str | None = None, budget: A
         default_stack = next(iter(pool.loaded_stacks()), "offline")
     app: dict[str, gr.Blocks] = {}
     # the server's limits and the handlers that apply them
-    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepScheduler(),
+    serving = Serving(budget=budget if budget is not None else Budget(), gate=StepScheduler(model_thread=pool.model_thread),
                       queue=lambda: getattr(app.get("demo"), "_queue", None), max_heavy=1)
     h = Handlers(pool, default_stack, serving)
     # what the page shows before a visitor does anything: a new session's settings, status and choices
