@@ -70,8 +70,10 @@ def test_kept_prefixes_change_no_number_and_skip_the_shared_opening(smollm_token
         cb = keep.prompt(q, None, 192, "short", examples=WORKED_EXAMPLES[:2])
         before = keep.prefix_tokens_run
         _same(keep.prefill([cb])[0], fresh.prefill([cb])[0])
-        ran = keep.prefix_tokens_run - before  # one row: all but its last token is its "prefix"
-        assert (ran == len(cb) - 1) if i == 0 else (0 < ran < 30), (ran, len(cb))  # later: the question's turn
+        # one row: its prefix is the opening every question shares (Prompt.opening), kept after the first;
+        # the question's turn runs as the row's own positions
+        ran = keep.prefix_tokens_run - before
+        assert 50 < cb.opening < len(cb) - 5 and ran == (cb.opening if i == 0 else 0), (ran, cb.opening, len(cb))
         assert engine.closed_book(keep, cb, s).tokens == engine.closed_book(fresh, cb, s).tokens
     assert fresh.prefix_tokens_run > 0 and not fresh.openings.kept  # kept=0 keeps nothing, recomputes every time
 

@@ -456,3 +456,26 @@ def test_a_pool_with_a_model_thread_warms_up_on_it_and_the_page_runs_its_model_c
     gate = build_app(page_pool).rag_serving.gate
     assert gate.model_thread is mt and gate.call(threading.get_ident) == mt.ident
     assert build_app(PipelinePool.of(three_passage_pipe)).rag_serving.gate.model_thread is None  # none given
+
+
+def test_closed_book_questions_share_their_opening_so_their_steps_batch_as_one_group(smollm_tokenizer_folder, monkeypatch):
+    """A closed-book prompt holds once only the opening every question shares (system prompt, the last
+    turn's header: Prompt.opening), not its whole self: two questions' states then read the same prefix
+    tensors and a batched step attends over it once for both, each state getting what it gets alone."""
+    import rag_demo.models.batched_step as batched_step
+
+    gen = _gen(smollm_tokenizer_folder)
+    p1, p2 = (gen.prompt(q, None, 192) for q in QUESTIONS[:2])
+    assert p1.opening and p1.opening == p2.opening and list(p1[:p1.opening]) == list(p2[:p2.opening])
+    assert list(p1[p1.opening:]) != list(p2[p2.opening:])  # the questions come after it
+    (_, s1), (_, s2) = gen.prefill([p1]), gen.prefill([p2])
+    assert s1.cache.layers[0].prefix_k is s2.cache.layers[0].prefix_k  # one opening, held once
+    alone = [gen.advance(gen.select(st, torch.arange(1)), torch.tensor([[7]])) for st in (s1, s2)]  # (1, 1, V)
+    groups = []
+    real = batched_step.prefix_group_attention
+    monkeypatch.setattr(batched_step, "prefix_group_attention",
+                        lambda layer, qs, *a, **k: groups.append(len(qs)) or real(layer, qs, *a, **k))
+    both = gen.advance_many([(s1, torch.tensor([[7]])), (s2, torch.tensor([[7]]))])
+    assert groups and set(groups) == {2}, groups  # every layer: both states in one group
+    for a, b in zip(alone, both):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -80,13 +80,28 @@ class ChatFormat:
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         ids = list(ids)
-        passage = None
+        passage = opening = None
         if doc is not None:
             before = f"Question: {question}\n\n" if question_position == "both" else ""
             passage = self._passage_tokens(turns, ids, before, f"{doc.title}: {self._doc_text(doc, max_doc_tokens)}")
+        else:  # closed-book: one row, whose opening a class's questions share (DecoderOnlyGenerator._prefill)
+            opening = self._opening_tokens(turns, ids)
         if style == "short":  # open the answer with the cue; the model writes the span after it
             ids += self.tokenizer(SHORT_ANSWER_CUE, add_special_tokens=False)["input_ids"]
-        return Prompt(ids, passage)
+        return Prompt(ids, passage, opening)
+
+    def _opening_tokens(self, turns: list[dict], ids: list[int]) -> int | None:
+        """How many of `ids` (the chat template's tokens of `turns`) lie wholly before the last turn's
+        content: the tokens every question's prompt with the same turns before it shares. None where
+        the template's text cannot be matched to its tokens."""
+        if not getattr(self.tokenizer, "is_fast", False):
+            return None
+        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        at = text.rfind(turns[-1]["content"])
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if at < 0 or list(enc["input_ids"]) != ids:
+            return None
+        return next((j for j, (_, end) in enumerate(enc["offset_mapping"]) if end > at), len(ids))
 
     def _passage_tokens(self, turns: list[dict], ids: list[int], before: str, passage: str) -> tuple[int, int] | None:
         """[start, end): the tokens of `ids` (the chat template's tokens of `turns`) lying wholly

@@ -144,7 +144,11 @@ class DecoderOnlyGenerator(Generator):
             return self.passages.run(prompts, keep_prompt_logprobs, *split, hidden=hidden)
         P = shared_prefix(prompts, keep=keep_prompt_logprobs + 1)
         if len(prompts) == 1 and self.openings.KEPT:  # one row (closed-book): its opening can be kept too
-            P = max(0, len(prompts[0]) - keep_prompt_logprobs - 1)
+            # the opening every question shares (Prompt.opening), so that a class's closed-book states
+            # read one prefix and their steps batch as one group (batched_step.py); else all but the end
+            end = max(0, len(prompts[0]) - keep_prompt_logprobs - 1)
+            opening = getattr(prompts[0], "opening", None)
+            P = opening if opening is not None and MIN_SHARED_PREFIX <= opening <= end else end
             P = P if P >= MIN_SHARED_PREFIX else 0
         cache, head = GrowingCache(), torch.zeros((len(prompts), 0), dtype=torch.long)  # (R, 0)
         if P:

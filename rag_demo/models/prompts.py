@@ -37,11 +37,14 @@ class Prompt(list):
     lies: `passage` = (start, end), the whole tokens [start, end) holding the passage's "title:
     text" (None: no passage, or its tokens could not be told apart). `DecoderOnlyGenerator.prefill`
     keeps those tokens' keys and values for later questions (PassageKVCache); any split is exact,
-    this one makes a passage's tokens the same in every prompt that reads it."""
+    this one makes a passage's tokens the same in every prompt that reads it. `opening`: how many
+    leading tokens every question's prompt of the same format shares (system prompt, worked
+    examples, the last turn's header; None: not known), the prefix a one-row prefill holds once."""
 
-    def __init__(self, ids: Sequence[int], passage: tuple[int, int] | None = None):
+    def __init__(self, ids: Sequence[int], passage: tuple[int, int] | None = None, opening: int | None = None):
         super().__init__(ids)
         self.passage = passage
+        self.opening = opening
 
 
 _JOINERS = ".,'-"  # inside a word or number when between two letters or digits: "68.5", "632,702", "U.S."
