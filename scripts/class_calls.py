@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="give freed memory back after each visitor's answer, as the app does after every request")
     ap.add_argument("--model-thread", action="store_true",
                     help="every model call on one thread with torch's threads, every other thread at one from the "
-                         "start, loading and warm-up included (serving/model_thread.py; not yet the app's)")
+                         "start, loading and warm-up included (serving/model_thread.py; the app's default)")
     a = ap.parse_args(argv)
     from rag_demo.serving import memory
 
