@@ -433,7 +433,6 @@ def test_with_a_model_thread_every_model_call_runs_on_it_and_the_other_threads_t
         torch.set_num_threads(before)
 
 
-
 def test_a_pool_with_a_model_thread_warms_up_on_it_and_the_page_runs_its_model_calls_there(three_passage_pipe):
     """The app's wiring: the pool's warm-up (which calibrates the budget's speed) runs on the model
     thread, as every answer's model calls will, and the page's StepScheduler runs its calls there."""

@@ -94,14 +94,11 @@ class ChatFormat:
         """How many of `ids` (the chat template's tokens of `turns`) lie wholly before the last turn's
         content: the tokens every question's prompt with the same turns before it shares. None where
         the template's text cannot be matched to its tokens."""
-        if not getattr(self.tokenizer, "is_fast", False):
+        found = self._content_offsets(turns, ids)
+        if found is None:
             return None
-        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        at = text.rfind(turns[-1]["content"])
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if at < 0 or list(enc["input_ids"]) != ids:
-            return None
-        return next((j for j, (_, end) in enumerate(enc["offset_mapping"]) if end > at), len(ids))
+        at, offsets = found
+        return next((j for j, (_, end) in enumerate(offsets) if end > at), len(ids))
 
     def _passage_tokens(self, turns: list[dict], ids: list[int], before: str, passage: str) -> tuple[int, int] | None:
         """[start, end): the tokens of `ids` (the chat template's tokens of `turns`) lying wholly
@@ -109,22 +106,30 @@ class ChatFormat:
         either edge (a passage ending in a space merges it with the newline after it) is left
         out, so the same passage gives the same tokens in any prompt. None where the template's
         text cannot be matched to its tokens (a tokenizer without character offsets)."""
-        if not getattr(self.tokenizer, "is_fast", False):
+        if not turns[-1]["content"].startswith(before + passage):
             return None
-        content = turns[-1]["content"]
-        if not content.startswith(before + passage):
+        found = self._content_offsets(turns, ids)
+        if found is None:
             return None
-        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        at = text.rfind(content)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if at < 0 or list(enc["input_ids"]) != ids:  # the template tokenised its text otherwise
-            return None
+        at, offsets = found
         a = at + len(before)
         b = a + len(passage)
-        offsets = enc["offset_mapping"]
         start = next((j for j, (x, _) in enumerate(offsets) if x >= a), len(ids))
         end = next((j for j in range(start, len(ids)) if offsets[j][1] > b), len(ids))
         return (start, end) if start < end else None
+
+    def _content_offsets(self, turns: list[dict], ids: list[int]) -> tuple[int, list] | None:
+        """(where the last turn's content starts in the template's text, each of `ids`' character
+        offsets in that text); None for a tokenizer without offsets, or where the template
+        tokenised its text otherwise than `ids`."""
+        if not getattr(self.tokenizer, "is_fast", False):
+            return None
+        text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        at = text.rfind(turns[-1]["content"])
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if at < 0 or list(enc["input_ids"]) != ids:
+            return None
+        return at, enc["offset_mapping"]
 
     def title_answer_ids(self, title: str) -> list[int]:
         """A passage's title as a short answer, " Title.", tokenized the way an answer after the cue
