@@ -5,6 +5,7 @@ same for the questions alone, and the resident set after the wave by part (measu
 No web server: the model's share of a class wave (scripts/load.py --class measures the app).
 
     .venv/bin/python scripts/class_calls.py --visitors 20 --alone 3
+    .venv/bin/python scripts/class_calls.py --visitors 20 --alone 3 --model-thread --timeline
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-thread", action="store_true",
                     help="every model call on one thread with torch's threads, every other thread at one from the "
                          "start, loading and warm-up included (serving/model_thread.py; the app's default)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print the wave's model calls in the order they ran: kind, members, seconds "
+                         "(pre = a prefill or other call of its own, adv = a batched step)")
     a = ap.parse_args(argv)
     from rag_demo.serving import memory
 
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     calls = by_call(sched.recent)
+    if a.timeline:
+        print("the wave's calls in order: " + " ".join(f"{b.what[:3]}{b.members}:{b.seconds:.2f}" for b in sched.recent))
 
     memory.trim()
     after = memory.rss_bytes()
