@@ -47,6 +47,38 @@ def test_the_chat_format_needs_only_a_tokenizer(smollm_tokenizer_folder):
     assert fmt.stop_token_ids("short").ends_at(period, len(period) - 1)
 
 
+def test_a_prompt_built_again_is_remembered_and_each_call_gets_its_own(smollm_tokenizer_folder, monkeypatch):
+    """ChatFormat.prompt remembers what it built: the same arguments again render no chat template
+    and give equal tokens, passage and opening; a caller changing its copy changes no later one;
+    another passage's text is built anew; at most PROMPTS_KEPT are kept."""
+    from transformers import AutoTokenizer
+
+    from rag_demo.models import chat_format
+    from rag_demo.models.chat_format import ChatFormat
+
+    tok = AutoTokenizer.from_pretrained(smollm_tokenizer_folder)
+    fmt = ChatFormat(tok, [tok.eos_token_id])
+    rendered = []
+    real = tok.apply_chat_template
+    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: rendered.append(1) or real(*a, **k))
+    first = fmt.prompt(Q, DOC, 192, "short")
+    built = len(rendered)
+    again = fmt.prompt(Q, DOC, 192, "short")
+    assert len(rendered) == built > 0
+    assert again == first and again.passage == first.passage and again.opening == first.opening
+    again.append(0)
+    assert fmt.prompt(Q, DOC, 192, "short") == first
+    other = Passage(id="p1", title=DOC.title, text=DOC.text.replace("Port Amsel", "Port Ilse"))
+    assert fmt.prompt(Q, other, 192, "short") != first and len(rendered) > built
+    closed = fmt.prompt(Q, None, 192, "short")
+    assert fmt.prompt(Q, None, 192, "short").opening == closed.opening is not None
+    monkeypatch.setattr(chat_format, "PROMPTS_KEPT", 2)
+    fmt.prompt("Another question?", DOC, 192, "short")
+    fmt.prompt("A third question?", DOC, 192, "short")
+    n = len(rendered)
+    assert fmt.prompt(Q, DOC, 192, "short") == first and len(rendered) > n  # dropped: built anew
+
+
 def test_short_style_changes_the_prompt(smol_tiny):
     from rag_demo.models import prompts as P
 

@@ -7,6 +7,9 @@ templates apart from its caches.
 """
 from __future__ import annotations
 
+import threading
+from array import array
+from collections import OrderedDict
 from typing import Sequence
 
 from rag_demo.models import Doc
@@ -18,11 +21,19 @@ from rag_demo.models.prompts import (
 from rag_demo.models.stopping import StopRule
 
 
+# Prompts a format remembers, the least recently used dropped first: a request builds each of its
+# prompts more than once (its price, then its run; each mode and aid that reads a passage); kept as
+# int32 arrays, not lists of ints (docs/results.md §3.6).
+PROMPTS_KEPT = 256
+
+
 class ChatFormat:
     """The prompt format of a chat LM, from its tokenizer and its end-of-sequence ids."""
 
     def __init__(self, tokenizer, eos_token_ids: list[int]) -> None:
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
+        self._prompts: OrderedDict = OrderedDict()  # key -> (ids array, passage, opening)
+        self._prompts_lock = threading.Lock()  # visitors' threads build prompts at once
 
     def messages(self, question: str, doc: Doc | None, max_doc_tokens: int, style: str = "sentence",
                  question_position: str = "after", examples: Sequence[tuple] = ()) -> list[dict]:
@@ -74,7 +85,25 @@ class ChatFormat:
         return self._short_rule
 
     def prompt(self, question, doc, max_doc_tokens, style="sentence", question_position="after", examples=()):
-        """A `Prompt`: the chat template's token ids, with where the passage's tokens lie."""
+        """A `Prompt`: the chat template's token ids, with where the passage's tokens lie. The same
+        arguments give the same prompt, so the last PROMPTS_KEPT are remembered (by question, the
+        passage's title and text, and every other argument); each call returns a Prompt of its own."""
+        key = (question, None if doc is None else (doc.title, doc.text), max_doc_tokens, style, question_position,
+               tuple(tuple(e) for e in examples))
+        with self._prompts_lock:
+            kept = self._prompts.get(key)
+            if kept is not None:
+                self._prompts.move_to_end(key)
+        if kept is None:
+            made = self._prompt(question, doc, max_doc_tokens, style, question_position, examples)
+            kept = (array("i", made), made.passage, made.opening)
+            with self._prompts_lock:
+                self._prompts[key] = kept
+                while len(self._prompts) > PROMPTS_KEPT:
+                    self._prompts.popitem(last=False)
+        return Prompt(kept[0].tolist(), kept[1], kept[2])
+
+    def _prompt(self, question, doc, max_doc_tokens, style, question_position, examples) -> Prompt:
         turns = self.messages(question, doc, max_doc_tokens, style, question_position, examples)
         ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
