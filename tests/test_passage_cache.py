@@ -137,6 +137,30 @@ def test_prefill_is_the_plain_models_on_each_whole_prompt(smollm_tokenizer_folde
     assert gen.passage_cache.stats().hits == len(prompts)
 
 
+def test_a_first_prefill_runs_no_padding(smollm_tokenizer_folder):
+    """Prompts of different lengths with nothing kept run packed: the linear layers see each prompt's
+    own tokens after the opening once, not every row padded to the longest (a fifth to a third of a
+    RAG prefill's work on real passages); what they give is checked against the model itself above."""
+    from rag_demo.models.batched_step import padded_tokens
+
+    gen = _gen(smollm_tokenizer_folder)
+    s = RagSettings(preset="aided", answer_style="short")
+    prompts = _prompts(gen, QUESTIONS[1], s)
+    gen.prefill(prompts)  # the opening computed and kept (OpeningKV), the passages kept
+    gen.passage_cache.clear()  # nothing kept but the opening: the next prefill runs every passage
+    opening = gen.passages.split(prompts, 0)[0]
+    own = [len(p) - opening for p in prompts]
+    assert len(set(own)) > 1  # rows of different lengths: padding would run
+    rows = []
+    hook = gen.model.model.layers[0].mlp.down_proj.register_forward_pre_hook(
+        lambda _, args: rows.append(args[0].shape[:-1].numel()))
+    try:
+        gen.prefill(prompts)
+    finally:
+        hook.remove()
+    assert rows == [padded_tokens(sum(own))] and sum(rows) < len(prompts) * max(own)
+
+
 def test_a_reask_runs_only_the_question_part(smollm_tokenizer_folder):
     """The first ask runs every passage once (both modes share it); asking again with another
     temperature, without a passage, or in the other mode runs no passage token and no opening

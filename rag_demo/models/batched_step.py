@@ -46,13 +46,14 @@ def padded_tokens(n: int) -> int:
 
 @torch.inference_mode()
 def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
-                 masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                 masks: Sequence[torch.Tensor], prefill: bool = False) -> list[torch.Tensor]:
     """Run each state's tokens (R_i, L_i) at positions (R_i, L_i), its 2-D mask (R_i, S_i + L_i)
     covering the new tokens, through `model` (a *ForCausalLM of the Llama family) in one pass;
     every cache (R_i rows) gets its new keys and values in place. States may feed different
     lengths (a decoding step's one token beside a teacher-forced answer's L): the linear layers
-    run over all of their T = Σ_i R_i L_i tokens as one matrix. -> each state's last hidden
-    states (R_i, L_i, H)."""
+    run over all of their T = Σ_i R_i L_i tokens as one matrix. `prefill`: every state's attention
+    through SDPA, as a prompt's prefill runs it (kv_cache.shared_prefix_attention), whatever its
+    length. -> each state's last hidden states (R_i, L_i, H)."""
     core = model.model
     # each state's call as the model's own forward would make it, for hooks on the body that count
     # or time model calls (measure/bound.WorkCounter): the layers below are called one by one
@@ -91,11 +92,11 @@ def forward_many(model, caches: Sequence, tokens: Sequence[torch.Tensor], positi
             keys, values = cache.update(rows(k, i), rows(v, i), attn.layer_idx)  # (R_i, kv heads, n, d)
             layer_i = cache.layers[attn.layer_idx]
             n = shapes[i][1]
-            if isinstance(layer_i, SharedPrefixLayer) and n <= EAGER_MAX_QUERIES:
+            if isinstance(layer_i, SharedPrefixLayer) and n <= EAGER_MAX_QUERIES and not prefill:
                 groups.setdefault((id(layer_i.prefix_k), n), []).append((i, keys, values))
             else:
-                outs[i], _ = shared_prefix_attention(attn, rows(q, i), keys, values, attn_masks[i],
-                                                     scaling=attn.scaling, prefix_cache=cache)  # (R_i, L_i, heads, d)
+                outs[i], _ = shared_prefix_attention(attn, rows(q, i), keys, values, attn_masks[i], scaling=attn.scaling,
+                                                     prefix_cache=cache, prefill=prefill)  # (R_i, L_i, heads, d)
         for members in groups.values():  # the states that open with the same prefix: its scores at once
             first = caches[members[0][0]].layers[attn.layer_idx]
             got = prefix_group_attention(first, [rows(q, i) for i, _, _ in members],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from rag_demo.models.batched_step import forward_many
 from rag_demo.models.generators import GenState, pad_rows, stacked_layers
 from rag_demo.models.kv_cache import MIN_SHARED_PREFIX, GrowingCache, GrowingLayer, SharedPrefixLayer
 from rag_demo.models.opening_kv import OpeningKV
@@ -62,11 +63,12 @@ class PassagePrefill:
         a passage's last token merged into it). A passage's keys and values depend only on the
         opening and its own tokens (causal attention; positions count from the opening, padding
         skipped), so they are taken from `cache` when an earlier prefill kept them, keyed
-        by model, dtype, opening and passage tokens. With none kept, passages and rests run in one
-        call, as without a cache, and the passages are kept from it; else the passages not kept run
-        first (and are kept), then the rests, every row at once, against [opening][its passage].
-        Exact up to float summation order; the question part runs through SDPA (`prefill=True`)
-        as in a whole prefill. Each row's rest (its question part) is kept too, under its passage's
+        by model, dtype, opening and passage tokens. With none kept, every row's passage and rest
+        run in one call, packed: each row its own sequence after the opening, no padding run
+        (`_packed`), and the passages are kept from it; else the passages not kept run first, packed
+        (and are kept), then the rests, every row at once, against [opening][its passage].
+        Exact up to float summation order; every part runs through SDPA (`prefill=True`) as in a
+        whole prefill. Each row's rest (its question part) is kept too, under its passage's
         key and its own tokens: a prefill that wants only the state (hidden=False: a re-ask's
         `LazyPrefill` catching up) and finds every passage and rest kept runs nothing."""
         R = len(prompts)
@@ -76,11 +78,9 @@ class PassagePrefill:
         seg_ids, seg_mask = pad_rows(segs, self.pad_token_id, left=True)  # (R, Ws) passages end aligned
         rest_ids, rest_mask = pad_rows([p[e:] for p, e in zip(prompts, ends)], self.pad_token_id, left=True)  # (R, Wr)
         lens = seg_mask.sum(-1)  # (R,) passage tokens per row
-        seg_pos = s + (seg_mask.cumsum(-1) - 1).clamp(min=0)  # (R, Ws) positions skip the padding
         rest_pos = s + lens.unsqueeze(1) + (rest_mask.cumsum(-1) - 1).clamp(min=0)  # (R, Wr)
         mask = torch.cat([torch.ones((R, s), dtype=torch.long), seg_mask, rest_mask], dim=1)  # (R, s+Ws+Wr)
         Ws = seg_ids.shape[1]
-        prefix = cache.layers[0].prefix_k  # (1, heads, s, d)
         keys = self.keys(prompts, s, ends)
         rest_keys = [(*k, tuple(p[e:])) for k, p, e in zip(keys, prompts, ends)]  # a rest after its passage
         n_rest = rest_mask.sum(-1)  # (R,) rest tokens per row
@@ -97,56 +97,33 @@ class PassagePrefill:
                 self.cache.put(rest_keys[r], stacked_layers([(lay.keys[r, :, cols], lay.values[r, :, cols])
                                                                for lay in layers]))
 
-        if len(missing) == R:  # nothing kept: one call over passages and rests, as without a cache
-            out = self.model.model(
-                input_ids=torch.cat([seg_ids, rest_ids], dim=1), attention_mask=mask,
-                position_ids=torch.cat([seg_pos, rest_pos], dim=1), past_key_values=cache, use_cache=True,
-                prefix_cache=cache, prefill=True,
-            )
+        if len(missing) == R:  # nothing kept: passages and rests in one call, each row packed
+            ran = self._packed(opening, [list(p[s:]) for p in prompts], s)  # [(L_r, H), the row's cache]
+            for r, (_, row) in enumerate(ran):  # the row's own positions: its passage, then its rest
+                L = int(lens[r])
+                kept[r] = stacked_layers([(lay.keys[0, :, :L], lay.values[0, :, :L]) for lay in row.layers])
+                self.cache.put(keys[r], kept[r])
+                if self.hidden_cache.max_bytes:  # only a lazy prefill (hidden states kept) reads the rests
+                    self.cache.put(rest_keys[r], stacked_layers([(lay.keys[0, :, L:], lay.values[0, :, L:])
+                                                                 for lay in row.layers]))
             self.passage_tokens_run += int(lens.sum())
             self.positions_run += int(lens.sum()) + int(rest_mask.sum())
-            layers = out.past_key_values.layers
-            for r in range(R):  # row r's passage: its last lens[r] of the first Ws own positions
-                cols = slice(Ws - int(lens[r]), Ws)
-                own = [(lay.keys[r, :, cols], lay.values[r, :, cols]) for lay in layers]  # (heads, L, d) per layer
-                self.cache.put(keys[r], stacked_layers(own))
-            keep_rests(layers)
-            state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
-            return out.last_hidden_state[:, -(keep_prompt_logprobs + 1):], state  # (R, n+1, H)
-        if missing:  # some kept: the others' passages run on their own, as rows of their own width
-            rows = torch.tensor(missing)  # (M,) the rows whose passages run
-            Wm = int(lens[rows].max())
-            # `cache` is used for these rows only: its own buffers get their passages, its prefix is the opening
-            cols = slice(Ws - Wm, Ws)
-            part_mask = torch.cat([torch.ones((len(missing), s), dtype=torch.long), seg_mask[rows, cols]], dim=1)  # (M, s+Wm)
-            self.model.model(input_ids=seg_ids[rows, cols], position_ids=seg_pos[rows, cols], attention_mask=part_mask,
-                             past_key_values=cache, use_cache=True, prefix_cache=cache, prefill=True)
-            self.passage_tokens_run += int(lens[rows].sum())
-            self.positions_run += int(lens[rows].sum())
-            for i, r in enumerate(missing):
-                cols = slice(Wm - int(lens[r]), Wm)
-                own = [(lay.keys[i, :, cols], lay.values[i, :, cols]) for lay in cache.layers]  # (heads, L, d) per layer
-                kept[r] = stacked_layers(own)  # (layers, 2, heads, L, d)
+            rests = [[(lay.keys[0, :, int(lens[r]):], lay.values[0, :, int(lens[r]):]) for lay in row.layers]
+                     for r, (_, row) in enumerate(ran)]  # [layers of (heads, n_rest, d)] per row
+            state = GenState(cache=self._rows_cache(cache, kept, Ws, Wr, lens, rests), mask=mask,
+                             next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
+            return torch.stack([h[-(keep_prompt_logprobs + 1):] for h, _ in ran]), state  # (R, n+1, H)
+        if missing:  # some kept: the others' passages run on their own, packed
+            for r, (_, row) in zip(missing, self._packed(opening, [list(segs[r]) for r in missing], s)):
+                kept[r] = stacked_layers([(lay.keys[0], lay.values[0]) for lay in row.layers])  # (layers, 2, heads, L, d)
                 self.cache.put(keys[r], kept[r])  # read below, never written
+            self.passage_tokens_run += int(lens[missing].sum())
+            self.positions_run += int(lens[missing].sum())
         # every row's own cache: its passage's kept keys and values, ending aligned, then room for the
         # rests (or the rests too, ending aligned, when every one is kept and no state is wanted)
         whole = kept_rests is not None and all(x is not None for x in kept_rests)
-        rows_cache = []
-        for li, layer in enumerate(cache.layers):
-            h, d = prefix.shape[1], prefix.shape[-1]
-            k = prefix.new_empty((R, h, Ws + Wr + GrowingLayer.GROW, d))  # (R, heads, capacity, d)
-            v = torch.empty_like(k)  # (R, heads, capacity, d): the room after what is held is written before it is read
-            for r in range(R):
-                a = Ws - int(lens[r])
-                k[r, :, :a], v[r, :, :a] = 0, 0  # padding: masked, but never NaN
-                k[r, :, a: Ws] = kept[r][li, 0]  # (heads, L, d) copied: the cache's own stays unwritten
-                v[r, :, a: Ws] = kept[r][li, 1]
-                if whole:
-                    b = Ws + Wr - int(n_rest[r])
-                    k[r, :, Ws: b], v[r, :, Ws: b] = 0, 0
-                    k[r, :, b: Ws + Wr], v[r, :, b: Ws + Wr] = kept_rests[r][li, 0], kept_rests[r][li, 1]
-            rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(k, v, Ws + Wr if whole else Ws))
-        cache = GrowingCache(rows_cache)
+        rests = [[(x[li, 0], x[li, 1]) for li in range(x.shape[0])] for x in kept_rests] if whole else None
+        cache = self._rows_cache(cache, kept, Ws, Wr, lens, rests)
         if whole:  # nothing to run: the state of the whole prompts, from what was kept
             return None, GenState(cache=cache, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
         out = self.model.model(
@@ -157,3 +134,43 @@ class PassagePrefill:
         keep_rests(out.past_key_values.layers)
         state = GenState(cache=out.past_key_values, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
         return out.last_hidden_state[:, -(keep_prompt_logprobs + 1):], state  # (R, n+1, H)
+
+    def _packed(self, opening: tuple, rows: list[list[int]], s: int) -> list[tuple[torch.Tensor, GrowingCache]]:
+        """Each row's tokens run after `opening` (s tokens) as a sequence of its own, every row in one
+        forward (batched_step.forward_many): the linear layers over the Σ_r L_r real tokens, none of
+        the padding a (R, max L_r) batch would run, and each row's attention through SDPA as a
+        prefill's. -> [(hidden (L_r, H), the row's one-row cache over the opening holding its L_r
+        own positions)]."""
+        caches = [self.openings.shared(opening) for _ in rows]
+        tokens = [torch.tensor([row], dtype=torch.long) for row in rows]  # (1, L_r) each
+        positions = [s + torch.arange(len(row)).unsqueeze(0) for row in rows]  # (1, L_r) after the opening
+        masks = [torch.ones((1, s + len(row)), dtype=torch.long) for row in rows]  # (1, s + L_r): nothing hidden
+        hidden = forward_many(self.model, caches, tokens, positions, masks, prefill=True)  # [(1, L_r, H)]
+        return [(h[0], c) for h, c in zip(hidden, caches)]
+
+    @staticmethod
+    def _rows_cache(opening_cache: GrowingCache, kept: list[torch.Tensor], Ws: int, Wr: int, lens: torch.Tensor,
+                    rests: list | None) -> GrowingCache:
+        """The R rows' cache over the opening, laid out as a one-call prefill leaves it: row r's own
+        positions [padding][its passage][padding][its rest], passages ending at Ws, rests at Ws + Wr,
+        padding zero (masked, but never NaN). kept[r] (layers, 2, heads, L_r, d): row r's passage;
+        rests[r]: its rest's (keys, values) per layer, each (heads, n_r, d), or `rests` None to leave
+        room for the rests to run into (the cache then holds Ws positions). Copies: what is read
+        stays unwritten."""
+        R, rows_cache = len(kept), []
+        for li, layer in enumerate(opening_cache.layers):
+            h, d = layer.prefix_k.shape[1], layer.prefix_k.shape[-1]
+            k = layer.prefix_k.new_empty((R, h, Ws + Wr + GrowingLayer.GROW, d))  # (R, heads, capacity, d)
+            v = torch.empty_like(k)  # (R, heads, capacity, d): the room after what is held is written before it is read
+            for r in range(R):
+                a = Ws - int(lens[r])
+                k[r, :, :a], v[r, :, :a] = 0, 0
+                k[r, :, a: Ws], v[r, :, a: Ws] = kept[r][li, 0], kept[r][li, 1]  # (heads, L_r, d)
+                if rests is not None:
+                    rk, rv = rests[r][li]  # (heads, n_r, d)
+                    b = Ws + Wr - rk.shape[1]
+                    k[r, :, Ws: b], v[r, :, Ws: b] = 0, 0
+                    k[r, :, b: Ws + Wr], v[r, :, b: Ws + Wr] = rk, rv
+            rows_cache.append(SharedPrefixLayer(layer.prefix_k, layer.prefix_v).holding(
+                k, v, Ws + Wr if rests is not None else Ws))
+        return GrowingCache(rows_cache)
