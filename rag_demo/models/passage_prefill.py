@@ -75,12 +75,12 @@ class PassagePrefill:
         opening = tuple(prompts[0][:s])
         cache = self.openings.shared(opening)
         segs = [p[s:e] for p, e in zip(prompts, ends)]
-        seg_ids, seg_mask = pad_rows(segs, self.pad_token_id, left=True)  # (R, Ws) passages end aligned
+        _, seg_mask = pad_rows(segs, self.pad_token_id, left=True)  # (R, Ws) passages end aligned
         rest_ids, rest_mask = pad_rows([p[e:] for p, e in zip(prompts, ends)], self.pad_token_id, left=True)  # (R, Wr)
         lens = seg_mask.sum(-1)  # (R,) passage tokens per row
         rest_pos = s + lens.unsqueeze(1) + (rest_mask.cumsum(-1) - 1).clamp(min=0)  # (R, Wr)
         mask = torch.cat([torch.ones((R, s), dtype=torch.long), seg_mask, rest_mask], dim=1)  # (R, s+Ws+Wr)
-        Ws = seg_ids.shape[1]
+        Ws = seg_mask.shape[1]
         keys = self.keys(prompts, s, ends)
         rest_keys = [(*k, tuple(p[e:])) for k, p, e in zip(keys, prompts, ends)]  # a rest after its passage
         n_rest = rest_mask.sum(-1)  # (R,) rest tokens per row
@@ -103,15 +103,13 @@ class PassagePrefill:
                 L = int(lens[r])
                 kept[r] = stacked_layers([(lay.keys[0, :, :L], lay.values[0, :, :L]) for lay in row.layers])
                 self.cache.put(keys[r], kept[r])
-                if self.hidden_cache.max_bytes:  # only a lazy prefill (hidden states kept) reads the rests
-                    self.cache.put(rest_keys[r], stacked_layers([(lay.keys[0, :, L:], lay.values[0, :, L:])
-                                                                 for lay in row.layers]))
             self.passage_tokens_run += int(lens.sum())
             self.positions_run += int(lens.sum()) + int(rest_mask.sum())
             rests = [[(lay.keys[0, :, int(lens[r]):], lay.values[0, :, int(lens[r]):]) for lay in row.layers]
                      for r, (_, row) in enumerate(ran)]  # [layers of (heads, n_rest, d)] per row
-            state = GenState(cache=self._rows_cache(cache, kept, Ws, Wr, lens, rests), mask=mask,
-                             next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
+            cache = self._rows_cache(cache, kept, Ws, Wr, lens, rests)
+            keep_rests(cache.layers)
+            state = GenState(cache=cache, mask=mask, next_pos=rest_pos[:, -1] + 1)  # next_pos (R,)
             return torch.stack([h[-(keep_prompt_logprobs + 1):] for h, _ in ran]), state  # (R, n+1, H)
         if missing:  # some kept: the others' passages run on their own, packed
             for r, (_, row) in zip(missing, self._packed(opening, [list(segs[r]) for r in missing], s)):
