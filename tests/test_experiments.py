@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 NAMES = ("rerank_candidates", "token_misses", "reader_variants", "reader_variants_table", "corpus_scale",
          "memory_check", "index_build_profile", "float32_profile", "int8_generator", "linear_kernels", "question_pmi",
-         "off_subject", "question_tower", "cue_signals", "cue_enlarged")
+         "off_subject", "question_tower", "cue_signals", "cue_enlarged", "passage_pmi")
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +283,34 @@ def test_cue_enlarged_reads_the_cue_on_held_out_answerable_halves(exp):
     assert clear["recall"][0] > 0.9 and clear["right_flagged"][0] <= 0.2 and clear["holds"] == 1.0
     blind = mod.summary(mod.held_out_halves(_answers(40, False), ("logprob",), "mix", 0.2, reps=4))
     assert blind["holds"] < 1.0 and blind["recall"][0] < 0.5  # a signal that says nothing cannot meet the bar
+
+
+def test_passage_pmi_teacher_forces_the_answer_under_the_closed_book_prompt(exp, tmp_path):
+    """closed_logprob agrees with the same tokens read as the end of one prompt (the prefill's own
+    log-probs, another code path), and with_pmi subtracts it from the answer's log p per answer."""
+    import pandas as pd
+
+    from rag_demo.config import RagSettings
+    from rag_demo.reader.reading import prompt, question_read
+
+    mod = exp("passage_pmi")
+    pipe = exp("_shared").tiny_pipeline()
+    question, answer = "Who painted The Starry Night?", "Vincent van Gogh"
+    lp, n = mod.closed_logprob(pipe, "aided", question, answer)
+    s = RagSettings(preset="aided")
+    gen = pipe.stack.modes["closed-book"].generator
+    ids = gen.tokenizer.encode(answer, add_special_tokens=False)
+    cb = prompt(gen, question_read(s.aids, question), None, s.decoding, s.aids)
+    _, state = gen.prefill([cb + ids], keep_prompt_logprobs=len(ids))
+    assert n == len(ids) and lp == pytest.approx(float(state.prompt_lp.sum()), abs=1e-3)  # float32 logits
+    assert lp < 0 and mod.closed_logprob(pipe, "aided", question, answer + " and friends")[0] < lp
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("\n".join(json.dumps({"preset": "aided", "question_id": q, "answer": "x", "closed_logprob": c,
+                                             "n": 2, "verify": 0.5}) for q, c in (("a", -7.0), ("b", -80.0))))
+    rows = pd.DataFrame([{"preset": "aided", "question_id": q, "answer": "x", "signals": {"logprob": lp_}}
+                         for q, lp_ in (("a", -3.0), ("b", -60.0))])
+    got = mod.with_pmi(rows, str(scores))["signals"].tolist()
+    assert [g["pmi"] for g in got] == [4.0, 0.0] and got[0]["pmi_mean"] == 2.0  # both floored at -50 for "b"
 
 
 def test_int8_generator_measures_each_variant_against_float32(exp, capsys):
