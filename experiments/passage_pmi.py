@@ -1,5 +1,5 @@
-"""Do the passages make the answer likelier? A candidate signal for the "probably wrong" cue
-(docs/results.md §8): how much retrieval raised the answer's probability over the generator alone,
+"""Do the passages support the answer? Candidate signals for the "probably wrong" cue
+(docs/results.md §8). First, how much retrieval raised the answer's probability over the generator alone,
 
     PMI = log p(y|x) - log p_closed(y|x)
 
@@ -20,7 +20,9 @@ without PMI (cue_enlarged.py's procedure: the shipped "mix" rule). No report ans
     .venv/bin/python experiments/passage_pmi.py --tiny                      # smoke run
 
 A second candidate is scored beside it: `verify`, the reader itself asked whether the question's
-top dense passage supports the answer (log p("Yes") - log p("No"), P(True)-style).
+top dense passage supports the answer (log p("Yes") - log p("No"), P(True)-style). And the shipped
+GROUNDING signals (rag_demo/confidence.py: whether the passages hold what the answer adds to its
+question) are read beside both, added to the runs' answers as `eval --fit-confidence` adds them.
 """
 from __future__ import annotations
 
@@ -125,14 +127,15 @@ def with_pmi(rows, scores_path: str):
 def read(rows) -> None:
     import numpy as np
 
+    from rag_demo.confidence import FEATURES
     from rag_demo.measure.calibration import FEATURE_SETS, auroc
 
-    print("| preset | mode | answerable | right | AUROC log p | AUROC PMI | AUROC pmi_mean | AUROC verify |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| preset | mode | answerable | right | AUROC log p | AUROC PMI | AUROC pmi_mean | AUROC verify | AUROC new_in_top |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for (preset, mode), part in rows.groupby(["preset", "mode"]):
         a = part[part["answerable"].astype(bool)]
         y = (a["contains"].to_numpy() > 0).astype(int)
-        got = [auroc(np.array([s[k] for s in a["signals"]]), y) for k in ("logprob", "pmi", "pmi_mean", "verify")]
+        got = [auroc(np.array([s[k] for s in a["signals"]]), y) for k in ("logprob", "pmi", "pmi_mean", "verify", "new_in_top")]
         print(f"| {preset} | {mode} | {len(a)} | {y.mean():.2f} | " + " | ".join(f"{g:.3f}" for g in got) + " |")
     print()
     print("| preset | mode | signals | recall | right flagged | precision | bar holds |")
@@ -141,7 +144,7 @@ def read(rows) -> None:
         sets = [tuple(f) for f in FEATURE_SETS[mode]]
         sets += [("logprob", "pmi"), ("logprob", "verify"), ("logprob", "pmi", "verify"),
                  ("logprob", "mean_logprob", "in_passage", "margin", "pmi"),
-                 ("logprob", "mean_logprob", "in_passage", "margin", "pmi", "verify"), sets[-1] + ("pmi", "verify")]
+                 ("logprob", "mean_logprob", "in_passage", "margin", "pmi", "verify"), FEATURES[mode] + ("pmi", "verify")]
         for features in sets:
             s = summary(held_out_halves(part, features, "mix", 0.2, 30))
             cells = " | ".join(f"{s[k][0]:.2f} [{s[k][1]:.2f}-{s[k][2]:.2f}]" for k in BAR)
@@ -168,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
         questions = {question_id(item): item.question for path in QA for item in load_qa(path)}
         score(RagPipeline.load(), rows, questions, args.out)
+    from rag_demo.measure.calibration import passages_again, with_grounding
+
+    rows = with_grounding(rows, **passages_again([str(r) for r in RUNS + [TRAIN_RUN]]))
     read(with_pmi(rows, args.out or args.scores))
     return 0
 

@@ -350,11 +350,12 @@ def cmd_eval(args) -> int:
             print(path)
         return 0
     if args.fit_confidence:
-        from rag_demo.measure.calibration import fit, format_confidence
+        from rag_demo.measure.calibration import fit, format_confidence, passages_again
 
         command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["eval"] \
             else "python -m rag_demo eval --fit-confidence " + " ".join(args.fit_confidence)
-        about = fit(args.fit_confidence, args.confidence_out, args.heldout_out, command)
+        about = fit(args.fit_confidence, args.confidence_out, args.heldout_out, command,
+                    **passages_again(args.fit_confidence))
         print(f"Fitted on {about['fitted_answers']} answers to {about['fitted_questions']} calibrate questions; "
               f"reported on {about['report_answers']} answers to {about['report_questions']} report questions.")
         print(format_confidence(about["report"]))

@@ -34,6 +34,9 @@ CONFIDENCE_PATH = Path(__file__).resolve().parents[1] / "assets" / "confidence.j
 BASE = ("logprob", "mean_logprob", "n_tokens", "ended", "empty", "echo")
 RAG = BASE + ("margin", "single", "best_prior", "top_score", "max_posterior", "in_passage", "min_token_logprob")
 FEATURES = {"sequence": RAG, "token": RAG, "closed-book": BASE}
+# whether the passages hold what the answer adds to its question (`grounding`): RAG modes too, a
+# candidate set of their own (measure/calibration.py FEATURE_SETS)
+GROUNDING = ("new_words", "new_in_top", "new_in_passages")
 NO_RIVAL = 20.0  # the margin an answer with no second candidate gets (nats): far ahead of any rival
 FLOOR = -50.0  # log-probs below this are all "very unlikely": clipped so one outlier cannot dominate a fit
 
@@ -55,6 +58,7 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
     max_posterior  max_z of the answer's passage posterior: how much one passage carries it
     in_passage     1 if a passage (title and text) holds the answer's words as a run of tokens
     min_token_logprob  the weakest token: min_i log Σ_z p(z|x) p(y_i | x, z, y_<i) (the inspector's numbers)
+    and GROUNDING (`grounding`).
     """
     n = len(a.get("token_ids") or [])
     text = (a.get("text") or "").strip().rstrip(".")
@@ -80,7 +84,43 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
         "in_passage": float(bool(text) and any(occurs_in(text, f"{d['title']} {d['text']}") for d in docs)),
         "min_token_logprob": _weakest_token(a.get("inspector") or [], [d["prior"] for d in docs]),
     })
+    top = max(docs, key=lambda d: d["prior"], default=None)
+    out.update(grounding(a.get("question") or "", text, [(d["title"], d["text"]) for d in docs],
+                         None if top is None else docs.index(top)))
     return out
+
+
+def grounding(question: str, answer: str, passages: list[tuple[str, str]], top: int | None = 0) -> dict[str, float]:
+    """Whether the passages hold what the answer adds to the question. N = the answer's words that
+    neither the question nor an English stop list holds (match_tokens' words):
+
+    new_words        log(1 + |N|)
+    new_in_top       |N ∩ words(passages[top])| / |N|  (title and text; 0 when N is empty)
+    new_in_passages  |N ∩ ∪_z words(z)| / |N|
+
+    An answer that only echoes its question has none; one copied from the top passage has them all
+    there; one the generator made up has them nowhere (docs/results.md §8).
+
+    >>> g = grounding("Who painted it?", "Vincent van Gogh painted it", [("Van Gogh", "Vincent painted."), ("Art", "")])
+    >>> g["new_in_top"], g["new_in_passages"], round(g["new_words"], 3)  # vincent, van, gogh
+    (1.0, 1.0, 1.386)
+    """
+    words = [set(match_tokens(f"{title} {text}")) for title, text in passages]
+    new = set(match_tokens(answer)) - set(match_tokens(question)) - _stop_words()
+    if not new:
+        return {"new_words": 0.0, "new_in_top": 0.0, "new_in_passages": 0.0}
+    seen = set().union(*words) if words else set()
+    in_top = words[top] if top is not None and 0 <= top < len(words) else set()
+    return {"new_words": math.log1p(len(new)), "new_in_top": len(new & in_top) / len(new),
+            "new_in_passages": len(new & seen) / len(new)}
+
+
+@lru_cache(maxsize=1)
+def _stop_words() -> frozenset[str]:
+    """NLTK's English stop list as bm25s ships it (its contractions split as match_tokens splits them)."""
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+    return frozenset(w for s in STOPWORDS_EN_PLUS for w in match_tokens(s))
 
 
 def _weakest_token(inspector: list, prior: list[float]) -> float:

@@ -84,3 +84,35 @@ def test_auroc_and_threshold_by_hand():
     p, right = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.6]), np.array([0, 0, 0, 1, 0, 0, 1, 1])
     assert cal.choose_threshold(p, right, 0.8, right_flagged=0.25) == 0.175
     assert cal.choose_threshold(p, right, 0.8, right_flagged=0.34) == pytest.approx(0.325)  # 5 of 6 flagged wrong
+
+
+def test_with_grounding_adds_the_signals_from_the_passages_read_again_and_checks_they_are_the_runs():
+    import pandas as pd
+
+    passages = {"Who painted The Starry Night?": [("The Starry Night", "painted by Vincent van Gogh"),
+                                                   ("Paris", "the capital of France")]}
+    calls = []
+
+    def passages_of(question, k):
+        calls.append((question, k))
+        return passages[question][:k]
+
+    def row(mode, answer, in_passage, **extra):
+        sig = {"logprob": -1.0, **({} if mode == "closed-book" else {"in_passage": in_passage}), **extra}
+        return {"question_id": "q1", "mode": mode, "k": None if mode == "closed-book" else 2, "answer": answer,
+                "signals": sig}
+
+    rows = pd.DataFrame([row("token", "Vincent van Gogh.", 1.0), row("sequence", "Claude Monet", 0.0),
+                         row("closed-book", "Monet", None)])
+    assert cal.candidates(rows[rows["mode"] != "closed-book"], "token") == (("logprob",),)  # the others lack signals
+    got = cal.with_grounding(rows, {"q1": "Who painted The Starry Night?"}.__getitem__, passages_of)
+    token, seq, closed = got["signals"].tolist()
+    assert token["new_in_top"] == 1.0 and seq["new_in_passages"] == 0.0 and "new_words" not in closed
+    assert calls == [("Who painted The Starry Night?", 2)]  # once a question and K
+    assert ("logprob", "new_words", "new_in_top", "new_in_passages") in cal.candidates(got[got["mode"] == "token"], "token")
+    # an answer that already carries them is left as it is; passages that are not the run's are refused
+    kept = pd.DataFrame([row("token", "Paris", 1.0, new_words=9.0, new_in_top=0.5, new_in_passages=0.5)])
+    assert cal.with_grounding(kept, str, passages_of)["signals"][0]["new_words"] == 9.0
+    with pytest.raises(ValueError, match="1 of 2 answers' in_passage differs"):
+        cal.with_grounding(rows.assign(signals=[{**s, "in_passage": 0.0} for s in rows["signals"]]),
+                           {"q1": "Who painted The Starry Night?"}.__getitem__, passages_of)

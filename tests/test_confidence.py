@@ -31,7 +31,25 @@ def test_signals_of_a_rag_answer_by_hand():
     assert s["in_passage"] == 1.0
     # token 1: 0.8·0.5 + 0.2·0.1 = 0.42; token 2: 0.8·0.9 + 0.2·0.2 = 0.76: the weakest is 0.42
     assert s["min_token_logprob"] == pytest.approx(math.log(0.42))
-    assert set(s) == set(cf.FEATURES["token"])
+    # vincent, van, gogh: none asked, all in the top passage (prior 0.8)
+    assert s["new_words"] == pytest.approx(math.log(4)) and s["new_in_top"] == 1.0 and s["new_in_passages"] == 1.0
+    assert set(s) == set(cf.FEATURES["token"]) | set(cf.GROUNDING)
+
+
+def test_grounding_counts_what_the_answer_adds_to_its_question_where_the_passages_hold_it():
+    passages = [("Paris", "Paris is the capital of France."), ("Lyon", "Lyon lies on the Rhone, in France.")]
+    # "capital of France" is asked; "lyon" and "rhone" are new: in the second passage only
+    g = cf.grounding("What is the capital of France?", "Lyon, on the Rhone", passages, top=0)
+    assert g == {"new_words": pytest.approx(math.log(3)), "new_in_top": 0.0, "new_in_passages": 1.0}
+    assert cf.grounding("What is the capital of France?", "Lyon, on the Rhone", passages, top=1)["new_in_top"] == 1.0
+    # half the new words nowhere; an echo of the question (and stop words) adds nothing
+    assert cf.grounding("Who?", "Paris Berlin", passages)["new_in_passages"] == 0.5
+    assert cf.grounding("What is the capital of France?", "It is the capital", passages) == \
+        {"new_words": 0.0, "new_in_top": 0.0, "new_in_passages": 0.0}
+    # the top passage is the one the retriever trusts most, wherever it stands in the list
+    docs = [{"prior": 0.1, "score": 0.2, "title": "Paris", "text": "the capital"},
+            {"prior": 0.9, "score": 0.5, "title": "The Starry Night", "text": "painted by Vincent van Gogh"}]
+    assert cf.signals(answer(docs=docs))["new_in_top"] == 1.0
 
 
 def test_signals_of_wrong_looking_answers():

@@ -8,10 +8,11 @@ never on "train" (what training read) nor on any other. The model file the app l
 numbers each card quotes; the report answers, each with its confidence, are written as tidy rows
 (`--heldout-out`) for the Results tab's reliability diagram.
 
-Which signals: a logistic regression over the simplest of FEATURE_SETS whose 5-fold cross-validated
-log-loss on the calibrate answers is within one standard error of the best (the 14-signal model
-did no better than log p alone on new questions, and was over-confident where it was sure). A
-logistic regression's output is its own calibration (Platt's); the report split checks it, with
+Which signals: a logistic regression over one of FEATURE_SETS, the one whose cue catches the most
+wrong answers within its bounds (`choose_features`, below). The RAG modes' candidates include the
+GROUNDING signals (whether the passages hold what the answer adds to its question), which runs made
+before them lack: `with_grounding` adds them from the same passages retrieved again. A logistic
+regression's output is its own calibration (Platt's); the report split checks it, with
 reliability bins of equal count.
 
 "Right" is `contains`: a gold answer's words occur in the answer. Each preset and mode is fitted
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rag_demo.confidence import FEATURES, ConfidenceModel, Logistic
+from rag_demo.confidence import FEATURES, GROUNDING, ConfidenceModel, Logistic, grounding
 from rag_demo.measure.metrics import precision_recall, reliability_bins
 from rag_demo.measure.run_rows import load_meta, load_rows, with_answerable
 from rag_demo.splits import split_of
@@ -44,11 +45,13 @@ PRECISION = 0.8  # the cue's least precision on the calibrate mix (flagged answe
 RIGHT_FLAGGED = 0.2
 C = 1.0  # inverse L2 strength: the features are standardised
 FOLDS = 5
-# the candidate signal sets per mode, simplest first
+# the candidate signal sets per mode, simplest first; a set some answer lacks a signal of is not a candidate
 FEATURE_SETS = {
     "closed-book": (("logprob",), ("logprob", "mean_logprob", "n_tokens"), FEATURES["closed-book"]),
-    "sequence": (("logprob",), ("logprob", "mean_logprob", "in_passage", "margin"), FEATURES["sequence"]),
-    "token": (("logprob",), ("logprob", "mean_logprob", "in_passage", "margin"), FEATURES["token"]),
+    "sequence": (("logprob",), ("logprob", "mean_logprob", "in_passage", "margin"), FEATURES["sequence"],
+                 ("logprob",) + GROUNDING),
+    "token": (("logprob",), ("logprob", "mean_logprob", "in_passage", "margin"), FEATURES["token"],
+              ("logprob",) + GROUNDING),
 }
 
 
@@ -139,7 +142,7 @@ def choose_features(rows: pd.DataFrame, mode: str, share: float | None = None) -
     a = _answerable(rows)
     w = mix_weights(a, share)
     scores = []
-    for features in FEATURE_SETS[mode]:
+    for features in candidates(rows, mode):
         x = _matrix(rows, features)
         mean, se = cv_logloss(x, y, features, w=w)
         _, cue = _cue_at_bound(cross_validated(x, y, features, w, 2 * y + a), y, w, a)
@@ -147,6 +150,73 @@ def choose_features(rows: pd.DataFrame, mode: str, share: float | None = None) -
                        "cv_cue": cue})
     best = max(scores, key=lambda s: (np.nan_to_num(s["cv_cue"]["mix"]["recall"]), -len(s["features"])))
     return tuple(best["features"]), scores
+
+
+def candidates(rows: pd.DataFrame, mode: str) -> tuple[tuple[str, ...], ...]:
+    """The sets of FEATURE_SETS[mode] whose every signal every answer carries (runs made before a
+    signal existed lack it until `with_grounding` adds it)."""
+    have = set.intersection(*(set(sig) for sig in rows["signals"])) if len(rows) else set()
+    return tuple(f for f in FEATURE_SETS[mode] if set(f) <= have)
+
+
+def with_grounding(rows: pd.DataFrame, question_of, passages_of) -> pd.DataFrame:
+    """The RAG answers' signals with GROUNDING added where missing (`confidence.grounding`), from
+    question_of(question_id) -> its text and passages_of(question, k) -> [(title, text)] the k
+    passages the answer read, top first: the dense retrieval again, which is deterministic. A run's
+    own `in_passage` signal is recomputed from the same passages as a check that they are the run's:
+    a ValueError names how many differ when more than one in a hundred do (another index)."""
+    from rag_demo.reader.text import occurs_in
+
+    out, differ, checked, got = [], 0, 0, {}
+    for sig, mode, qid, answer, k in zip(rows["signals"], rows["mode"], rows["question_id"], rows["answer"],
+                                         rows.get("k", pd.Series([None] * len(rows), index=rows.index))):
+        if mode == "closed-book" or set(GROUNDING) <= set(sig):
+            out.append(sig)
+            continue
+        question = question_of(str(qid))
+        if (question, k) not in got:
+            got[question, k] = passages_of(question, int(k))
+        passages = got[question, k]
+        text = (answer if isinstance(answer, str) else "").strip().rstrip(".")
+        checked += 1
+        differ += float(bool(text) and any(occurs_in(text, f"{t} {x}") for t, x in passages)) != sig["in_passage"]
+        out.append({**sig, **grounding(question, text, passages)})
+    if checked and differ > 0.01 * checked:
+        raise ValueError(f"{differ} of {checked} answers' in_passage differs when their passages are retrieved "
+                         "again: the runs read another index; fit with the index they were made on.")
+    return rows.assign(signals=out)
+
+
+def passages_again(runs: list[str]) -> dict:
+    """`fit`'s question_of and passages_of for `with_grounding`: the questions from the QA files the
+    runs' meta files name (those that exist), the passages from the default pipeline's dense retrieval (loaded on first
+    use: runs that carry every signal load nothing)."""
+    from rag_demo.questions import load_qa
+
+    def qa_files(meta: dict) -> list[str]:
+        return [meta["qa"]] * bool(meta.get("qa")) + [f for m in meta.get("runs") or [] for f in qa_files(m)]
+
+    # a part run may name a temporary copy of its QA file's questions: the files at hand serve
+    files = list(dict.fromkeys(f for run in runs for f in qa_files(load_meta(run)) if Path(f).is_file()))
+    questions: dict[str, str] = {}
+    pipe: list = []
+
+    def question_of(qid: str) -> str:
+        if not questions:
+            questions.update({str(item.meta.get("id")): item.question for f in files for item in load_qa(f)})
+        if qid not in questions:
+            raise ValueError(f"question {qid!r} is in none of the QA files the runs' meta files name ({files}): "
+                             "rerun the sweep, or fit on runs that carry every signal.")
+        return questions[qid]
+
+    def passages_of(question: str, k: int) -> list[tuple[str, str]]:
+        if not pipe:
+            from rag_demo.pipeline import RagPipeline
+
+            pipe.append(RagPipeline.load())
+        return [(z.title, z.text) for z in pipe[0].retrieve(question, "token", k=k).passages]
+
+    return {"question_of": question_of, "passages_of": passages_of}
 
 
 def _answerable(rows: pd.DataFrame) -> np.ndarray:
@@ -268,13 +338,17 @@ def format_confidence(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack: str = "offline", k: int = 5) -> dict:
+def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack: str = "offline", k: int = 5,
+        question_of=None, passages_of=None) -> dict:
     """Fit on the runs' calibrate answers, report on their report answers, save (see the module
-    docstring); -> the model file's `about`."""
+    docstring); -> the model file's `about`. With question_of and passages_of, answers made before
+    the GROUNDING signals get them (`with_grounding`)."""
     frames = [answers_at(load_rows(path), k) for path in runs]
     if not frames:
         raise ValueError("no runs given: pass sweep runs with --fit-confidence RUN [RUN ...].")
     rows = pd.concat(frames, ignore_index=True)
+    if question_of is not None and passages_of is not None:
+        rows = with_grounding(rows, question_of, passages_of)
     rows = rows.assign(split=rows["question_id"].map(lambda q: split_of(str(q))))
     calibrate, test = rows[rows["split"] == "calibrate"], rows[rows["split"] == "report"]
     if calibrate.empty or test.empty:
