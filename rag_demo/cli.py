@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "cards' confidence (a logistic regression per preset and mode) on the calibrate split of sweep "
                     "runs, report it on their report split (rag_demo/splits.py), and write the model and the report "
                     "answers")
+    ev.add_argument("--choose-on", nargs="+", metavar="RUN", help="with --fit-confidence: sweep runs whose train "
+                    "answers join calibrate's answerable ones where each mode's signals are chosen (never the trained "
+                    "preset's: it read train)")
     ev.add_argument("--confidence-out", default="assets/confidence.json", help="where --fit-confidence writes the model")
     ev.add_argument("--heldout-out", default="assets/results/confidence_heldout.jsonl",
                     help="where --fit-confidence writes the report answers with their confidence (tidy rows)")
@@ -355,7 +358,7 @@ def cmd_eval(args) -> int:
         command = "python -m rag_demo " + " ".join(_quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["eval"] \
             else "python -m rag_demo eval --fit-confidence " + " ".join(args.fit_confidence)
         about = fit(args.fit_confidence, args.confidence_out, args.heldout_out, command,
-                    **passages_again(args.fit_confidence))
+                    choose_on=args.choose_on, **passages_again(args.fit_confidence + (args.choose_on or [])))
         print(f"Fitted on {about['fitted_answers']} answers to {about['fitted_questions']} calibrate questions; "
               f"reported on {about['report_answers']} answers to {about['report_questions']} report questions.")
         print(format_confidence(about["report"]))

@@ -10,6 +10,7 @@ import pytest
 
 from rag_demo.confidence import FEATURES, ConfidenceModel, load_model
 from rag_demo.measure import calibration as cal
+from rag_demo.splits import split_of
 
 
 def _row(qa, qid, mode, right, rng):
@@ -55,8 +56,10 @@ def test_fit_reads_the_calibrate_split_and_reports_on_the_report_split(runs, tmp
     model = load_model(out)
     assert isinstance(model, ConfidenceModel) and set(model.models) == {"offline|aided|token", "offline|aided|closed-book"}
     token = model.model_for("offline", "aided", "token")
-    # the signals beside log p are noise here: the simplest set that does as well is chosen
-    assert token.features == ("logprob",) and token.coef[0] > 0
+    # every question here counts as answerable (no labels): the set is chosen on held-out halves,
+    # and log p, the one signal that is not noise, carries the model
+    assert about["choice"]["offline|aided|token"]["rule"] == "held-out halves"
+    assert token.features[0] == "logprob" and token.coef[0] == max(token.coef, key=abs) > 0
     assert [c["features"] for c in about["candidates"]["offline|aided|token"]][0] == ["logprob"]
     by = {r["mode"]: r for r in about["report"]}
     assert by["token"]["auroc"] > 0.8 and len(by["token"]["bins"]) == 4
@@ -116,3 +119,62 @@ def test_with_grounding_adds_the_signals_from_the_passages_read_again_and_checks
     with pytest.raises(ValueError, match="1 of 2 answers' in_passage differs"):
         cal.with_grounding(rows.assign(signals=[{**s, "in_passage": 0.0} for s in rows["signals"]]),
                            {"q1": "Who painted The Starry Night?"}.__getitem__, passages_of)
+
+
+def _labelled(tmp_path, n_answerable, n_other=None, seed=0):
+    """A QA label file beside sweep rows of aided and trained RAG-Token answers to n_answerable
+    answerable and n_other (default as many) unanswerable questions of every split: log p separates right from wrong
+    (right 0.5 of the answerable, 0.1 of the others), `margin` is noise. -> (rows file, labels folder)."""
+    rng = random.Random(seed)
+    n_other = n_answerable if n_other is None else n_other
+    folder = tmp_path / "labels"
+    folder.mkdir(exist_ok=True)
+    with (folder / "lab.jsonl").open("w") as f:
+        for i in range(n_answerable + n_other):
+            f.write(json.dumps({"id": f"lab:{i}", "question": f"q{i}?", "answers": ["a"],
+                                "answerable": i < n_answerable}) + "\n")
+    rows = tmp_path / "lab_run.jsonl"
+    with rows.open("w") as f:
+        for i in range(n_answerable + n_other):
+            for preset in ("aided", "trained"):
+                right = rng.random() < (0.5 if i < n_answerable else 0.1)
+                sig = {"logprob": (-1.0 if right else -6.0) + rng.gauss(0, 0.7), "margin": rng.random()}
+                f.write(json.dumps({"qa": "lab", "question_id": f"lab:{i}", "mode": "token", "preset": preset,
+                                    "retriever": "dense", "k": 5, "contains": float(right), "signals": sig,
+                                    "cues": []}) + "\n")
+    return str(rows), folder
+
+
+def test_the_signals_are_chosen_by_the_bar_on_held_out_answerable_halves(tmp_path, monkeypatch):
+    """choose_on_halves keeps the set whose cue meets the bar on answerable questions it was not
+    fitted on, over a set of noise; fit() reads train answers for that choice only where a preset's
+    weights never read train, and falls back to the mix with too few answerable questions."""
+    from rag_demo.measure import run_rows
+
+    label_folder = {}
+    real = run_rows.with_answerable
+    monkeypatch.setattr(cal, "with_answerable", lambda rows, folder=None: real(rows, label_folder["now"]))
+    monkeypatch.setitem(cal.FEATURE_SETS, "token", (("margin",), ("logprob",)))
+    path, label_folder["now"] = _labelled(tmp_path, 240)
+    rows = cal.with_answerable(cal.answers_at(run_rows.load_rows(path)))
+    aided = rows[rows["preset"] == "aided"]
+    features, scores = cal.choose_on_halves(aided, "token", 0.5, reps=6)
+    by = {tuple(s["features"]): s for s in scores}
+    # the threshold sits at the bound on the fit's answers, so a held-out half flags about a fifth of
+    # its right answers, some halves a little more: separable answers meet the bar in most, noise in none
+    assert features == ("logprob",) and by[("logprob",)]["bar_held"] >= 0.5 and by[("margin",)]["bar_held"] == 0.0
+    halves = cal.held_out_halves(aided, "token", ("logprob",), 0.5, reps=3)
+    assert len(halves) == 3 and all(h["recall"] > 0.8 for h in halves)
+
+    about = cal.fit([path], str(tmp_path / "c.json"), None, "test", choose_on=[path])
+    train = int((rows.loc[rows["preset"] == "aided", "question_id"].map(split_of) == "train").sum())
+    aided_choice = about["choice"]["offline|aided|token"]
+    assert aided_choice["rule"] == "held-out halves" and aided_choice["train_answers"] == train  # both kinds
+    assert train > 0 and about["choice"]["offline|trained|token"]["train_answers"] == 0  # trained read train
+    assert about["choose_on"] == [path]
+
+    (tmp_path / "few").mkdir()
+    few, label_folder["now"] = _labelled(tmp_path / "few", 15, 300)
+    about = cal.fit([few], str(tmp_path / "c2.json"), None, "test")
+    assert [c["rule"] for c in about["choice"].values()] == ["the mix", "the mix"]
+    assert all(c["answerable_questions"] < cal.MIN_ANSWERABLE for c in about["choice"].values())

@@ -3,17 +3,21 @@
 Reads sweep runs (measure/sweep.py: tidy rows, each answer with its `signals`) and fits one model
 per (preset, mode) on the answers at the default K with dense retrieval, by the one split rule
 (rag_demo/splits.py): fitted on the "calibrate" questions, reported on the "report" questions,
-never on "train" (what training read) nor on any other. The model file the app loads
+never fitted on "train" (what training read; its answers may help choose the signals, below) nor on
+any other. The model file the app loads
 (assets/confidence.json, rag_demo/confidence.py) records what it was fitted on and the report
 numbers each card quotes; the report answers, each with its confidence, are written as tidy rows
 (`--heldout-out`) for the Results tab's reliability diagram.
 
-Which signals: a logistic regression over one of FEATURE_SETS, the one whose cue catches the most
-wrong answers within its bounds (`choose_features`, below). The RAG modes' candidates include the
-GROUNDING signals (whether the passages hold what the answer adds to its question), which runs made
-before them lack: `with_grounding` adds them from the same passages retrieved again. A logistic
-regression's output is its own calibration (Platt's); the report split checks it, with
-reliability bins of equal count.
+Which signals: a logistic regression over one of FEATURE_SETS, the one whose cue meets the bar
+(recall ≥ 0.5, at most RIGHT_FLAGGED of the right answers flagged, precision ≥ PRECISION) on the
+most random halves of the answerable questions it was not fitted on (`choose_on_halves`): calibrate's,
+joined by train's where a preset's weights never read them (`--choose-on`); with too few of them,
+the one whose cue catches the most wrong answers on the mix (`choose_features`). The RAG modes'
+candidates include the GROUNDING signals (whether the passages hold what the answer adds to its
+question), which runs made before them lack: `with_grounding` adds them from the same passages
+retrieved again. A logistic regression's output is its own calibration (Platt's); the report split
+checks it, with reliability bins of equal count.
 
 "Right" is `contains`: a gold answer's words occur in the answer. Each preset and mode is fitted
 on a calibrate mix whose share of answerable questions is the report split's (`mix_weights`: the
@@ -21,9 +25,7 @@ answerable answers weighted up or down; the labels say which questions are answe
 of report is read). The cue's threshold is chosen on the same mix, on cross-validated confidences
 (each answer's from a fit that did not see it): the one that flags the most wrong answers while
 flagging at most RIGHT_FLAGGED of the right ones, with its precision at least PRECISION
-(`cue_threshold`, `choose_threshold`). The signals a mode's model uses are
-the candidate set whose cue catches the most wrong answers so (`choose_features`), the simplest on
-a tie.
+(`cue_threshold`, `choose_threshold`).
 """
 from __future__ import annotations
 
@@ -45,6 +47,13 @@ PRECISION = 0.8  # the cue's least precision on the calibrate mix (flagged answe
 RIGHT_FLAGGED = 0.2
 C = 1.0  # inverse L2 strength: the features are standardised
 FOLDS = 5
+# the cue's bar on answerable questions, which a signal set is chosen by (`choose_on_halves`)
+BAR = {"recall": 0.5, "right_flagged": RIGHT_FLAGGED, "precision": PRECISION}
+HALVES = 30  # random halves of the answerable questions a candidate set is read on
+# fewer answerable questions than this: the set is chosen on the mix (`choose_features`); halves of
+# calibrate's fifty-odd overstated what a set would do (docs/results.md §8, calibrate enlarged)
+MIN_ANSWERABLE = 100
+TRAINED_ON_TRAIN = ("trained",)  # presets whose weights read the train split: its answers are not new to them
 # the candidate signal sets per mode, simplest first; a set some answer lacks a signal of is not a candidate
 FEATURE_SETS = {
     "closed-book": (("logprob",), ("logprob", "mean_logprob", "n_tokens"), FEATURES["closed-book"]),
@@ -149,6 +158,60 @@ def choose_features(rows: pd.DataFrame, mode: str, share: float | None = None) -
         scores.append({"features": list(features), "cv_logloss": round(mean, 4), "se": round(se, 4),
                        "cv_cue": cue})
     best = max(scores, key=lambda s: (np.nan_to_num(s["cv_cue"]["mix"]["recall"]), -len(s["features"])))
+    return tuple(best["features"]), scores
+
+
+def held_out_halves(rows: pd.DataFrame, mode: str, features: tuple[str, ...], share: float | None,
+                    reps: int = HALVES, seed: int = 0, fit=None) -> list[dict]:
+    """The cue on answerable questions it was not fitted on: for `reps` random halves of the
+    answerable questions in `rows` (one preset and mode), the model and threshold fitted as shipped
+    (`fit_one`: the mix, the bounds) on every unanswerable answer and the other half, read on this
+    half (`weighted_cue`, unweighted). `fit(rows) -> Logistic` replaces that fit (experiments)."""
+    fit = fit or (lambda part: fit_one(part, mode, features=features, share=share))
+    rng = np.random.default_rng(seed)
+    answerable = _answerable(rows).astype(bool)
+    ans, other = rows[answerable], rows[~answerable]
+    questions = ans["question_id"].unique()
+    out = []
+    for _ in range(reps):
+        held = ans["question_id"].isin(set(rng.choice(questions, len(questions) // 2, replace=False)))
+        test = ans[held]
+        y = (test["contains"].to_numpy() > 0).astype(int)
+        try:
+            m = fit(pd.concat([other, ans[~held]]))
+        except ValueError:  # this half left the fit one kind of answer: the cue cannot be placed
+            out.append({"recall": float("nan"), "right_flagged": float("nan"), "precision": float("nan")})
+            continue
+        p = np.array([m.predict(sig) for sig in test["signals"]])
+        out.append(weighted_cue(p < m.threshold, y, np.ones(len(y))))
+    return out
+
+
+def bar_held(halves: list[dict]) -> float:
+    """The share of held-out halves on which the cue meets the whole BAR (a half it could not be
+    read on fails it)."""
+    ok = [h["recall"] >= BAR["recall"] and h["right_flagged"] <= BAR["right_flagged"]
+          and h["precision"] >= BAR["precision"] for h in halves]  # NaN compares False
+    return float(np.mean(ok)) if ok else 0.0
+
+
+def choose_on_halves(rows: pd.DataFrame, mode: str, share: float | None = None,
+                     reps: int = HALVES) -> tuple[tuple[str, ...], list[dict]]:
+    """The candidate set whose cue meets the bar on the most held-out halves of the answerable
+    questions (`held_out_halves`, `bar_held`), the simplest on a tie; where none meets it on any
+    half, the one with the highest median recall (the closest to it), then the simplest.
+    The bar is judged on questions a visitor asks, which the mix (mostly unanswerable ones) hides:
+    there the candidate that catches the most wrong answers is often one that misses them on
+    answerable questions (docs/results.md §8). -> (its features, every candidate's numbers)."""
+    scores = []
+    for features in candidates(rows, mode):
+        halves = held_out_halves(rows, mode, features, share, reps)
+        recall = float(np.nanmedian([h["recall"] for h in halves])) if halves else float("nan")
+        scores.append({"features": list(features), "halves": len(halves), "bar_held": round(bar_held(halves), 3),
+                       "median_recall": round(recall, 3)})
+    none_holds = all(s["bar_held"] == 0 for s in scores)
+    best = max(scores, key=lambda s: (s["bar_held"], np.nan_to_num(s["median_recall"]) if none_holds else 0.0,
+                                      -len(s["features"])))
     return tuple(best["features"]), scores
 
 
@@ -339,16 +402,24 @@ def format_confidence(rows: list[dict]) -> str:
 
 
 def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack: str = "offline", k: int = 5,
-        question_of=None, passages_of=None) -> dict:
+        question_of=None, passages_of=None, choose_on: list[str] | None = None) -> dict:
     """Fit on the runs' calibrate answers, report on their report answers, save (see the module
     docstring); -> the model file's `about`. With question_of and passages_of, answers made before
-    the GROUNDING signals get them (`with_grounding`)."""
+    the GROUNDING signals get them (`with_grounding`). The signals of each preset and mode are
+    chosen on held-out halves of its answerable calibrate questions, joined by the train answers of
+    the `choose_on` runs (never a preset's whose weights read train: TRAINED_ON_TRAIN), where there
+    are MIN_ANSWERABLE of them (`choose_on_halves`), else on the mix (`choose_features`)."""
     frames = [answers_at(load_rows(path), k) for path in runs]
     if not frames:
         raise ValueError("no runs given: pass sweep runs with --fit-confidence RUN [RUN ...].")
     rows = pd.concat(frames, ignore_index=True)
+    extra = pd.concat([answers_at(load_rows(path), k) for path in choose_on or []] or [rows.iloc[:0]],
+                      ignore_index=True)
+    extra = extra.assign(split=extra["question_id"].map(lambda q: split_of(str(q))))
+    extra = extra[(extra["split"] == "train") & ~extra["preset"].isin(TRAINED_ON_TRAIN)]
     if question_of is not None and passages_of is not None:
         rows = with_grounding(rows, question_of, passages_of)
+        extra = with_grounding(extra, question_of, passages_of)
     rows = rows.assign(split=rows["question_id"].map(lambda q: split_of(str(q))))
     calibrate, test = rows[rows["split"] == "calibrate"], rows[rows["split"] == "report"]
     if calibrate.empty or test.empty:
@@ -358,12 +429,20 @@ def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack:
     # report's share of answerable questions: the labels of its questions, none of its answers
     labels = with_answerable(test.drop_duplicates("question_id"))
     share = float(labels["answerable"].mean())
-    models, chosen, mixes = {}, {}, {}
+    extra = with_answerable(extra) if len(extra) else extra.assign(answerable=False)
+    models, chosen, mixes, choice = {}, {}, {}, {}
     for (preset, mode), part in calibrate.groupby(["preset", "mode"]):
-        features, scores = choose_features(part, mode, share)
+        pool = pd.concat([part, extra[(extra["preset"] == preset) & (extra["mode"] == mode)]], ignore_index=True)
+        n_answerable = int(pool.loc[_answerable(pool).astype(bool), "question_id"].nunique())
+        if n_answerable >= MIN_ANSWERABLE:
+            features, scores = choose_on_halves(pool, mode, share)
+        else:
+            features, scores = choose_features(part, mode, share)
         key = ConfidenceModel.key(stack, preset, mode)
         models[key] = fit_one(part, mode, features=features, share=share)
         chosen[key] = scores
+        choice[key] = {"rule": "held-out halves" if n_answerable >= MIN_ANSWERABLE else "the mix",
+                       "answerable_questions": n_answerable, "train_answers": int(len(pool) - len(part))}
         a = _answerable(part)
         matched = len(set(a)) > 1
         mixes[key] = {"answers": int(len(part)), "answerable": int(a.sum()),
@@ -378,7 +457,7 @@ def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack:
              "answerable_share": round(share, 3), "mix": mixes,
              "fitted_answers": int(len(calibrate)), "fitted_questions": int(calibrate["question_id"].nunique()),
              "report_answers": int(len(test)), "report_questions": int(test["question_id"].nunique()),
-             "candidates": chosen}
+             "candidates": chosen, "choice": choice, "choose_on": [str(r) for r in choose_on or []]}
     model = ConfidenceModel(models, about)
     about["report"] = report(test, model, stack)
     answerable = with_answerable(test)
