@@ -35,35 +35,15 @@ RULES = (("mix", 0.2), ("answerable", 0.2), ("answerable", 0.15), ("answerable",
 from rag_demo.measure.calibration import BAR  # noqa: E402 - the bar the shipped choice reads
 
 
-def place(fit, features: tuple[str, ...], rule: str, bound: float):
-    """(the logistic model fitted on `fit`'s mix, its cue threshold by `rule`), the threshold placed on
-    cross-validated confidences as measure/calibration.py places it."""
-    from rag_demo.measure import calibration as cal
-
-    x, y, a = cal._matrix(fit, features), (fit["contains"].to_numpy() > 0).astype(int), cal._answerable(fit)
-    w = cal.mix_weights(a, REPORT_SHARE)
-    model = cal._logistic(x, y, features, w)
-    p = cal.cross_validated(x, y, features, w, 2 * y + a)
-    if rule == "mix":
-        return model, cal.choose_threshold(p, y, cal.PRECISION, bound, w)
-    keep = a.astype(bool)
-    return model, cal.choose_threshold(p[keep], y[keep], cal.PRECISION, bound)
-
-
 def held_out_halves(part, features: tuple[str, ...], rule: str, bound: float, reps: int, seed: int = 0) -> list[dict]:
     """For `reps` random halves of the answerable questions in `part` (one preset and mode): the cue
-    fitted with the other half and every unanswerable answer, its threshold placed by `rule`, read on
-    this half (measure/calibration.py held_out_halves, which the shipped choice of signals reads)."""
-    import dataclasses
-
+    fitted with the other half and every unanswerable answer, its threshold placed by `rule` and
+    `bound`, read on this half (measure/calibration.py held_out_halves, which the shipped choice of
+    signals and placement reads)."""
     from rag_demo.measure import calibration as cal
 
-    def fit(rows):
-        model, t = place(rows, features, rule, bound)
-        return dataclasses.replace(model, threshold=t)
-
     mode = str(part["mode"].iloc[0]) if "mode" in part else ""
-    return cal.held_out_halves(part, mode, features, REPORT_SHARE, reps, seed, fit=fit)
+    return cal.held_out_halves(part, mode, features, REPORT_SHARE, reps, seed, placement=(rule, bound))
 
 
 def summary(results: list[dict]) -> dict:

@@ -25,7 +25,8 @@ answerable answers weighted up or down; the labels say which questions are answe
 of report is read). The cue's threshold is chosen on the same mix, on cross-validated confidences
 (each answer's from a fit that did not see it): the one that flags the most wrong answers while
 flagging at most RIGHT_FLAGGED of the right ones, with its precision at least PRECISION
-(`cue_threshold`, `choose_threshold`).
+(`cue_threshold`, `choose_threshold`); or, where the held-out halves chose it with the signals,
+on the answerable answers of calibrate and train alone, with a tighter bound (PLACEMENTS, `fit_one`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ HALVES = 30  # random halves of the answerable questions a candidate set is read
 # fewer answerable questions than this: the set is chosen on the mix (`choose_features`); halves of
 # calibrate's fifty-odd overstated what a set would do (docs/results.md §8, calibrate enlarged)
 MIN_ANSWERABLE = 100
+# where the cue's threshold may be placed (`fit_one`), chosen with the signals on held-out halves:
+# on the mix, or on the answerable answers alone with a bound on the right ones flagged
+PLACEMENTS = (("mix", RIGHT_FLAGGED), ("answerable", 0.2), ("answerable", 0.15), ("answerable", 0.1))
 TRAINED_ON_TRAIN = ("trained",)  # presets whose weights read the train split: its answers are not new to them
 # the candidate signal sets per mode, simplest first; a set some answer lacks a signal of is not a candidate
 FEATURE_SETS = {
@@ -162,12 +166,13 @@ def choose_features(rows: pd.DataFrame, mode: str, share: float | None = None) -
 
 
 def held_out_halves(rows: pd.DataFrame, mode: str, features: tuple[str, ...], share: float | None,
-                    reps: int = HALVES, seed: int = 0, fit=None) -> list[dict]:
+                    reps: int = HALVES, seed: int = 0, fit=None,
+                    placement: tuple[str, float] = PLACEMENTS[0]) -> list[dict]:
     """The cue on answerable questions it was not fitted on: for `reps` random halves of the
     answerable questions in `rows` (one preset and mode), the model and threshold fitted as shipped
-    (`fit_one`: the mix, the bounds) on every unanswerable answer and the other half, read on this
-    half (`weighted_cue`, unweighted). `fit(rows) -> Logistic` replaces that fit (experiments)."""
-    fit = fit or (lambda part: fit_one(part, mode, features=features, share=share))
+    (`fit_one` with `placement`) on every unanswerable answer and the other half, read on this half
+    (`weighted_cue`, unweighted). `fit(rows) -> Logistic` replaces that fit (experiments)."""
+    fit = fit or (lambda part: fit_one(part, mode, features=features, share=share, placement=placement))
     rng = np.random.default_rng(seed)
     answerable = _answerable(rows).astype(bool)
     ans, other = rows[answerable], rows[~answerable]
@@ -196,23 +201,25 @@ def bar_held(halves: list[dict]) -> float:
 
 
 def choose_on_halves(rows: pd.DataFrame, mode: str, share: float | None = None,
-                     reps: int = HALVES) -> tuple[tuple[str, ...], list[dict]]:
-    """The candidate set whose cue meets the bar on the most held-out halves of the answerable
-    questions (`held_out_halves`, `bar_held`), the simplest on a tie; where none meets it on any
-    half, the one with the highest median recall (the closest to it), then the simplest.
-    The bar is judged on questions a visitor asks, which the mix (mostly unanswerable ones) hides:
-    there the candidate that catches the most wrong answers is often one that misses them on
-    answerable questions (docs/results.md §8). -> (its features, every candidate's numbers)."""
-    scores = []
+                     reps: int | None = None) -> tuple[tuple[str, ...], tuple[str, float], list[dict]]:
+    """The candidate set and threshold placement (PLACEMENTS) whose cue meets the bar on the most
+    held-out halves of the answerable questions (`held_out_halves`, `bar_held`): on a tie the
+    simplest set, then the first placement; where none meets it on any half, the highest median
+    recall (the closest to it) first. The bar is judged on questions a visitor asks, which the mix
+    (mostly unanswerable ones) hides: there the candidate that catches the most wrong answers is
+    often one that misses them on answerable questions (docs/results.md §8).
+    -> (its features, its placement, every candidate's numbers)."""
+    scores, reps = [], HALVES if reps is None else reps
     for features in candidates(rows, mode):
-        halves = held_out_halves(rows, mode, features, share, reps)
-        recall = float(np.nanmedian([h["recall"] for h in halves])) if halves else float("nan")
-        scores.append({"features": list(features), "halves": len(halves), "bar_held": round(bar_held(halves), 3),
-                       "median_recall": round(recall, 3)})
+        for i, placement in enumerate(PLACEMENTS):
+            halves = held_out_halves(rows, mode, features, share, reps, placement=placement)
+            recall = float(np.nanmedian([h["recall"] for h in halves])) if halves else float("nan")
+            scores.append({"features": list(features), "placement": list(placement), "halves": len(halves),
+                           "bar_held": round(bar_held(halves), 3), "median_recall": round(recall, 3), "order": i})
     none_holds = all(s["bar_held"] == 0 for s in scores)
     best = max(scores, key=lambda s: (s["bar_held"], np.nan_to_num(s["median_recall"]) if none_holds else 0.0,
-                                      -len(s["features"])))
-    return tuple(best["features"]), scores
+                                      -len(s["features"]), -s["order"]))
+    return tuple(best["features"]), tuple(best["placement"]), scores
 
 
 def candidates(rows: pd.DataFrame, mode: str) -> tuple[tuple[str, ...], ...]:
@@ -289,10 +296,14 @@ def _answerable(rows: pd.DataFrame) -> np.ndarray:
 
 
 def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION,
-            features: tuple[str, ...] | None = None, share: float | None = None) -> Logistic:
+            features: tuple[str, ...] | None = None, share: float | None = None,
+            placement: tuple[str, float] = PLACEMENTS[0], extra: pd.DataFrame | None = None) -> Logistic:
     """A standardised L2 logistic regression of right (contains) on `features` (default: the mode's
-    chosen ones, `choose_features`), weighted to the mix (`mix_weights`), and the cue's threshold,
-    chosen on cross-validated confidences of the same mix (`choose_threshold`)."""
+    chosen ones, `choose_features`), weighted to the mix (`mix_weights`), and the cue's threshold.
+    `placement` ("mix", b): on cross-validated confidences of the same mix (`cue_threshold`);
+    ("answerable", b): on the answerable answers alone, the rows' cross-validated confidences and
+    the model's of `extra`'s answerable answers (answers it never saw: train's), at most b of their
+    right ones flagged at precision ≥ `precision` (`choose_threshold`)."""
     features = choose_features(rows, mode, share)[0] if features is None else tuple(features)
     x, y = _matrix(rows, features), (rows["contains"].to_numpy() > 0).astype(int)
     if len(set(y)) < 2:
@@ -301,15 +312,25 @@ def fit_one(rows: pd.DataFrame, mode: str, precision: float = PRECISION,
     w = mix_weights(a, share)
     model = _logistic(x, y, features, w)
     p = cross_validated(x, y, features, w, 2 * y + a)
+    where, bound = placement
+    if where == "mix":
+        threshold = choose_threshold(p, y, precision, bound, w)
+    else:
+        keep = a.astype(bool)
+        p, y = p[keep], y[keep]
+        if extra is not None and len(extra):
+            more = extra[_answerable(extra).astype(bool)]
+            p = np.concatenate([p, [model.predict(sig) for sig in more["signals"]]])
+            y = np.concatenate([y, (more["contains"].to_numpy() > 0).astype(int)])
+        threshold = choose_threshold(p, y, precision, bound)
     return Logistic(*[getattr(model, f) for f in ("features", "mean", "scale", "coef", "intercept")],
-                    threshold=cue_threshold(p, y, w, precision))
+                    threshold=threshold)
 
 
 def cue_threshold(p: np.ndarray, y: np.ndarray, w: np.ndarray, precision: float = PRECISION) -> float:
-    """The cue's threshold: on the weighted mix (`mix_weights`), the most wrong answers flagged with
+    """The cue's threshold on the weighted mix (`mix_weights`): the most wrong answers flagged with
     at most RIGHT_FLAGGED of the right ones and precision at least `precision` (`choose_threshold`).
-    Bounding it on the answerable answers alone was measured and not kept (docs/results.md §8):
-    fifty-odd answers place it too loosely."""
+    `fit_one` may place it on the answerable answers instead, where held-out halves chose that."""
     return choose_threshold(p, y, precision, RIGHT_FLAGGED, w)
 
 
@@ -434,14 +455,18 @@ def fit(runs: list[str], out: str, heldout_out: str | None, command: str, stack:
     for (preset, mode), part in calibrate.groupby(["preset", "mode"]):
         pool = pd.concat([part, extra[(extra["preset"] == preset) & (extra["mode"] == mode)]], ignore_index=True)
         n_answerable = int(pool.loc[_answerable(pool).astype(bool), "question_id"].nunique())
+        placement = PLACEMENTS[0]
         if n_answerable >= MIN_ANSWERABLE:
-            features, scores = choose_on_halves(pool, mode, share)
+            features, placement, scores = choose_on_halves(pool, mode, share)
         else:
             features, scores = choose_features(part, mode, share)
         key = ConfidenceModel.key(stack, preset, mode)
-        models[key] = fit_one(part, mode, features=features, share=share)
+        models[key] = fit_one(part, mode, features=features, share=share, placement=placement,
+                              extra=pool.iloc[len(part):])
         chosen[key] = scores
         choice[key] = {"rule": "held-out halves" if n_answerable >= MIN_ANSWERABLE else "the mix",
+                       "threshold_on": "the mix" if placement[0] == "mix" else
+                       f"answerable answers of calibrate and train, at most {placement[1]:g} of the right flagged",
                        "answerable_questions": n_answerable, "train_answers": int(len(pool) - len(part))}
         a = _answerable(part)
         matched = len(set(a)) > 1
