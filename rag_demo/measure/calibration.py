@@ -4,10 +4,9 @@ Reads sweep runs (measure/sweep.py: tidy rows, each answer with its `signals`) a
 per (preset, mode) on the answers at the default K with dense retrieval, by the one split rule
 (rag_demo/splits.py): fitted on the "calibrate" questions, reported on the "report" questions,
 never fitted on "train" (what training read; its answers may help choose the signals, below) nor on
-any other. The model file the app loads
-(assets/confidence.json, rag_demo/confidence.py) records what it was fitted on and the report
-numbers each card quotes; the report answers, each with its confidence, are written as tidy rows
-(`--heldout-out`) for the Results tab's reliability diagram.
+any other. The model file the app loads (assets/confidence.json, rag_demo/confidence.py) records
+what it was fitted on and the report numbers each card quotes; the report answers, each with its
+confidence, are written as tidy rows (`--heldout-out`) for the Results tab's reliability diagram.
 
 Which signals: a logistic regression over one of FEATURE_SETS, the one whose cue meets the bar
 (recall ≥ 0.5, at most RIGHT_FLAGGED of the right answers flagged, precision ≥ PRECISION) on the
@@ -259,8 +258,8 @@ def with_grounding(rows: pd.DataFrame, question_of, passages_of) -> pd.DataFrame
 
 def passages_again(runs: list[str]) -> dict:
     """`fit`'s question_of and passages_of for `with_grounding`: the questions from the QA files the
-    runs' meta files name (those that exist), the passages from the default pipeline's dense retrieval (loaded on first
-    use: runs that carry every signal load nothing)."""
+    runs' meta files name (those that exist), the passages from the default pipeline's dense
+    retrieval (loaded on first use: runs that carry every signal load nothing)."""
     from rag_demo.questions import load_qa
 
     def qa_files(meta: dict) -> list[str]:
