@@ -36,7 +36,6 @@ from cue_enlarged import BAR, TRAIN_RUN, held_out_halves, summary
 from cue_signals import QA, RUNS
 
 SCORES = ROOT / "experiments" / "passage_pmi.jsonl"  # the shipped scoring (--out writes a new one)
-FLOOR = -50.0  # as rag_demo.confidence.FLOOR: one outlier cannot dominate a fit
 
 
 def closed_logprob(pipe, preset: str, question: str, answer: str) -> tuple[float, int]:
@@ -111,6 +110,8 @@ def score(pipe, rows, questions: dict[str, str], out: str) -> None:
 def with_pmi(rows, scores_path: str):
     """rows with `pmi` and `pmi_mean` added to each answer's signals."""
     import pandas as pd
+
+    from rag_demo.confidence import FLOOR  # as the answer's own log p is clipped
 
     s = pd.read_json(scores_path, lines=True).set_index(["preset", "question_id", "answer"])
     out = []

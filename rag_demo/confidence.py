@@ -81,13 +81,17 @@ def signals(a: Mapping[str, Any]) -> dict[str, float]:
         "best_prior": max((d["prior"] for d in docs), default=0.0),
         "top_score": max((d["score"] for d in docs), default=0.0),
         "max_posterior": max(post, default=0.0),
-        "in_passage": float(bool(text) and any(occurs_in(text, f"{d['title']} {d['text']}") for d in docs)),
+        "in_passage": in_passage(text, [(d["title"], d["text"]) for d in docs]),
         "min_token_logprob": _weakest_token(a.get("inspector") or [], [d["prior"] for d in docs]),
     })
-    top = max(docs, key=lambda d: d["prior"], default=None)
-    out.update(grounding(a.get("question") or "", text, [(d["title"], d["text"]) for d in docs],
-                         None if top is None else docs.index(top)))
+    top = max(range(len(docs)), key=lambda i: docs[i]["prior"], default=None)  # the passage retrieval trusts most
+    out.update(grounding(a.get("question") or "", text, [(d["title"], d["text"]) for d in docs], top))
     return out
+
+
+def in_passage(answer: str, passages: list[tuple[str, str]]) -> float:
+    """1.0 if a passage (title and text) holds the answer's words as a run of tokens, else 0.0."""
+    return float(bool(answer) and any(occurs_in(answer, f"{title} {text}") for title, text in passages))
 
 
 def grounding(question: str, answer: str, passages: list[tuple[str, str]], top: int | None = 0) -> dict[str, float]:

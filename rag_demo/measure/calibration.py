@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rag_demo.confidence import FEATURES, GROUNDING, ConfidenceModel, Logistic, grounding
+from rag_demo.confidence import FEATURES, GROUNDING, ConfidenceModel, Logistic, grounding, in_passage
 from rag_demo.measure.metrics import precision_recall, reliability_bins
 from rag_demo.measure.run_rows import load_meta, load_rows, with_answerable
 from rag_demo.splits import split_of
@@ -234,8 +234,6 @@ def with_grounding(rows: pd.DataFrame, question_of, passages_of) -> pd.DataFrame
     passages the answer read, top first: the dense retrieval again, which is deterministic. A run's
     own `in_passage` signal is recomputed from the same passages as a check that they are the run's:
     a ValueError names how many differ when more than one in a hundred do (another index)."""
-    from rag_demo.reader.text import occurs_in
-
     out, differ, checked, got = [], 0, 0, {}
     for sig, mode, qid, answer, k in zip(rows["signals"], rows["mode"], rows["question_id"], rows["answer"],
                                          rows.get("k", pd.Series([None] * len(rows), index=rows.index))):
@@ -248,7 +246,7 @@ def with_grounding(rows: pd.DataFrame, question_of, passages_of) -> pd.DataFrame
         passages = got[question, k]
         text = (answer if isinstance(answer, str) else "").strip().rstrip(".")
         checked += 1
-        differ += float(bool(text) and any(occurs_in(text, f"{t} {x}") for t, x in passages)) != sig["in_passage"]
+        differ += in_passage(text, passages) != sig["in_passage"]
         out.append({**sig, **grounding(question, text, passages)})
     if checked and differ > 0.01 * checked:
         raise ValueError(f"{differ} of {checked} answers' in_passage differs when their passages are retrieved "
